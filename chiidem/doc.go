@@ -1,0 +1,2 @@
+// Package chiidem adds Idempotency-Key support to chi routers.
+package chiidem

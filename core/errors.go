@@ -1,0 +1,67 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Every rejection the middleware answers with a problem
+// document maps to one of these, so callers of the Go API (Engine.Once,
+// Engine.Begin) can match them with errors.Is. Stores translate driver errors
+// into ErrNotFound, ErrFenced and ErrStoreUnavailable.
+var (
+	// ErrMissingKey: a covered request has no Idempotency-Key and the key is
+	// required (HTTP 400).
+	ErrMissingKey = errors.New("idem: Idempotency-Key header is required")
+	// ErrInvalidKey: the Idempotency-Key is empty, too long, has control
+	// characters, is a malformed quoted string, or appears more than once
+	// (HTTP 400).
+	ErrInvalidKey = errors.New("idem: malformed Idempotency-Key")
+	// ErrMismatch: the key was used before with a different request
+	// fingerprint (HTTP 422).
+	ErrMismatch = errors.New("idem: Idempotency-Key reused with a different request")
+	// ErrInProgress: a request with the same identity is still running
+	// (HTTP 409 with Retry-After). Returned wrapped in a *RetryError.
+	ErrInProgress = errors.New("idem: a request with this Idempotency-Key is in progress")
+	// ErrStoreUnavailable: the store could not be reached or failed (HTTP 503
+	// with Retry-After). Stores wrap driver errors with it.
+	ErrStoreUnavailable = errors.New("idem: idempotency store unavailable")
+	// ErrBodyTooLarge: the request body exceeds the fingerprint limit (HTTP 413).
+	ErrBodyTooLarge = errors.New("idem: request body too large to fingerprint")
+	// ErrNoCaller: the caller function could not identify the caller (HTTP 401).
+	ErrNoCaller = errors.New("idem: caller not identified")
+	// ErrNotKept: the first response was too large or streamed, so its body
+	// was not recorded; a replay can only give its status (HTTP: the
+	// recorded status with a problem document).
+	ErrNotKept = errors.New("idem: the recorded response body was not kept")
+	// ErrIndeterminate: an earlier attempt may have had an effect and its
+	// outcome is not known; the request is not executed again.
+	ErrIndeterminate = errors.New("idem: outcome of an earlier attempt is indeterminate")
+	// ErrLeaseLost: the attempt lost its lease to a takeover; its completion
+	// was refused (HTTP 409 with Retry-After, so the client fetches the
+	// new owner's answer).
+	ErrLeaseLost = errors.New("idem: lease lost to another attempt")
+	// ErrConfig: New or an adapter was given an invalid configuration.
+	ErrConfig = errors.New("idem: invalid configuration")
+
+	// ErrNotFound: a store has no live record for the identity (absent or
+	// expired).
+	ErrNotFound = errors.New("idem: record not found")
+	// ErrFenced: a store refused Complete, Extend or Release because the
+	// record is gone or its fencing token differs from the caller's.
+	ErrFenced = errors.New("idem: fencing token does not match")
+)
+
+// RetryError carries a Retry-After hint with a sentinel (ErrInProgress,
+// ErrStoreUnavailable, ErrLeaseLost). errors.Is(err, ErrInProgress) matches it.
+type RetryError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *RetryError) Error() string {
+	return fmt.Sprintf("%v (retry after %v)", e.Err, e.RetryAfter)
+}
+
+func (e *RetryError) Unwrap() error { return e.Err }

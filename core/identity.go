@@ -1,0 +1,146 @@
+package core
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+)
+
+// HeaderKey is the request header that carries the idempotency key.
+const HeaderKey = "Idempotency-Key"
+
+// MaxKeyLen is the longest accepted key, in bytes, after trimming.
+const MaxKeyLen = 255
+
+// Identity names one record: who asks (Caller), which unit of work (Scope)
+// and the client's Key. Two identities that differ in any part never share a
+// record.
+type Identity struct {
+	Caller string
+	Scope  string
+	Key    string
+}
+
+// ID returns the fixed-size record ID: SHA-256 over the three parts, each
+// length-prefixed, so ("a:b", "c") and ("a", "b:c") never collide.
+func (i Identity) ID() ID {
+	h := sha256.New()
+	var n [8]byte
+	for _, s := range [...]string{i.Caller, i.Scope, i.Key} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	var id ID
+	h.Sum(id[:0])
+	return id
+}
+
+// KeyFromHeader extracts the idempotency key from h. It returns ("", nil)
+// when the header is absent. Both syntaxes address the same key: the raw
+// value (Idempotency-Key: abc, as Stripe clients send it) and the RFC 8941
+// sf-string (Idempotency-Key: "abc", as the IETF draft says). The key must
+// be 1 to MaxKeyLen bytes after trimming optional whitespace, without
+// control characters; a quoted string must be well formed (only \" and \\
+// escapes, printable ASCII). More than one header field, an empty value or
+// any violation returns an error wrapping ErrInvalidKey.
+func KeyFromHeader(h http.Header) (string, error) {
+	vs := h[HeaderKey]
+	switch len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", fmt.Errorf("%w: the header appears %d times", ErrInvalidKey, len(vs))
+	}
+	return ParseKey(vs[0])
+}
+
+// ParseKey parses one Idempotency-Key field value; see KeyFromHeader.
+func ParseKey(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if v == "" {
+		return "", fmt.Errorf("%w: empty value", ErrInvalidKey)
+	}
+	if v[0] == '"' {
+		return parseQuoted(v)
+	}
+	if len(v) > MaxKeyLen {
+		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxKeyLen)
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return "", fmt.Errorf("%w: control character at byte %d", ErrInvalidKey, i)
+		}
+	}
+	// A comma in a raw value is how a proxy would join two header fields:
+	// refuse it rather than guess which one the client meant.
+	if strings.IndexByte(v, ',') >= 0 {
+		return "", fmt.Errorf("%w: a raw key cannot contain a comma (use the quoted form)", ErrInvalidKey)
+	}
+	return v, nil
+}
+
+// parseQuoted parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" (DQUOTE
+// / "\")) DQUOTE, unescaped being %x20-21 / %x23-5B / %x5D-7E.
+func parseQuoted(v string) (string, error) {
+	if len(v) < 2 || v[len(v)-1] != '"' {
+		return "", fmt.Errorf("%w: unterminated quoted string", ErrInvalidKey)
+	}
+	inner := v[1 : len(v)-1]
+	if strings.IndexByte(inner, '\\') < 0 {
+		// Fast path: no escapes.
+		for i := 0; i < len(inner); i++ {
+			if c := inner[i]; c < 0x20 || c > 0x7e || c == '"' {
+				return "", fmt.Errorf("%w: invalid character in quoted string at byte %d", ErrInvalidKey, i+1)
+			}
+		}
+		return checkLen(inner)
+	}
+	var b strings.Builder
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(inner) || (inner[i] != '"' && inner[i] != '\\') {
+				return "", fmt.Errorf("%w: invalid escape in quoted string", ErrInvalidKey)
+			}
+			b.WriteByte(inner[i])
+		case c < 0x20 || c > 0x7e || c == '"':
+			return "", fmt.Errorf("%w: invalid character in quoted string at byte %d", ErrInvalidKey, i+1)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return checkLen(b.String())
+}
+
+func checkLen(k string) (string, error) {
+	switch {
+	case k == "" || strings.Trim(k, " ") == "":
+		return "", fmt.Errorf("%w: empty value", ErrInvalidKey)
+	case len(k) > MaxKeyLen:
+		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxKeyLen)
+	}
+	return k, nil
+}
+
+// debugString returns s as valid UTF-8 of at most MaxDebugLen bytes, for the
+// debug columns of a record.
+func debugString(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= MaxDebugLen {
+		return s
+	}
+	s = s[:MaxDebugLen]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}

@@ -1,0 +1,185 @@
+package core
+
+import (
+	"context"
+	"encoding/hex"
+	"time"
+)
+
+// ID is the fixed-size identity of a record: SHA-256 over the length-prefixed
+// caller, scope and key (see NewIdentity). Stores use it as the primary key,
+// so neither the length nor the content of a key can break a store.
+type ID [32]byte
+
+// String returns the lowercase hex form of id (64 characters).
+func (id ID) String() string { return hex.EncodeToString(id[:]) }
+
+// State is the durable state of a record. Absent is not stored: a record that
+// does not exist, or has expired, is absent.
+type State uint8
+
+const (
+	// StateInProgress: an attempt holds the record (atomic mode: inside its
+	// uncommitted transaction; leased mode: until LeaseUntil).
+	StateInProgress State = 1
+	// StateCompleted: the response is recorded; duplicates replay it.
+	StateCompleted State = 2
+	// StateIndeterminate: an attempt may have had an effect and failed; the
+	// recorded response (a 5xx) is replayed until a Resolver settles it.
+	StateIndeterminate State = 3
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInProgress:
+		return "in_progress"
+	case StateCompleted:
+		return "completed"
+	case StateIndeterminate:
+		return "indeterminate"
+	}
+	return "unknown"
+}
+
+// Record is one stored idempotency record.
+type Record struct {
+	ID ID
+	// Caller, Scope and Key are kept for debugging only (truncated to
+	// MaxDebugLen bytes of valid UTF-8); the identity is ID.
+	Caller, Scope, Key string
+	// Fingerprint of the first request; nil when none was computed. A record
+	// without a fingerprint cannot be contradicted.
+	Fingerprint []byte
+	State       State
+	// Token is the fencing token of the attempt that owns the record.
+	Token int64
+	// Attempt counts claims of this record: 1 for the first, +1 per takeover.
+	Attempt int
+	// LeaseUntil is when the owning attempt's lease lapses (leased mode);
+	// zero in atomic mode and once completed.
+	LeaseUntil time.Time
+	// ExpiresAt is when the record becomes absent.
+	ExpiresAt time.Time
+	CreatedAt time.Time
+	// Status is the recorded HTTP status (0 while in progress).
+	Status int
+	// Response is the encoded (and possibly sealed) recorded response; the
+	// store keeps it byte for byte.
+	Response []byte
+}
+
+// MaxDebugLen bounds the debug copies of caller, scope and key in a Record.
+const MaxDebugLen = 255
+
+// ClaimRequest asks a store to create an in-progress record.
+type ClaimRequest struct {
+	ID                 ID
+	Caller, Scope, Key string // debug copies, at most MaxDebugLen bytes each
+	Fingerprint        []byte // nil: no fingerprint
+	Token              int64  // fencing token chosen by the engine (never 0)
+	Now                time.Time
+	LeaseUntil         time.Time // zero in atomic mode
+	ExpiresAt          time.Time
+	// Takeover allows claiming an in-progress record whose lease lapsed
+	// (LeaseUntil <= Now, LeaseUntil not zero). When false such a record is
+	// returned as it is, and the engine decides.
+	Takeover bool
+}
+
+// ClaimResult is the answer to Store.Claim.
+type ClaimResult struct {
+	// Claimed reports that the caller now owns the record: it was absent,
+	// expired, or (with Takeover) its lease had lapsed. Record is then the
+	// new in-progress record (Attempt incremented on a takeover).
+	Claimed bool
+	// Record is, when Claimed is false, the live record that blocked the
+	// claim. A store in atomic mode that detected another transaction
+	// holding the identity without seeing its row returns a Record with only
+	// ID and State (StateInProgress) set.
+	Record Record
+}
+
+// Completion is what Store.Complete writes.
+type Completion struct {
+	State     State // StateCompleted or StateIndeterminate
+	Status    int
+	Response  []byte
+	ExpiresAt time.Time
+}
+
+// Store keeps idempotency records. Every method takes the context first;
+// methods called with a context returned by TxStore.Begin (or a context that
+// carries a caller's transaction, see TxStore) run inside that transaction.
+// Implementations must be safe for concurrent use. Time is always passed in
+// by the caller: a store never reads a clock for expiry decisions.
+//
+// A record is live when ExpiresAt > now. An expired record is absent for
+// every method, even if a sweep has not yet deleted it.
+//
+// Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
+// any other failure (network, driver, decoding) with ErrStoreUnavailable.
+type Store interface {
+	// Claim atomically creates an in-progress record from req.
+	//   - missing or expired: the record is (re)created and Claimed is true;
+	//     an expired record is replaced atomically (two concurrent claims of
+	//     an expired record: exactly one wins).
+	//   - existing, in progress, lease lapsed (LeaseUntil non-zero and <=
+	//     req.Now) and req.Takeover: taken over atomically; Token,
+	//     LeaseUntil, ExpiresAt and Fingerprint are set from req, Attempt is
+	//     incremented, CreatedAt kept. Claimed is true.
+	//   - existing otherwise: Claimed is false and Record is the existing
+	//     record (whatever its state); nothing is written.
+	// Claim never blocks on another attempt: in atomic mode a store detects
+	// an uncommitted claim of the same ID by another transaction with a
+	// non-blocking lock probe and reports it as StateInProgress.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+
+	// Extend moves the lease of the in-progress record id to leaseUntil
+	// (and its ExpiresAt to at least leaseUntil).
+	//   - missing, expired, not in progress, or token differs: ErrFenced.
+	Extend(ctx context.Context, id ID, token int64, leaseUntil time.Time) error
+
+	// Complete records the outcome of the attempt that holds token.
+	//   - existing with State in progress or indeterminate and the same
+	//     token: State, Status, Response and ExpiresAt are set from c;
+	//     LeaseUntil is cleared.
+	//   - missing, expired, completed, or a different token: ErrFenced.
+	Complete(ctx context.Context, id ID, token int64, c Completion) error
+
+	// Release deletes the record held by token, so the identity is absent.
+	//   - existing (in progress or indeterminate) with the same token: deleted.
+	//   - missing or expired: no-op, nil.
+	//   - different token, or completed: ErrFenced (nothing deleted).
+	Release(ctx context.Context, id ID, token int64) error
+
+	// Get returns the live record id.
+	//   - missing or expired (ExpiresAt <= now): ErrNotFound.
+	Get(ctx context.Context, id ID, now time.Time) (Record, error)
+
+	// DeleteExpired deletes at most limit records with ExpiresAt <= now and
+	// returns how many it deleted. It must not hold locks for long: callers
+	// (see Sweeper) call it repeatedly until it returns fewer than limit.
+	DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error)
+}
+
+// Tx is a transaction begun by TxStore.Begin.
+type Tx interface {
+	Commit() error
+	Rollback() error
+}
+
+// TxStore is a Store that can join a database transaction: atomic mode.
+//
+// Middleware-managed: the engine calls Begin, runs Claim, the handler and
+// Complete with the returned context, and commits before the response is
+// released. Caller-managed: the application puts its own transaction into a
+// context with the store's helper (gormstore.WithTx, sqlstore.WithTx); the
+// engine then sees InTx(ctx) and never begins, commits or rolls back.
+type TxStore interface {
+	Store
+	// Begin starts a transaction and returns a context carrying it. Store
+	// methods called with that context run in the transaction.
+	Begin(ctx context.Context) (context.Context, Tx, error)
+	// InTx reports whether ctx already carries a transaction of this store.
+	InTx(ctx context.Context) bool
+}

@@ -1,0 +1,2 @@
+// Package echoidem adds Idempotency-Key support to Echo (v4) routers.
+package echoidem

@@ -1,0 +1,2 @@
+// Package examples holds runnable example services for idem.
+package examples

@@ -1,0 +1,2 @@
+// Package ginidem adds Idempotency-Key support to Gin routers.
+package ginidem
