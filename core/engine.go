@@ -1,0 +1,565 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Engine is the idempotency state machine over a Store. It is safe for
+// concurrent use; create one per store and share it between routes.
+type Engine struct {
+	store Store
+	tx    TxStore // store as a TxStore; nil when the store has no transactions
+	cfg   config
+	def   *Route
+}
+
+// New returns an engine over store. It fails with ErrConfig when neither
+// WithCaller nor WithSingleCaller is given, or an option is invalid.
+//
+// The mode follows the store: a TxStore (gormstore, sqlstore) runs routes in
+// atomic mode unless the route says Leased; any other store runs in leased
+// mode.
+func New(store Store, opts ...Option) (*Engine, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrConfig)
+	}
+	e := &Engine{store: store}
+	e.tx, _ = store.(TxStore)
+	e.cfg = config{
+		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, fingerprint: DefaultFingerprint},
+		clock:       time.Now,
+		lease:       DefaultLease,
+		takeover:    true,
+		retryAfter:  DefaultRetryAfter,
+		maxRequest:  DefaultMaxRequestBody,
+		maxResponse: DefaultMaxResponseBody,
+		recorded:    append([]string(nil), DefaultRecordedHeaders...),
+		problemBase: DefaultProblemBase,
+		errorWriter: WriteProblem,
+		logger:      slog.Default(),
+	}
+	for _, o := range opts {
+		if err := o.applyEngine(&e.cfg); err != nil {
+			return nil, err
+		}
+	}
+	if e.cfg.caller == nil && !e.cfg.singleCaller {
+		return nil, fmt.Errorf("%w: configure WithCaller, or WithSingleCaller if the API really has one caller (otherwise all callers would share one key space)", ErrConfig)
+	}
+	if e.cfg.caller != nil && e.cfg.singleCaller {
+		return nil, fmt.Errorf("%w: WithCaller and WithSingleCaller exclude each other", ErrConfig)
+	}
+	e.def = e.Route()
+	return e, nil
+}
+
+// Store returns the engine's store.
+func (e *Engine) Store() Store { return e.store }
+
+// Route is the compiled configuration of one protected route: the engine's
+// defaults with the route's options applied. Adapters build one per
+// middleware instance with Engine.Route and call Route.Serve per request.
+type Route struct {
+	e       *Engine
+	p       policy
+	methods uint16 // bit set of covered methods (see methodBit); 0 = by name
+	atomic  bool
+}
+
+// Route compiles route options over the engine's defaults. Invalid route
+// options panic when they are created (like regexp.MustCompile): they are
+// programming errors found at start-up.
+func (e *Engine) Route(opts ...RouteOption) *Route {
+	rt := &Route{e: e, p: e.cfg.policy}
+	for _, o := range opts {
+		o.applyRoute(&rt.p)
+	}
+	rt.atomic = e.tx != nil && !rt.p.leased
+	for _, m := range rt.p.methods {
+		rt.methods |= methodBit(m)
+	}
+	return rt
+}
+
+// Atomic reports whether the route runs in atomic mode.
+func (rt *Route) Atomic() bool { return rt.atomic }
+
+func methodBit(m string) uint16 {
+	switch m {
+	case "POST":
+		return 1
+	case "PATCH":
+		return 2
+	case "PUT":
+		return 4
+	case "DELETE":
+		return 8
+	case "GET":
+		return 16
+	case "HEAD":
+		return 32
+	case "OPTIONS":
+		return 64
+	}
+	return 1 << 15 // other methods: compared by name
+}
+
+// covers reports whether method is protected by the route.
+func (rt *Route) covers(method string) bool {
+	b := methodBit(method)
+	if b != 1<<15 {
+		return rt.methods&b != 0
+	}
+	for _, m := range rt.p.methods {
+		if m == method {
+			return true
+		}
+	}
+	return false
+}
+
+// --- the state machine -----------------------------------------------------
+
+// attempt is one execution that owns a record.
+type attempt struct {
+	e       *Engine
+	rt      *Route
+	ident   Identity
+	id      ID
+	token   int64
+	number  int
+	start   time.Time
+	ctx     context.Context // carries the transaction in atomic mode
+	tx      Tx              // middleware-managed atomic mode: ours to commit
+	joined  bool            // caller-managed atomic mode: the caller's transaction
+	effect  atomic.Bool     // the handler marked an external effect as started
+	release atomic.Bool     // the handler asked to release the record
+
+	// leased mode
+	mu     sync.Mutex
+	timer  *time.Timer
+	lost   bool
+	cancel context.CancelCauseFunc
+}
+
+// answer is the engine's decision for a request that did not get to run:
+// either a recorded response to replay or an error to reject with.
+type answer struct {
+	rec      Record
+	resp     *Response
+	err      error
+	decision Decision
+}
+
+// claimRequest builds the store request for identity ident.
+func (rt *Route) claimRequest(ident Identity, id ID, fp []byte, now time.Time) ClaimRequest {
+	req := ClaimRequest{
+		ID: id, Caller: debugString(ident.Caller), Scope: debugString(ident.Scope), Key: debugString(ident.Key),
+		Fingerprint: fp, Token: newToken(), Now: now, ExpiresAt: now.Add(rt.p.retention),
+		Takeover: rt.e.cfg.takeover,
+	}
+	if !rt.atomic {
+		req.LeaseUntil = now.Add(rt.e.cfg.lease)
+		if req.ExpiresAt.Before(req.LeaseUntil) {
+			req.ExpiresAt = req.LeaseUntil
+		}
+	}
+	return req
+}
+
+func newToken() int64 {
+	for {
+		if t := int64(rand.Uint64() >> 1); t != 0 {
+			return t
+		}
+	}
+}
+
+// acquire claims ident, or decides how to answer without running. It
+// implements the in-flight policy: reject at once, or poll (outside any
+// transaction, so waiting duplicates hold no connection) until the wait bound.
+func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time) (*attempt, *answer) {
+	e := rt.e
+	joined := rt.atomic && e.tx.InTx(ctx)
+	deadline := start.Add(rt.p.wait)
+	backoff := 5 * time.Millisecond
+	for {
+		now := e.cfg.clock()
+		req := rt.claimRequest(ident, id, fp, now)
+		cctx, tx := ctx, Tx(nil)
+		if rt.atomic && !joined {
+			var err error
+			cctx, tx, err = e.tx.Begin(ctx)
+			if err != nil {
+				return nil, &answer{err: storeErr(err), decision: StoreError}
+			}
+		}
+		res, err := e.store.Claim(cctx, req)
+		if err == nil && res.Claimed {
+			return &attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
+				start: start, ctx: cctx, tx: tx, joined: joined}, nil
+		}
+		if tx != nil {
+			_ = tx.Rollback() // nothing written: release the connection before deciding
+		}
+		if err != nil {
+			return nil, &answer{err: storeErr(err), decision: StoreError}
+		}
+		rec := res.Record
+		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {
+			return nil, &answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+		}
+		switch rec.State {
+		case StateCompleted:
+			return nil, rt.replay(ctx, rec)
+		case StateIndeterminate:
+			a, retry := rt.resolve(ctx, rec)
+			if !retry {
+				return nil, a
+			}
+			continue // resolved as not applied: the record is gone, claim again
+		}
+		// In progress.
+		if !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now) && !e.cfg.takeover {
+			// A lapsed lease without takeover: the attempt died and may have
+			// had an effect. Settle it as indeterminate, then resolve.
+			e.markIndeterminate(ctx, rec)
+			continue
+		}
+		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
+			retry := e.cfg.retryAfter
+			return nil, &answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: RejectedBusy}
+		}
+		wait := min(backoff, deadline.Sub(now))
+		backoff = min(2*backoff, 100*time.Millisecond)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, &answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+		case <-t.C:
+		}
+	}
+}
+
+func storeErr(err error) error {
+	if errors.Is(err, ErrStoreUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+// replay answers from a recorded response.
+func (rt *Route) replay(_ context.Context, rec Record) *answer {
+	resp, err := rt.e.openResponse(rec.ID, rec.Response)
+	if err != nil {
+		return &answer{rec: rec, err: storeErr(err), decision: StoreError}
+	}
+	return &answer{rec: rec, resp: resp, decision: Replayed}
+}
+
+// Resolution is a Resolver's verdict on an indeterminate record.
+type Resolution struct {
+	// Outcome is Unresolved, Applied or NotApplied.
+	Outcome Outcome
+	// Response replaces the recorded one when Outcome is Applied (for
+	// example the 201 the handler would have sent).
+	Response *Response
+}
+
+// Outcome of a Resolver.
+type Outcome int
+
+const (
+	// Unresolved: still unknown; the recorded 5xx is replayed.
+	Unresolved Outcome = iota
+	// Applied: the effect happened; the record completes with Response.
+	Applied
+	// NotApplied: nothing happened; the record is released and the request
+	// runs.
+	NotApplied
+)
+
+// Resolver settles an indeterminate record, for example by asking the
+// payment provider about the downstream key of the failed attempt
+// (DownstreamKeyFor). It is called for a duplicate that meets the record.
+type Resolver func(ctx context.Context, rec Record) (Resolution, error)
+
+// resolve handles an indeterminate record. retry reports that the record
+// was released and the caller should claim again.
+func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool) {
+	e := rt.e
+	if e.cfg.resolver != nil {
+		res, err := e.cfg.resolver(ctx, rec)
+		switch {
+		case err != nil:
+			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))
+		case res.Outcome == NotApplied:
+			if err := e.store.Release(ctx, rec.ID, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
+				return &answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+			}
+			return nil, true
+		case res.Outcome == Applied && res.Response != nil:
+			blob, err := e.sealResponse(rec.ID, res.Response)
+			if err == nil {
+				err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: res.Response.Status,
+					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
+			}
+			if err != nil && !errors.Is(err, ErrFenced) {
+				return &answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+			}
+			// Settled (by us, or concurrently by another resolver): read back.
+			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
+			if err != nil {
+				return nil, errors.Is(err, ErrNotFound)
+			}
+			a := rt.replay(ctx, got)
+			a.decision = Resolved
+			return a, false
+		}
+	}
+	a = rt.replay(ctx, rec)
+	if a.err == nil {
+		a.decision = Indeterminate
+	}
+	return a, false
+}
+
+// markIndeterminate turns an in-progress record whose lease lapsed into an
+// indeterminate one (WithTakeover(false)).
+func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
+	p := e.problemFor(fmt.Errorf("%w: the attempt holding the key stopped before recording an outcome", ErrIndeterminate))
+	resp := problemResponse(p)
+	blob, err := e.sealResponse(rec.ID, resp)
+	if err == nil {
+		err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateIndeterminate, Status: resp.Status,
+			Response: blob, ExpiresAt: e.cfg.clock().Add(e.cfg.policy.retention)})
+	}
+	if err != nil && !errors.Is(err, ErrFenced) {
+		e.cfg.logger.ErrorContext(ctx, "idempotency: marking a lapsed record indeterminate", slog.String("error", err.Error()))
+	}
+}
+
+// --- running an attempt ----------------------------------------------------
+
+// startLease starts the heartbeat of a leased attempt and returns the
+// context the handler runs with: it is cancelled with ErrLeaseLost when a
+// heartbeat finds the lease taken over.
+func (a *attempt) startLease(ctx context.Context) context.Context {
+	if a.rt.atomic {
+		return ctx
+	}
+	ctx, a.cancel = context.WithCancelCause(ctx)
+	a.timer = time.AfterFunc(a.e.cfg.lease/3, a.heartbeat)
+	return ctx
+}
+
+func (a *attempt) heartbeat() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.timer == nil { // stopped
+		return
+	}
+	until := a.e.cfg.clock().Add(a.e.cfg.lease)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.e.cfg.lease/3)
+	err := a.e.store.Extend(ctx, a.id, a.token, until)
+	cancel()
+	switch {
+	case errors.Is(err, ErrFenced):
+		a.lost = true
+		a.timer = nil
+		a.cancel(ErrLeaseLost)
+		return
+	case err != nil:
+		a.e.cfg.logger.Warn("idempotency: extending a lease failed; retrying", slog.String("id", a.id.String()), slog.String("error", err.Error()))
+	}
+	a.timer.Reset(a.e.cfg.lease / 3)
+}
+
+// stopLease stops the heartbeat; it reports whether the lease was lost.
+func (a *attempt) stopLease() (lost bool) {
+	if a.cancel == nil {
+		return false
+	}
+	a.mu.Lock()
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
+	lost = a.lost
+	a.mu.Unlock()
+	return lost
+}
+
+// verdict is how an attempt ended.
+type verdict uint8
+
+const (
+	vComplete verdict = iota
+	vRelease
+	vIndeterminate
+)
+
+// classify maps a handler's result to the record's fate (CONTRACT section 4).
+func (a *attempt) classify(status int, panicked bool) verdict {
+	switch {
+	case a.release.Load():
+		return vRelease
+	case panicked || status >= 500:
+		if a.effect.Load() || (!a.rt.atomic && !panicked) {
+			return vIndeterminate
+		}
+		return vRelease
+	case status == 408 || status == 429:
+		return vRelease
+	}
+	return vComplete
+}
+
+// finish records the outcome and, in middleware-managed atomic mode,
+// commits or rolls back. It returns the decision, and an error when the
+// outcome could not be made durable: the client must then not see the
+// handler's answer.
+func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
+	e := a.e
+	lost := a.stopLease()
+	if a.cancel != nil {
+		defer a.cancel(nil)
+	}
+	if v == vRelease {
+		var err error
+		switch {
+		case a.tx != nil:
+			err = a.tx.Rollback()
+		default: // leased, or the caller's transaction: delete our claim
+			err = e.store.Release(context.WithoutCancel(a.ctx), a.id, a.token)
+		}
+		if errors.Is(err, ErrFenced) {
+			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		}
+		if err != nil {
+			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
+		}
+		return Released, nil
+	}
+	if lost {
+		if a.tx != nil {
+			_ = a.tx.Rollback()
+		}
+		return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+	}
+	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: e.cfg.clock().Add(a.rt.p.retention)}
+	decision := Executed
+	if v == vIndeterminate {
+		c.State, decision = StateIndeterminate, Indeterminate
+	}
+	blob, err := e.sealResponse(a.id, resp)
+	if err == nil {
+		c.Response = blob
+		err = e.store.Complete(context.WithoutCancel(a.ctx), a.id, a.token, c)
+	}
+	if err == nil && a.tx != nil {
+		err = a.tx.Commit()
+	}
+	if err != nil {
+		if a.tx != nil {
+			_ = a.tx.Rollback()
+		}
+		if errors.Is(err, ErrFenced) {
+			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		}
+		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+	}
+	return decision, nil
+}
+
+// abort gives up an attempt whose handler never ran (the claim is undone).
+func (a *attempt) abort() {
+	a.stopLease()
+	if a.cancel != nil {
+		a.cancel(nil)
+	}
+	if a.tx != nil {
+		_ = a.tx.Rollback()
+		return
+	}
+	_ = a.e.store.Release(context.WithoutCancel(a.ctx), a.id, a.token)
+}
+
+// --- what handlers can say -------------------------------------------------
+
+type attemptKey struct{}
+
+func attemptFrom(ctx context.Context) *attempt {
+	switch v := ctx.Value(attemptKey{}).(type) {
+	case *attempt:
+		return v
+	case *call:
+		return v.att
+	}
+	return nil
+}
+
+// MarkEffect tells the engine that the handler is about to cause an effect
+// outside the store's transaction (a payment, an email, a call to another
+// service). From then on a 5xx or a panic leaves the record indeterminate
+// instead of releasing it, so a retry does not blindly run again. It is a
+// no-op outside a protected request.
+func MarkEffect(ctx context.Context) {
+	if a := attemptFrom(ctx); a != nil {
+		a.effect.Store(true)
+	}
+}
+
+// Release tells the engine that nothing happened (for example validation
+// failed before any effect): whatever the handler answers, the record is
+// released and, in atomic mode, the transaction rolled back, so a corrected
+// request may use the same key. It is a no-op outside a protected request.
+func Release(ctx context.Context) {
+	if a := attemptFrom(ctx); a != nil {
+		a.release.Store(true)
+	}
+}
+
+// DownstreamKey returns a deterministic idempotency key for step (such as
+// "charge") of the protected request in ctx, to pass to an external API:
+// the same for every attempt of the same (caller, scope, key), so a takeover
+// repeats the external call safely. It returns "" outside a protected
+// request.
+func DownstreamKey(ctx context.Context, step string) string {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return ""
+	}
+	return DownstreamKeyFor(a.id, step)
+}
+
+// DownstreamKeyFor is DownstreamKey for a record ID (for resolvers).
+func DownstreamKeyFor(id ID, step string) string {
+	return Identity{Caller: id.String(), Scope: "idem/downstream", Key: step}.ID().String()
+}
+
+// AttemptInfo describes the protected request a handler runs in.
+type AttemptInfo struct {
+	Identity Identity
+	ID       ID
+	Attempt  int  // 1, or more after takeovers
+	Atomic   bool // atomic mode: the handler's writes commit with the record
+}
+
+// AttemptFrom returns information about the protected request in ctx.
+func AttemptFrom(ctx context.Context) (AttemptInfo, bool) {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return AttemptInfo{}, false
+	}
+	return AttemptInfo{Identity: a.ident, ID: a.id, Attempt: a.number, Atomic: a.rt.atomic}, true
+}

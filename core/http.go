@@ -1,0 +1,465 @@
+package core
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// HeaderReplayed marks a replayed response.
+const HeaderReplayed = "Idempotent-Replayed"
+
+// Handler protects next with the engine's defaults and opts. The scope
+// defaults to the method and the net/http ServeMux pattern that matched
+// (Request.Pattern), so register the wrapped handler on a ServeMux
+// ("POST /orders"), or name the scope with Scope.
+func (e *Engine) Handler(next http.Handler, opts ...RouteOption) http.Handler {
+	rt := e.Route(opts...)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt.Serve(w, r, "", nil, next.ServeHTTP)
+	})
+}
+
+// Middleware is Handler as a middleware, for routers built on
+// func(http.Handler) http.Handler.
+func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler { return e.Handler(next, opts...) }
+}
+
+// call is the per-request state placed in the request context.
+type call struct {
+	native any
+	att    *attempt
+	body   bodyReader
+	rec    recorder
+}
+
+// NativeFrom returns the framework context (*gin.Context, echo.Context)
+// that the adapter passed to Route.Serve for the request whose context is
+// ctx, or nil. Framework-typed caller functions use it.
+func NativeFrom(ctx context.Context) any {
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok {
+		return c.native
+	}
+	return nil
+}
+
+// Serve runs one HTTP request through the state machine. Adapters call it:
+// pattern is the router's route pattern without the method ("/orders/:id",
+// "" when unknown: then Request.Pattern, then the path is used), native the
+// framework's context (or nil), and next runs the rest of the chain with the
+// writer and request it is given (the request carries the engine's context:
+// transaction, MarkEffect, Release, DownstreamKey).
+func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	if !rt.covers(r.Method) {
+		next(w, r)
+		return
+	}
+	e := rt.e
+	key, err := KeyFromHeader(r.Header)
+	if err == nil && key == "" {
+		if rt.p.optionalKey {
+			next(w, r)
+			return
+		}
+		err = ErrMissingKey
+	}
+	start := e.cfg.clock()
+	scope := rt.scopeFor(r, pattern)
+	if err != nil {
+		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
+		return
+	}
+	c := &call{native: native}
+	ctx := context.WithValue(r.Context(), attemptKey{}, c)
+	r = r.WithContext(ctx)
+	ev := Event{Scope: scope, Key: e.logKey(key)}
+	caller := ""
+	if e.cfg.caller != nil {
+		caller, err = e.cfg.caller(r)
+		if err == nil && caller == "" {
+			err = ErrNoCaller
+		} else if err != nil && !errors.Is(err, ErrNoCaller) {
+			err = fmt.Errorf("%w: %w", ErrNoCaller, err)
+		}
+		if err != nil {
+			ev.Decision, ev.Err = Invalid, err
+			rt.reject(w, r, ev, start)
+			return
+		}
+	}
+	ev.Caller = caller
+	body, err := c.body.load(r, e.cfg.maxRequest)
+	defer c.body.free()
+	if err != nil {
+		ev.Decision, ev.Err = Invalid, err
+		rt.reject(w, r, ev, start)
+		return
+	}
+	r.Body = &c.body
+	var fp []byte
+	if f := rt.p.fingerprint; f != nil {
+		if fp, err = f(r, scope, body); err != nil {
+			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
+			rt.reject(w, r, ev, start)
+			return
+		}
+	}
+	ident := Identity{Caller: caller, Scope: scope, Key: key}
+	ev.ID = ident.ID()
+	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start)
+	if ans != nil {
+		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
+		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
+			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
+			ev.Duration = e.cfg.clock().Sub(start)
+			e.emit(ctx, ev)
+			next(w, r)
+			return
+		}
+		if ans.err != nil {
+			rt.reject(w, r, ev, start)
+			return
+		}
+		ev.Status = rt.writeReplay(w, r, ans.resp)
+		ev.Duration = e.cfg.clock().Sub(start)
+		e.emit(ctx, ev)
+		return
+	}
+	c.att = att
+	ev.Attempt = att.number
+	hctx := att.startLease(att.ctx)
+	if hctx != ctx {
+		r = r.WithContext(hctx)
+	}
+	rec := &c.rec
+	rec.init(w, rt.atomic, e.cfg.maxResponse)
+	defer rec.free()
+	panicked := true
+	defer func() {
+		if !panicked {
+			return
+		}
+		v := recover()
+		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
+		p.Type, p.Title = e.cfg.problemBase+"internal", "Internal error"
+		resp := problemResponse(p)
+		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
+		ev.Duration = e.cfg.clock().Sub(start)
+		e.emit(ctx, ev)
+		panic(v)
+	}()
+	next(rec, r)
+	panicked = false
+
+	resp := rec.response(e.cfg.recorded)
+	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
+	ev.Status, ev.Err = resp.Status, err
+	if err != nil && !rec.through {
+		// The outcome is not durable (atomic mode: rolled back): the
+		// handler's answer must not reach the client.
+		clear(w.Header())
+		p := e.problemFor(err)
+		e.cfg.errorWriter(w, r, p)
+		ev.Status = p.Status
+	} else {
+		rec.deliver()
+	}
+	ev.Duration = e.cfg.clock().Sub(start)
+	e.emit(ctx, ev)
+}
+
+// ErrInvalidRequest: the request body could not be read or fingerprinted
+// (HTTP 400).
+var ErrInvalidRequest = errors.New("idem: request body could not be read")
+
+func (rt *Route) scopeFor(r *http.Request, pattern string) string {
+	if rt.p.scope != "" {
+		return rt.p.scope
+	}
+	if pattern == "" {
+		pattern = r.Pattern
+		if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
+			// A ServeMux pattern with a method ("POST /orders"), maybe a host.
+			pattern = strings.TrimSpace(pattern[i+1:])
+		}
+	}
+	if pattern == "" {
+		pattern = r.URL.Path
+	}
+	return r.Method + " " + pattern
+}
+
+func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
+	e := rt.e
+	p := e.problemFor(ev.Err)
+	if errors.Is(ev.Err, ErrInvalidRequest) {
+		p.Status, p.Type, p.Title = http.StatusBadRequest, e.cfg.problemBase+"invalid-request", "Request body could not be read"
+	}
+	e.cfg.errorWriter(w, r, p)
+	ev.Status = p.Status
+	ev.Duration = e.cfg.clock().Sub(start)
+	e.emit(r.Context(), ev)
+}
+
+// writeReplay writes a recorded response and returns the status sent.
+func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *Response) int {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	h.Set(HeaderReplayed, "true")
+	if !resp.BodyKept {
+		p := rt.e.problemFor(ErrNotKept)
+		p.Status = resp.Status
+		p.Detail = "the first response was too large or streamed, so only its status was recorded"
+		delete(h, "Content-Encoding")
+		rt.e.cfg.errorWriter(w, r, p)
+		return p.Status
+	}
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+	return resp.Status
+}
+
+// problemResponse renders p as a recordable response.
+func problemResponse(p *Problem) *Response {
+	rw := &bufferWriter{h: http.Header{}}
+	WriteProblem(rw, nil, p)
+	return &Response{Status: p.Status, Header: recordedHeader(rw.h, []string{"Content-Type"}), Body: rw.b, BodyKept: true}
+}
+
+type bufferWriter struct {
+	h      http.Header
+	b      []byte
+	status int
+}
+
+func (w *bufferWriter) Header() http.Header         { return w.h }
+func (w *bufferWriter) WriteHeader(code int)        { w.status = code }
+func (w *bufferWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
+
+// --- request body ----------------------------------------------------------
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// bodyReader replays the request body read for the fingerprint.
+type bodyReader struct {
+	buf *[]byte
+	off int
+}
+
+func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > max {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, max)
+	}
+	b.buf = bufPool.Get().(*[]byte)
+	buf := (*b.buf)[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > max {
+			*b.buf = buf
+			return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, max)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			*b.buf = buf
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+	}
+	*b.buf = buf
+	return buf, nil
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.buf == nil || b.off >= len(*b.buf) {
+		return 0, io.EOF
+	}
+	n := copy(p, (*b.buf)[b.off:])
+	b.off += n
+	return n, nil
+}
+
+func (b *bodyReader) Close() error { return nil }
+
+func (b *bodyReader) free() {
+	if b.buf != nil && cap(*b.buf) <= 1<<20 {
+		*b.buf = (*b.buf)[:0]
+		bufPool.Put(b.buf)
+	}
+	b.buf = nil
+}
+
+// --- response capture ------------------------------------------------------
+
+// recorder captures a handler's response. In atomic mode it holds the whole
+// response until the transaction commits (Flush is deferred, Hijack is
+// refused). In leased mode it holds the response until the outcome is
+// recorded, unless the body passes the cap or the handler flushes or
+// hijacks: then it writes through and the record says the body was not kept.
+// It keeps http.Flusher, http.Hijacker and Unwrap working and ignores 1xx.
+type recorder struct {
+	w        http.ResponseWriter
+	atomic   bool
+	status   int
+	max      int
+	buf      *[]byte
+	kept     bool // the body is complete in buf
+	through  bool // writing through to w
+	hijacked bool
+}
+
+func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
+	*rec = recorder{w: w, atomic: atomic, max: max, kept: true}
+	rec.buf = bufPool.Get().(*[]byte)
+	*rec.buf = (*rec.buf)[:0]
+}
+
+func (rec *recorder) free() {
+	if rec.buf != nil && cap(*rec.buf) <= 1<<20 {
+		bufPool.Put(rec.buf)
+	}
+	rec.buf = nil
+}
+
+func (rec *recorder) Header() http.Header { return rec.w.Header() }
+
+func (rec *recorder) WriteHeader(code int) {
+	if code < 200 || rec.status != 0 {
+		if code >= 100 && code < 200 && rec.through {
+			rec.w.WriteHeader(code)
+		}
+		return
+	}
+	rec.status = code
+	if rec.through {
+		rec.w.WriteHeader(code)
+	}
+}
+
+func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.through {
+		return rec.w.Write(p)
+	}
+	if rec.kept && len(*rec.buf)+len(p) > rec.max {
+		rec.kept = false
+		if !rec.atomic {
+			rec.goThrough()
+			return rec.w.Write(p)
+		}
+	}
+	*rec.buf = append(*rec.buf, p...)
+	return len(p), nil
+}
+
+// WriteString lets io.WriteString avoid a conversion.
+func (rec *recorder) WriteString(s string) (int, error) {
+	if rec.through || rec.hijacked || (rec.kept && len(*rec.buf)+len(s) > rec.max) {
+		return rec.Write([]byte(s))
+	}
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	*rec.buf = append(*rec.buf, s...)
+	return len(s), nil
+}
+
+// goThrough sends what is held and switches to writing through.
+func (rec *recorder) goThrough() {
+	rec.kept, rec.through = false, true
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	rec.w.WriteHeader(rec.status)
+	if len(*rec.buf) > 0 {
+		_, _ = rec.w.Write(*rec.buf)
+		*rec.buf = (*rec.buf)[:0]
+	}
+}
+
+// Flush streams the response in leased mode (the body is then not kept);
+// in atomic mode it is deferred until the transaction commits.
+func (rec *recorder) Flush() {
+	if rec.atomic || rec.hijacked {
+		return
+	}
+	if !rec.through {
+		rec.goThrough()
+	}
+	if f, ok := rec.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack hands the connection over in leased mode (the body is then not
+// kept); atomic mode refuses it, since nothing may reach the client before
+// the commit.
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.atomic {
+		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
+	}
+	h, ok := rec.w.(http.Hijacker)
+	if !ok {
+		return nil, nil, http.ErrNotSupported
+	}
+	conn, rw, err := h.Hijack()
+	if err == nil {
+		rec.hijacked, rec.kept, rec.through = true, false, true
+		if rec.status == 0 {
+			rec.status = http.StatusSwitchingProtocols
+		}
+	}
+	return conn, rw, err
+}
+
+// Unwrap returns the underlying writer (for http.ResponseController).
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+
+// response returns what is recorded of the captured response.
+func (rec *recorder) response(allow []string) *Response {
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	resp := &Response{Status: status, Header: recordedHeader(rec.w.Header(), allow), BodyKept: rec.kept}
+	if rec.kept {
+		resp.Body = *rec.buf
+	}
+	return resp
+}
+
+// deliver sends the held response.
+func (rec *recorder) deliver() {
+	if rec.through {
+		return
+	}
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	rec.w.WriteHeader(rec.status)
+	if len(*rec.buf) > 0 {
+		_, _ = rec.w.Write(*rec.buf)
+	}
+}

@@ -1,0 +1,89 @@
+package core
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"time"
+)
+
+// Decision is what the engine decided for one request or message.
+type Decision string
+
+// Decisions reported to the Observer and the logger.
+const (
+	Executed      Decision = "executed"      // the handler ran and its outcome was recorded
+	Replayed      Decision = "replayed"      // the recorded response was returned
+	RejectedBusy  Decision = "in_progress"   // an in-flight duplicate was refused (409) or declined
+	Mismatch      Decision = "mismatch"      // same key, different fingerprint (422)
+	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx in atomic mode)
+	Indeterminate Decision = "indeterminate" // the handler ran, may have had an effect, and failed: recorded as indeterminate
+	Resolved      Decision = "resolved"      // the Resolver settled an indeterminate record
+	LeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused
+	StoreError    Decision = "store_error"   // the store failed (503, or the handler ran unprotected with WithFailOpen)
+	Invalid       Decision = "invalid"       // the request was refused before any lookup (400, 401, 413)
+)
+
+// Event describes one decision.
+type Event struct {
+	Decision Decision
+	ID       ID
+	Caller   string
+	Scope    string
+	// Key is the idempotency key, or the first 16 hex digits of its SHA-256
+	// unless WithRawKeysInLogs is set.
+	Key      string
+	Status   int           // HTTP status sent to the client (0 for Once)
+	Attempt  int           // attempt number of the record (takeovers increment it)
+	Duration time.Duration // from the start of the request to the decision
+	Err      error         // the error behind a rejection or failure
+}
+
+func (d Decision) level() slog.Level {
+	switch d {
+	case Executed, Replayed, Released, Resolved:
+		return slog.LevelDebug
+	case RejectedBusy, Mismatch, Invalid:
+		return slog.LevelInfo
+	case Indeterminate, LeaseLost:
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+
+// logKey is the form of a key that appears in events and logs.
+func (e *Engine) logKey(key string) string {
+	if e.cfg.logRawKeys || key == "" {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+func (e *Engine) emit(ctx context.Context, ev Event) {
+	if o := e.cfg.observer; o != nil {
+		o(ctx, ev)
+	}
+	lvl := ev.Decision.level()
+	if !e.cfg.logger.Enabled(ctx, lvl) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String("decision", string(ev.Decision)),
+		slog.String("caller", ev.Caller),
+		slog.String("scope", ev.Scope),
+		slog.String("key", ev.Key),
+		slog.Duration("duration", ev.Duration))
+	if ev.Status != 0 {
+		attrs = append(attrs, slog.Int("status", ev.Status))
+	}
+	if ev.Attempt > 1 {
+		attrs = append(attrs, slog.Int("attempt", ev.Attempt))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.String("error", ev.Err.Error()))
+	}
+	e.cfg.logger.LogAttrs(ctx, lvl, "idempotency", attrs...)
+}

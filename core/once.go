@@ -1,0 +1,115 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Message names one delivery for Once: the consumer (the unit of work) and
+// the message id the producer assigned. Two consumers of the same message
+// run once each.
+type Message struct {
+	Consumer string
+	ID       string
+	// Fingerprint of the payload, optional: a redelivery with a different
+	// fingerprint is refused with ErrMismatch.
+	Fingerprint []byte
+}
+
+// Result is what Once returns.
+type Result struct {
+	// Value is what the first run's function returned.
+	Value []byte
+	// Replayed is true when the function did not run now because an earlier
+	// run completed.
+	Replayed bool
+}
+
+// Once runs fn at most once per (consumer, message id) and returns the first
+// run's value to duplicates. It is the non-HTTP entry point for message
+// consumers and jobs (CONTRACT section 7).
+//
+//   - First delivery: fn runs. A nil error completes the record with the
+//     returned value. An error (or a panic) releases the record so a
+//     redelivery runs again, unless fn called MarkEffect first: then the
+//     record becomes indeterminate and duplicates get ErrIndeterminate until
+//     a Resolver settles it.
+//   - Completed: Result{Value, Replayed: true}; fn does not run.
+//   - In progress elsewhere: an error matching ErrInProgress at once (a
+//     *RetryError): "decline now", so the consumer can nack instead of
+//     blocking a worker. Pass WaitInFlight to wait instead.
+//
+// With a TxStore, fn runs inside a transaction that commits with the record
+// (fetch it from ctx with the store's accessor). If ctx already carries a
+// transaction of the store (sqlstore.WithTx, gormstore.WithTx), Once joins it
+// and neither commits nor rolls back: when Once returns an error, roll the
+// transaction back.
+func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Context) ([]byte, error), opts ...RouteOption) (Result, error) {
+	rt := e.def
+	if len(opts) > 0 {
+		rt = e.Route(opts...)
+	}
+	if m.ID == "" || len(m.ID) > MaxKeyLen {
+		return Result{}, fmt.Errorf("%w: message id must be 1 to %d bytes", ErrInvalidKey, MaxKeyLen)
+	}
+	start := e.cfg.clock()
+	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
+	id := ident.ID()
+	ev := Event{ID: id, Scope: ident.Scope, Key: e.logKey(m.ID)}
+	att, ans := rt.acquire(ctx, ident, id, m.Fingerprint, start)
+	if ans != nil {
+		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
+		ev.Duration = e.cfg.clock().Sub(start)
+		e.emit(ctx, ev)
+		switch {
+		case ans.err != nil:
+			return Result{}, ans.err
+		case ans.decision == Indeterminate:
+			return Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, id)
+		case !ans.resp.BodyKept:
+			return Result{Replayed: true}, ErrNotKept
+		}
+		return Result{Value: ans.resp.Body, Replayed: true}, nil
+	}
+	ev.Attempt = att.number
+	hctx := att.startLease(context.WithValue(att.ctx, attemptKey{}, att))
+
+	var value []byte
+	var err error
+	panicked := true
+	defer func() {
+		if panicked {
+			v := recover()
+			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
+			ev.Duration = e.cfg.clock().Sub(start)
+			e.emit(ctx, ev)
+			panic(v)
+		}
+	}()
+	value, err = fn(hctx)
+	panicked = false
+
+	v, resp := vComplete, &Response{Status: 200, Body: value, BodyKept: true}
+	if err != nil {
+		// A returned error means the work did not happen, unless an effect
+		// was marked: then its outcome is unknown.
+		v, resp = vRelease, &Response{Status: 500, BodyKept: true}
+		if att.effect.Load() {
+			v = vIndeterminate
+		}
+	}
+	if att.release.Load() {
+		v = vRelease
+	}
+	decision, ferr := att.finish(v, resp)
+	ev.Decision, ev.Err, ev.Duration = decision, errors.Join(err, ferr), e.cfg.clock().Sub(start)
+	e.emit(ctx, ev)
+	switch {
+	case err != nil:
+		return Result{}, err
+	case ferr != nil:
+		return Result{}, ferr
+	}
+	return Result{Value: value}, nil
+}

@@ -1,0 +1,328 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults of the engine's options.
+const (
+	DefaultRetention       = 24 * time.Hour   // how long a record lives
+	DefaultLease           = 30 * time.Second // leased mode: lease of a running attempt
+	DefaultRetryAfter      = 1 * time.Second  // Retry-After of 409 and 503 answers
+	DefaultMaxRequestBody  = 1 << 20          // bytes read to fingerprint a request
+	DefaultMaxResponseBody = 1 << 20          // bytes of a response body that are recorded
+	DefaultProblemBase     = "https://github.com/idemkit/idem/blob/main/docs/problems.md#"
+)
+
+// DefaultRecordedHeaders are the response headers recorded and replayed
+// unless WithRecordedHeaders says otherwise.
+var DefaultRecordedHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag"}
+
+// neverRecorded are response headers that are never recorded, even when
+// allowlisted: credentials and hop-by-hop fields.
+var neverRecorded = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Connection": true, "Keep-Alive": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
+	"Idempotent-Replayed": true,
+}
+
+// CallerFunc names who is asking: an account, tenant or API credential,
+// typically read from a value an earlier authentication middleware stored.
+// An error or an empty string answers 401 (ErrNoCaller). Adapters offer
+// framework-typed variants (ginidem.Caller, echoidem.Caller) built on
+// NativeFrom.
+type CallerFunc func(r *http.Request) (string, error)
+
+// Observer receives every decision the engine takes; see Event.
+type Observer func(ctx context.Context, ev Event)
+
+// Option configures an Engine.
+type Option interface{ applyEngine(*config) error }
+
+// RouteOption configures one protected route (or one Once call site). Route
+// options also work as engine options, where they set the default for every
+// route.
+type RouteOption interface {
+	Option
+	applyRoute(*policy)
+}
+
+type engineOption func(*config) error
+
+func (f engineOption) applyEngine(c *config) error { return f(c) }
+
+type routeOption func(*policy)
+
+func (f routeOption) applyEngine(c *config) error { f(&c.policy); return nil }
+func (f routeOption) applyRoute(p *policy)        { f(p) }
+
+// config is the engine-wide configuration.
+type config struct {
+	policy       policy
+	caller       CallerFunc
+	singleCaller bool
+	clock        func() time.Time
+	lease        time.Duration
+	takeover     bool
+	retryAfter   time.Duration
+	maxRequest   int64
+	maxResponse  int
+	recorded     []string
+	sealer       Sealer
+	failOpen     bool
+	problemBase  string
+	errorWriter  ErrorWriter
+	resolver     Resolver
+	observer     Observer
+	logger       *slog.Logger
+	logRawKeys   bool
+}
+
+// policy is what a route may override.
+type policy struct {
+	scope       string // explicit scope name; "" = method + route pattern
+	retention   time.Duration
+	wait        time.Duration // 0 = reject in-flight duplicates at once
+	leased      bool          // force leased mode on a TxStore
+	fingerprint Fingerprinter
+	optionalKey bool
+	methods     []string
+}
+
+// WithCaller sets the function that names the caller. Either WithCaller or
+// WithSingleCaller is required: a deployment must not share one key space
+// between callers by accident.
+func WithCaller(f CallerFunc) Option {
+	return engineOption(func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithCaller(nil)", ErrConfig)
+		}
+		c.caller = f
+		return nil
+	})
+}
+
+// WithSingleCaller states that the API has a single caller, so every request
+// shares one key space. Use it only for internal APIs with one client.
+func WithSingleCaller() Option {
+	return engineOption(func(c *config) error { c.singleCaller = true; return nil })
+}
+
+// WithClock sets the clock used for leases and expiry (default time.Now).
+// Processes that share a store should use the same time source; the SQL
+// stores offer a clock that follows the database's.
+func WithClock(now func() time.Time) Option {
+	return engineOption(func(c *config) error {
+		if now == nil {
+			return fmt.Errorf("%w: WithClock(nil)", ErrConfig)
+		}
+		c.clock = now
+		return nil
+	})
+}
+
+// WithLease sets the lease of a running attempt in leased mode (default
+// DefaultLease). The attempt extends it every third of its length while it
+// runs; an attempt that stops extending (crash, long pause) is taken over
+// once the lease lapses.
+func WithLease(d time.Duration) Option {
+	return engineOption(func(c *config) error {
+		if d < 10*time.Millisecond {
+			return fmt.Errorf("%w: lease %v is shorter than 10ms", ErrConfig, d)
+		}
+		c.lease = d
+		return nil
+	})
+}
+
+// WithTakeover sets what happens to an in-progress record whose lease lapsed
+// (leased mode): true (default) lets the next request take it over with a
+// new fencing token; false turns it into an indeterminate record, settled
+// by the Resolver or answered with 500.
+func WithTakeover(on bool) Option {
+	return engineOption(func(c *config) error { c.takeover = on; return nil })
+}
+
+// WithRetryAfter sets the Retry-After of 409 (in progress) and 503 (store
+// unavailable) answers (default DefaultRetryAfter).
+func WithRetryAfter(d time.Duration) Option {
+	return engineOption(func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: negative Retry-After", ErrConfig)
+		}
+		c.retryAfter = d
+		return nil
+	})
+}
+
+// WithMaxRequestBody sets how many bytes of a request body are read to
+// fingerprint it (default DefaultMaxRequestBody). A larger body is refused
+// with 413 (ErrBodyTooLarge), before the handler runs.
+func WithMaxRequestBody(n int64) Option {
+	return engineOption(func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: negative request body limit", ErrConfig)
+		}
+		c.maxRequest = n
+		return nil
+	})
+}
+
+// WithMaxResponseBody sets how many bytes of a response body are recorded
+// (default DefaultMaxResponseBody). A larger response is still delivered to
+// the first client; its record says the body was not kept.
+func WithMaxResponseBody(n int) Option {
+	return engineOption(func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: negative response body limit", ErrConfig)
+		}
+		c.maxResponse = n
+		return nil
+	})
+}
+
+// WithRecordedHeaders replaces the allowlist of recorded response headers
+// (default DefaultRecordedHeaders). Set-Cookie, Authorization, hop-by-hop
+// headers and Content-Length are never recorded, even when listed.
+func WithRecordedHeaders(names ...string) Option {
+	return engineOption(func(c *config) error {
+		c.recorded = c.recorded[:0]
+		for _, n := range names {
+			n = http.CanonicalHeaderKey(n)
+			if !neverRecorded[n] {
+				c.recorded = append(c.recorded, n)
+			}
+		}
+		return nil
+	})
+}
+
+// WithSealer seals recorded responses at rest (default: none). See NewAESGCM.
+func WithSealer(s Sealer) Option {
+	return engineOption(func(c *config) error { c.sealer = s; return nil })
+}
+
+// WithFailOpen runs handlers without protection when the store is
+// unreachable, logging every such request at error level. The default is to
+// fail closed with 503 and Retry-After. In atomic mode the store is the
+// business database, so requests still fail with 503.
+func WithFailOpen() Option {
+	return engineOption(func(c *config) error { c.failOpen = true; return nil })
+}
+
+// WithProblemBase sets the prefix of the problem documents' type URIs
+// (default DefaultProblemBase); the suffix is stable per error, see Problem.
+func WithProblemBase(base string) Option {
+	return engineOption(func(c *config) error { c.problemBase = base; return nil })
+}
+
+// WithErrorWriter replaces the writer of problem documents (default
+// WriteProblem).
+func WithErrorWriter(w ErrorWriter) Option {
+	return engineOption(func(c *config) error {
+		if w == nil {
+			return fmt.Errorf("%w: WithErrorWriter(nil)", ErrConfig)
+		}
+		c.errorWriter = w
+		return nil
+	})
+}
+
+// WithResolver sets the function that settles indeterminate records
+// (default: none, so the recorded 5xx is replayed).
+func WithResolver(r Resolver) Option {
+	return engineOption(func(c *config) error { c.resolver = r; return nil })
+}
+
+// WithObserver sets a hook called for every decision (default: none), for
+// metrics (Prometheus, OpenTelemetry) without a dependency in core.
+func WithObserver(o Observer) Option {
+	return engineOption(func(c *config) error { c.observer = o; return nil })
+}
+
+// WithLogger sets the logger (default slog.Default()). Routine decisions log
+// at debug level, in-flight rejections and mismatches at info,
+// indeterminate outcomes and lost leases at warn, store errors and
+// fail-open at error.
+func WithLogger(l *slog.Logger) Option {
+	return engineOption(func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: WithLogger(nil)", ErrConfig)
+		}
+		c.logger = l
+		return nil
+	})
+}
+
+// WithRawKeysInLogs logs and reports idempotency keys as sent (default: the
+// first 16 hex digits of their SHA-256).
+func WithRawKeysInLogs() Option {
+	return engineOption(func(c *config) error { c.logRawKeys = true; return nil })
+}
+
+// Scope names the unit of work explicitly (default: the request method and
+// the router's route pattern, such as "POST /orders/:id/refunds"). A
+// hand-written name survives refactoring of routes.
+func Scope(name string) RouteOption {
+	if strings.TrimSpace(name) == "" {
+		panic("idem: Scope with an empty name")
+	}
+	return routeOption(func(p *policy) { p.scope = name })
+}
+
+// Retention sets how long records live (default DefaultRetention). Clients
+// must be told this window: a retry after it executes again.
+func Retention(d time.Duration) RouteOption {
+	if d <= 0 {
+		panic("idem: Retention must be positive")
+	}
+	return routeOption(func(p *policy) { p.retention = d })
+}
+
+// WaitInFlight makes an in-flight duplicate wait up to d for the first
+// request, then replay its result, or answer 409 if it is still running.
+// The default (d = 0) rejects in-flight duplicates at once with 409 and
+// Retry-After.
+func WaitInFlight(d time.Duration) RouteOption {
+	if d < 0 {
+		panic("idem: WaitInFlight must not be negative")
+	}
+	return routeOption(func(p *policy) { p.wait = d })
+}
+
+// Leased selects leased mode on a store that supports atomic mode: the claim
+// commits first, with a lease, and the handler runs outside any store
+// transaction. Use it for handlers whose effects live outside the database.
+// Stores without transactions are always in leased mode.
+func Leased() RouteOption { return routeOption(func(p *policy) { p.leased = true }) }
+
+// Fingerprint replaces the request fingerprint (default DefaultFingerprint).
+func Fingerprint(f Fingerprinter) RouteOption {
+	if f == nil {
+		panic("idem: Fingerprint(nil)")
+	}
+	return routeOption(func(p *policy) { p.fingerprint = f })
+}
+
+// KeyOptional lets covered requests without a key pass through unprotected
+// (default: the key is required and its absence answers 400).
+func KeyOptional() RouteOption { return routeOption(func(p *policy) { p.optionalKey = true }) }
+
+// Methods sets the covered request methods (default POST and PATCH); other
+// methods pass through untouched.
+func Methods(methods ...string) RouteOption {
+	if len(methods) == 0 {
+		panic("idem: Methods needs at least one method")
+	}
+	ms := make([]string, len(methods))
+	for i, m := range methods {
+		ms[i] = strings.ToUpper(m)
+	}
+	return routeOption(func(p *policy) { p.methods = ms })
+}

@@ -1,0 +1,107 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Defaults of the Sweeper.
+const (
+	DefaultSweepEvery = time.Minute
+	DefaultSweepBatch = 1000
+)
+
+// Sweeper deletes expired records on a schedule, in bounded batches, so
+// retention actually runs. Several processes may sweep the same store at
+// once: stores delete each row once.
+type Sweeper struct {
+	Store Store
+	// Every is the pause between sweeps (default DefaultSweepEvery).
+	Every time.Duration
+	// Batch is the most rows one DeleteExpired call deletes (default
+	// DefaultSweepBatch); a sweep repeats batches until one comes back short.
+	Batch int
+	// Clock gives the time expiry is compared with (default time.Now).
+	Clock func() time.Time
+	// Logger reports failures (default slog.Default()).
+	Logger *slog.Logger
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Sweep deletes every record expired at the sweeper's clock, batch by batch,
+// and returns how many it deleted.
+func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
+	batch, now := s.Batch, time.Now
+	if batch <= 0 {
+		batch = DefaultSweepBatch
+	}
+	if s.Clock != nil {
+		now = s.Clock
+	}
+	total := 0
+	for {
+		n, err := s.Store.DeleteExpired(ctx, now(), batch)
+		total += n
+		if err != nil || n < batch {
+			return total, err
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}
+
+// Start sweeps now and then every s.Every until Stop or ctx ends. Calling
+// Start on a running sweeper is a no-op.
+func (s *Sweeper) Start(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		return
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.done = make(chan struct{})
+	every := s.Every
+	if every <= 0 {
+		every = DefaultSweepEvery
+	}
+	logger := s.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			if n, err := s.Sweep(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				logger.Error("idempotency sweep failed", slog.Int("deleted", n), slog.String("error", err.Error()))
+			} else if n > 0 {
+				logger.Debug("idempotency sweep", slog.Int("deleted", n))
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// Stop stops a started sweeper and waits for a running sweep to end.
+func (s *Sweeper) Stop() {
+	s.mu.Lock()
+	cancel, done := s.cancel, s.done
+	s.cancel, s.done = nil, nil
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
