@@ -358,7 +358,9 @@ func (a *attempt) startLease(ctx context.Context) context.Context {
 		return ctx
 	}
 	ctx, a.cancel = context.WithCancelCause(ctx)
+	a.mu.Lock()
 	a.timer = time.AfterFunc(a.e.cfg.lease/3, a.heartbeat)
+	a.mu.Unlock()
 	return ctx
 }
 
@@ -443,7 +445,9 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 			err = e.store.Release(context.WithoutCancel(a.ctx), a.id, a.token)
 		}
 		if errors.Is(err, ErrFenced) {
-			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+			// Taken over meanwhile: the new owner's record stays; the
+			// handler's answer (nothing happened) is still true.
+			return LeaseLost, nil
 		}
 		if err != nil {
 			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))

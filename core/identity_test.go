@@ -1,0 +1,89 @@
+package core
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestKeyFromHeader(t *testing.T) {
+	long := strings.Repeat("k", MaxKeyLen)
+	tests := []struct {
+		name   string
+		values []string
+		want   string
+		err    bool
+	}{
+		{"ok, absent header gives no key", nil, "", false},
+		{"ok, raw key", []string{"8e03978e-40d5-43e8-bc93-6894a57f9324"}, "8e03978e-40d5-43e8-bc93-6894a57f9324", false},
+		{"ok, quoted key addresses the same key", []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`}, "8e03978e-40d5-43e8-bc93-6894a57f9324", false},
+		{"ok, surrounding whitespace is trimmed", []string{"  abc \t"}, "abc", false},
+		{"ok, quoted escapes", []string{`"a\"b\\c"`}, `a"b\c`, false},
+		{"ok, quoted key with a comma", []string{`"a,b"`}, "a,b", false},
+		{"ok, 255 bytes", []string{long}, long, false},
+		{"ok, 255 bytes quoted", []string{`"` + long + `"`}, long, false},
+		{"nok, two header fields", []string{"a", "b"}, "", true},
+		{"nok, empty value", []string{""}, "", true},
+		{"nok, whitespace only", []string{"   "}, "", true},
+		{"nok, empty quoted string", []string{`""`}, "", true},
+		{"nok, blank quoted string", []string{`"  "`}, "", true},
+		{"nok, 256 bytes", []string{long + "k"}, "", true},
+		{"nok, 256 bytes quoted", []string{`"` + long + `k"`}, "", true},
+		{"nok, control character", []string{"a\x01b"}, "", true},
+		{"nok, DEL", []string{"a\x7fb"}, "", true},
+		{"nok, unterminated quote", []string{`"abc`}, "", true},
+		{"nok, bad escape", []string{`"a\nb"`}, "", true},
+		{"nok, unescaped quote inside", []string{`"a"b"`}, "", true},
+		{"nok, non-ASCII inside quotes", []string{"\"caf\u00e9\""}, "", true},
+		{"nok, raw key with a comma (two joined fields)", []string{"a, b"}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			if tt.values != nil {
+				h[HeaderKey] = tt.values
+			}
+			got, err := KeyFromHeader(h)
+			if tt.err {
+				if !errors.Is(err, ErrInvalidKey) {
+					t.Fatalf("KeyFromHeader(%q) = %q, %v; want ErrInvalidKey", tt.values, got, err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("KeyFromHeader(%q) = %q, %v; want %q", tt.values, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestIdentityID(t *testing.T) {
+	ids := map[ID]Identity{}
+	for _, i := range []Identity{
+		{"a:b", "c", "k"}, {"a", "b:c", "k"}, {"a", "b", "c:k"}, {"", "ab", "k"}, {"ab", "", "k"},
+		{"a", "b", "k"}, {"b", "a", "k"}, {"acct_1", "POST /orders", "k"}, {"acct_2", "POST /orders", "k"},
+	} {
+		id := i.ID()
+		if prev, dup := ids[id]; dup {
+			t.Fatalf("%+v and %+v share ID %s", prev, i, id)
+		}
+		ids[id] = i
+		if id != i.ID() {
+			t.Fatal("ID is not deterministic")
+		}
+	}
+	if s := (Identity{"a", "b", "c"}).ID().String(); len(s) != 64 {
+		t.Fatalf("ID.String() = %q, want 64 hex digits", s)
+	}
+}
+
+func TestDebugString(t *testing.T) {
+	s := debugString(strings.Repeat("é", 200)) // 400 bytes
+	if len(s) > MaxDebugLen || !strings.HasPrefix(strings.Repeat("é", 200), s) || len(s)%2 != 0 {
+		t.Fatalf("debugString cut a rune or overflowed: len %d", len(s))
+	}
+	if got := debugString("a\xffb"); got != "a\uFFFDb" {
+		t.Fatalf("debugString(invalid UTF-8) = %q", got)
+	}
+}

@@ -1,0 +1,119 @@
+package core
+
+import (
+	"bytes"
+	"crypto/rand"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+func TestResponseEncoding(t *testing.T) {
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	tests := []struct {
+		name string
+		resp Response
+	}{
+		{"ok, binary body with every byte value", Response{Status: 201, Body: all, BodyKept: true,
+			Header: http.Header{"Content-Type": {"application/octet-stream"}}}},
+		{"ok, repeated header values keep their order", Response{Status: 200, BodyKept: true, Body: []byte("x"),
+			Header: http.Header{"Etag": {`"1"`}, "Content-Language": {"de", "en", "fr"}}}},
+		{"ok, body not kept", Response{Status: 202, BodyKept: false}},
+		{"ok, no headers, empty body", Response{Status: 204, BodyKept: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := encodeResponse(nil, &tt.resp)
+			got, err := decodeResponse(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status != tt.resp.Status || got.BodyKept != tt.resp.BodyKept || !bytes.Equal(got.Body, tt.resp.Body) {
+				t.Fatalf("got %+v, want %+v", got, tt.resp)
+			}
+			if len(tt.resp.Header) > 0 && !reflect.DeepEqual(got.Header, tt.resp.Header) {
+				t.Fatalf("headers %v, want %v", got.Header, tt.resp.Header)
+			}
+		})
+	}
+}
+
+func TestRecordedHeaderNeverRecordsCredentials(t *testing.T) {
+	var c config
+	if err := WithRecordedHeaders("Set-Cookie", "authorization", "Connection", "X-Request-Id", "content-type").applyEngine(&c); err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"Set-Cookie": {"s=1"}, "Authorization": {"Bearer x"}, "Connection": {"close"},
+		"X-Request-Id": {"r1"}, "Content-Type": {"text/plain"}, "Location": {"/x"}}
+	got := recordedHeader(h, c.recorded)
+	want := http.Header{"X-Request-Id": {"r1"}, "Content-Type": {"text/plain"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("recorded %v, want %v", got, want)
+	}
+}
+
+func FuzzDecodeResponse(f *testing.F) {
+	f.Add(encodeResponse(nil, &Response{Status: 200, BodyKept: true, Body: []byte("hi"), Header: http.Header{"A": {"b"}}}))
+	f.Add([]byte{1, 1, 0, 200, 255, 255, 255, 255, 15})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		resp, err := decodeResponse(b)
+		if err != nil {
+			return
+		}
+		again, err := decodeResponse(encodeResponse(nil, resp))
+		if err != nil || again.Status != resp.Status || !bytes.Equal(again.Body, resp.Body) {
+			t.Fatalf("re-encoding changed the response: %v", err)
+		}
+	})
+}
+
+func TestAESGCM(t *testing.T) {
+	k1, k2 := make([]byte, 32), make([]byte, 32)
+	rand.Read(k1)
+	rand.Read(k2)
+	old, err := NewAESGCM(map[string][]byte{"k1": k1}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := Identity{"a", "b", "c"}.ID()
+	plain := []byte("personal data: jane@example.com")
+	sealed, err := old.Seal(id, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(sealed, plain) || sealed[0] != encSealed {
+		t.Fatal("sealed output leaks the plaintext or lacks the marker")
+	}
+	rotated, err := NewAESGCM(map[string][]byte{"k1": k1, "k2": k2}, "k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rotated.Open(id, sealed); err != nil || !bytes.Equal(got, plain) {
+		t.Fatalf("ok, a rotated ring opens records sealed with the old key: %v", err)
+	}
+	newer, _ := rotated.Seal(id, plain)
+	if _, err := old.Open(id, newer); err == nil {
+		t.Fatal("nok, a ring without k2 must not open a k2 record")
+	}
+	if _, err := rotated.Open(Identity{"x", "b", "c"}.ID(), sealed); err == nil {
+		t.Fatal("nok, a sealed response moved to another record must not open")
+	}
+	tampered := append([]byte(nil), sealed...)
+	tampered[len(tampered)-1] ^= 1
+	if _, err := rotated.Open(id, tampered); err == nil {
+		t.Fatal("nok, a tampered record must not open")
+	}
+	for _, bad := range []map[string][]byte{{"k": make([]byte, 16)}, {"": k1}} {
+		for kid := range bad {
+			if _, err := NewAESGCM(bad, kid); err == nil {
+				t.Fatalf("nok, NewAESGCM(%v) must fail", bad)
+			}
+		}
+	}
+	if _, err := NewAESGCM(map[string][]byte{"k1": k1}, "k9"); err == nil {
+		t.Fatal("nok, a current key outside the ring must fail")
+	}
+}
