@@ -1,0 +1,342 @@
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// numShards is the number of independently locked parts of a Store; a
+// record lives in shard id[0] % numShards.
+const numShards = 32
+
+// Store is an in-memory [core.Store] (leased mode). The zero value is not
+// usable; call [New]. A Store is safe for concurrent use.
+type Store struct {
+	shards [numShards]shard
+}
+
+var _ core.Store = (*Store)(nil)
+
+type shard struct {
+	mu sync.Mutex
+	m  map[core.ID]*slot
+}
+
+// slot holds one record. Stored records are immutable: a write replaces
+// rec with a new *core.Record, so prev can keep the committed value while an
+// open transaction owns the slot. The byte slices of a stored record are
+// private copies and are never written to.
+type slot struct {
+	rec   *core.Record // current value; nil when the owner deleted it
+	owner *memTx       // open transaction that wrote rec; nil once committed
+	prev  *core.Record // committed value while owner != nil; nil: absent
+}
+
+// view returns the record as seen by tx (nil: outside any transaction), and
+// whether another open transaction holds the slot. A nil slot is absent.
+func (sl *slot) view(tx *memTx) (rec *core.Record, busy bool) {
+	switch {
+	case sl == nil:
+		return nil, false
+	case sl.owner != nil && sl.owner != tx:
+		return sl.prev, true
+	}
+	return sl.rec, false
+}
+
+// New returns an empty Store.
+func New() *Store {
+	s := new(Store)
+	for i := range s.shards {
+		s.shards[i].m = make(map[core.ID]*slot)
+	}
+	return s
+}
+
+// Atomic returns a view of s that also implements [core.TxStore] (atomic
+// mode). The view shares the records of s; see the package documentation
+// for how its transactions behave.
+func (s *Store) Atomic() *AtomicStore { return &AtomicStore{Store: s} }
+
+// Len returns the number of records held in memory, including expired
+// records that DeleteExpired has not deleted yet.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+func (s *Store) shard(id core.ID) *shard { return &s.shards[id[0]%numShards] }
+
+var (
+	errZeroToken    = errors.New("memstore: fencing token 0 is reserved")
+	errInvalidState = errors.New("memstore: a completion must be completed or indeterminate")
+)
+
+// Claim implements [core.Store].
+func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return core.ClaimResult{}, err
+	}
+	if req.Token == 0 {
+		return core.ClaimResult{}, errZeroToken
+	}
+	sh := s.shard(req.ID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return core.ClaimResult{}, err
+	}
+	sl := sh.m[req.ID]
+	cur, busy := sl.view(tx)
+	var r *core.Record
+	switch {
+	case busy:
+		// What the lock probe of a SQL store reports.
+		return core.ClaimResult{Record: core.Record{ID: req.ID, State: core.StateInProgress}}, nil
+	case cur == nil || !live(cur, req.Now):
+		r = &core.Record{
+			ID:          req.ID,
+			Caller:      req.Caller,
+			Scope:       req.Scope,
+			Key:         req.Key,
+			Fingerprint: cloneBytes(req.Fingerprint),
+			State:       core.StateInProgress,
+			Token:       req.Token,
+			Attempt:     1,
+			LeaseUntil:  req.LeaseUntil.UTC(),
+			ExpiresAt:   req.ExpiresAt.UTC(),
+			CreatedAt:   req.Now.UTC(),
+		}
+	case req.Takeover && cur.State == core.StateInProgress &&
+		!cur.LeaseUntil.IsZero() && !cur.LeaseUntil.After(req.Now):
+		t := *cur
+		t.Fingerprint = cloneBytes(req.Fingerprint)
+		t.Token = req.Token
+		t.Attempt++
+		t.LeaseUntil = req.LeaseUntil.UTC()
+		t.ExpiresAt = req.ExpiresAt.UTC()
+		r = &t
+	default:
+		return core.ClaimResult{Record: clone(cur)}, nil
+	}
+	if err := sh.put(req.ID, sl, tx, r); err != nil {
+		return core.ClaimResult{}, err
+	}
+	return core.ClaimResult{Claimed: true, Record: clone(r)}, nil
+}
+
+// Extend implements [core.Store]. It cannot tell whether the record has
+// expired (it is given no time); see the package documentation.
+func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return err
+	}
+	sl := sh.m[id]
+	cur, busy := sl.view(tx)
+	if err := fenced(cur, busy, token); err != nil {
+		return err
+	}
+	if cur.State != core.StateInProgress {
+		return fmt.Errorf("%w: the record is %v", core.ErrFenced, cur.State)
+	}
+	r := *cur
+	r.LeaseUntil = leaseUntil.UTC()
+	if r.ExpiresAt.Before(leaseUntil) {
+		r.ExpiresAt = r.LeaseUntil
+	}
+	return sh.put(id, sl, tx, &r)
+}
+
+// Complete implements [core.Store]. It cannot tell whether the record has
+// expired (it is given no time); see the package documentation.
+func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return err
+	}
+	if c.State != core.StateCompleted && c.State != core.StateIndeterminate {
+		return fmt.Errorf("%w, not %v", errInvalidState, c.State)
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return err
+	}
+	sl := sh.m[id]
+	cur, busy := sl.view(tx)
+	if err := fenced(cur, busy, token); err != nil {
+		return err
+	}
+	if cur.State == core.StateCompleted {
+		return fmt.Errorf("%w: the record is already completed", core.ErrFenced)
+	}
+	r := *cur
+	r.State = c.State
+	r.Status = c.Status
+	r.Response = cloneBytes(c.Response)
+	r.ExpiresAt = c.ExpiresAt.UTC()
+	r.LeaseUntil = time.Time{}
+	return sh.put(id, sl, tx, &r)
+}
+
+// Release implements [core.Store]. It cannot tell whether the record has
+// expired (it is given no time); see the package documentation.
+func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return err
+	}
+	sl := sh.m[id]
+	cur, busy := sl.view(tx)
+	if cur == nil && !busy {
+		return nil
+	}
+	if err := fenced(cur, busy, token); err != nil {
+		return err
+	}
+	if cur.State == core.StateCompleted {
+		return fmt.Errorf("%w: a completed record is never released", core.ErrFenced)
+	}
+	return sh.put(id, sl, tx, nil)
+}
+
+// Get implements [core.Store]. Outside a transaction, a record held by an
+// open transaction reads as its committed value.
+func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return core.Record{}, err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return core.Record{}, err
+	}
+	cur, _ := sh.m[id].view(tx)
+	if cur == nil || !live(cur, now) {
+		return core.Record{}, core.ErrNotFound
+	}
+	return clone(cur), nil
+}
+
+// DeleteExpired implements [core.Store]. It locks one shard at a time and
+// skips records held by another open transaction.
+func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := 0; i < numShards && n < limit; i++ {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		if err := tx.check(); err != nil {
+			sh.mu.Unlock()
+			return n, err
+		}
+		for id, sl := range sh.m {
+			if n == limit {
+				break
+			}
+			cur, busy := sl.view(tx)
+			if busy || cur == nil || live(cur, now) {
+				continue
+			}
+			if err := sh.put(id, sl, tx, nil); err != nil {
+				sh.mu.Unlock()
+				return n, err
+			}
+			n++
+		}
+		sh.mu.Unlock()
+	}
+	return n, nil
+}
+
+// put stores r (nil: deletes the record) in the slot sl of id, which may be
+// nil, on behalf of tx (nil: outside any transaction). sh.mu must be held,
+// and sl must not be held by another transaction.
+func (sh *shard) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
+	if tx == nil {
+		switch {
+		case r == nil:
+			delete(sh.m, id)
+		case sl == nil:
+			sh.m[id] = &slot{rec: r}
+		default:
+			sl.rec = r
+		}
+		return nil
+	}
+	if sl == nil || sl.owner != tx {
+		if err := tx.enlist(id); err != nil {
+			return err
+		}
+		if sl == nil {
+			sl = new(slot)
+			sh.m[id] = sl
+		}
+		sl.owner, sl.prev = tx, sl.rec
+	}
+	sl.rec = r
+	return nil
+}
+
+// fenced returns an ErrFenced error unless cur is present, not held by
+// another transaction, and owned by token.
+func fenced(cur *core.Record, busy bool, token int64) error {
+	switch {
+	case busy:
+		return fmt.Errorf("%w: the record is held by another open transaction", core.ErrFenced)
+	case cur == nil:
+		return fmt.Errorf("%w: the record is absent", core.ErrFenced)
+	case cur.Token != token:
+		return fmt.Errorf("%w: the record belongs to another attempt", core.ErrFenced)
+	}
+	return nil
+}
+
+func live(r *core.Record, now time.Time) bool { return r.ExpiresAt.After(now) }
+
+// clone returns a copy of r that shares no memory with it.
+func clone(r *core.Record) core.Record {
+	c := *r
+	c.Fingerprint = cloneBytes(r.Fingerprint)
+	c.Response = cloneBytes(r.Response)
+	return c
+}
+
+// cloneBytes copies b; nil and empty both become nil.
+func cloneBytes(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}

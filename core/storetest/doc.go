@@ -1,0 +1,38 @@
+// Package storetest is the conformance suite of [core.Store]: every store
+// runs it, so a rule added here reaches every store at once.
+//
+// A store's own tests call [Run] with a factory that returns a fresh, empty
+// store for each case:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) core.Store {
+//			db := openTestDB(t) // for example an empty schema, dropped in t.Cleanup
+//			return sqlstore.New(db)
+//		})
+//	}
+//
+// Every case runs as a subtest named after the behaviour it checks and
+// carries a sentence stating the rule; a failing case prints it. The cases
+// run one after another (never in parallel), each with its own store, so a
+// factory may hand out stores that share one database as long as each is
+// empty when returned. Cases that need the store to be empty (the
+// DeleteExpired ones count what they delete) rely on that.
+//
+// The cases that check atomic mode run only when the store also implements
+// [core.TxStore]; for other stores they are skipped with a message saying
+// so, which is a capability check, not a missing dependency.
+//
+// Time is injected: the suite passes explicit times, starting at 2026-01-01
+// 00:00:00 UTC, and never sleeps. Every time it passes is a whole number of
+// milliseconds, so stores that keep milliseconds or microseconds
+// (MySQL DATETIME(3) or (6), Postgres timestamptz) must give them back
+// exactly; times read back are compared with [time.Time.Equal] semantics,
+// so the location a store returns does not matter, and the zero time must
+// come back as the zero time. Wall-clock time is used only for failsafe
+// timeouts (a store that blocks fails a case instead of hanging the run).
+//
+// [Bench] measures the hot paths (claim and complete of a new identity,
+// claim of an existing one, get), serially and in parallel.
+//
+// The package depends on the standard library and core only.
+package storetest

@@ -1,0 +1,386 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// Run runs every conformance case as a subtest of t, each with a fresh
+// store from newStore. newStore must return an empty store; it may register
+// its own cleanup with t.Cleanup.
+func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("rule: %s", c.rule)
+				}
+			})
+			s := newStore(t)
+			if s == nil {
+				t.Fatal("newStore returned a nil store")
+			}
+			c.fn(t, s)
+		})
+	}
+}
+
+// testCase is one rule of the contract and the check of it.
+type testCase struct {
+	name string // subtest name, CamelCase, names the behaviour
+	rule string // one sentence, printed when the case fails
+	fn   func(t *testing.T, s core.Store)
+}
+
+// cases is the suite, in the order it runs.
+var cases = []testCase{
+	{"ClaimAbsent", "Claiming an absent identity creates an in-progress record (Attempt 1, CreatedAt = Now, no response) that Claim returns and Get reads back with every field as requested.", testClaimAbsent},
+	{"ClaimExisting", "Claiming an identity that has a live record writes nothing and returns that record, whatever the new request carries (token, fingerprint, Takeover of a live lease).", testClaimExisting},
+	{"IndependentIDs", "Records with different IDs never affect each other.", testIndependentIDs},
+	{"ClaimRace", "Of concurrent claims of one absent identity exactly one wins, and every other returns the winner's record.", testClaimRace},
+	{"ClaimRaceExpired", "Of concurrent claims of one expired identity exactly one replaces the record, and every other returns the winner's record.", testClaimRaceExpired},
+	{"ClaimRaceTakeover", "Of concurrent takeovers of one lapsed lease exactly one wins (Attempt 2), and every other returns the winner's record.", testClaimRaceTakeover},
+	{"Fencing", "Complete, Extend and Release with a token other than the holder's fail with ErrFenced and change nothing; the holder's token succeeds.", testFencing},
+	{"Takeover", "With Takeover, a claim of an in-progress record whose lease lapsed (LeaseUntil <= Now) takes it over (token, lease, expiry and fingerprint from the request, Attempt+1, CreatedAt kept) and fences the old token everywhere.", testTakeover},
+	{"TakeoverNotRequested", "Without Takeover, a claim of a lapsed lease returns the record unchanged and writes nothing.", testTakeoverNotRequested},
+	{"LiveLeaseKept", "A lease that has not lapsed (LeaseUntil > Now) or a zero lease (atomic mode) is never taken over.", testLiveLeaseKept},
+	{"Extend", "Extend moves LeaseUntil, raises ExpiresAt to at least the new lease and never lowers it, and refuses a record that is not in progress with ErrFenced.", testExtend},
+	{"ExpiredIsAbsent", "Get reports ErrNotFound for a record with ExpiresAt <= now, whatever its state, even before a sweep deletes it.", testExpiredIsAbsent},
+	{"ClaimExpired", "Claiming an expired record, in any state, replaces it with a fresh one (Attempt 1, CreatedAt = Now, no response, the new fingerprint) and fences the old token.", testClaimExpired},
+	{"DeletedRecord", "Once a record is deleted (swept or released), Complete and Extend with its token fail with ErrFenced and Release with it returns nil.", testDeletedRecord},
+	{"Fingerprint", "A fingerprint round-trips byte for byte; nil and empty both mean no fingerprint and read back with length 0.", testFingerprint},
+	{"ResponseBytes", "Complete keeps Status and Response byte for byte (every byte value, 1 MiB of random bytes; nil and empty read back with length 0) and clears LeaseUntil.", testResponseBytes},
+	{"NoAliasing", "A store keeps its own copy of byte slices: changing a slice after passing it in, or one the store returned, never changes the record.", testNoAliasing},
+	{"Indeterminate", "An indeterminate record is returned to claims (never taken over, it has no lease) and cannot be extended; its token settles it with Complete or Release.", testIndeterminate},
+	{"CompletedIsFinal", "A completed record cannot be released, completed again or extended (ErrFenced) and stays as it was.", testCompletedIsFinal},
+	{"Release", "Release with the holder's token deletes an in-progress record, so the next claim starts afresh at Attempt 1; releasing an absent record returns nil.", testRelease},
+	{"DebugFields", "Caller, Scope and Key of MaxDebugLen bytes of multi-byte UTF-8 round-trip exactly.", testDebugFields},
+	{"DeleteExpiredBatches", "DeleteExpired deletes at most limit records with ExpiresAt <= now per call, reports how many, and leaves live records alone.", testDeleteExpiredBatches},
+	{"DeleteExpiredConcurrent", "Concurrent DeleteExpired calls delete each expired record exactly once.", testDeleteExpiredConcurrent},
+	{"CancelledContext", "With a cancelled context every method fails with an error that is not ErrNotFound or ErrFenced (those would be read as answers) and writes nothing.", testCancelledContext},
+	{"AtomicRollback", "A claim whose transaction rolls back leaves the identity absent, even if the transaction also completed it.", atomicCase(testAtomicRollback)},
+	{"AtomicCommit", "A transaction sees its own claim and completion, and once it commits everyone sees the completed record.", atomicCase(testAtomicCommit)},
+	{"AtomicConcurrentClaim", "While a transaction holds a claim, a claim of the same ID from another transaction or from outside any returns at once with Claimed false and StateInProgress, and claims of other IDs proceed.", atomicCase(testAtomicConcurrentClaim)},
+	{"AtomicUncommittedInvisible", "Outside its transaction an uncommitted completion is never visible: Get does not return it and Claim reports the identity in progress.", atomicCase(testAtomicUncommittedInvisible)},
+	{"AtomicClaimRace", "Of concurrent transactions claiming one absent identity exactly one wins.", atomicCase(testAtomicClaimRace)},
+	{"AtomicInTx", "InTx reports true for the context from Begin and contexts derived from it, false for any other.", atomicCase(testAtomicInTx)},
+}
+
+// atomicCase adapts a case of atomic mode; it is skipped for stores that
+// do not implement core.TxStore.
+func atomicCase(fn func(t *testing.T, s core.TxStore)) func(t *testing.T, s core.Store) {
+	return func(t *testing.T, s core.Store) {
+		ts, ok := s.(core.TxStore)
+		if !ok {
+			t.Skipf("%T does not implement core.TxStore: atomic mode does not apply", s)
+		}
+		fn(t, ts)
+	}
+}
+
+// Times and durations the cases use; all are whole milliseconds.
+var base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const (
+	lease     = 30 * time.Second
+	retention = 24 * time.Hour
+	// failsafe bounds a call that must not block, so that a blocking store
+	// fails the case instead of hanging the run. It is not a latency bound.
+	failsafe = 5 * time.Second
+)
+
+// at returns the suite's time d after base.
+func at(d time.Duration) time.Time { return base.Add(d) }
+
+// newID returns a deterministic ID, distinct per name and i.
+func newID(name string, i int) core.ID {
+	return sha256.Sum256(fmt.Appendf(nil, "storetest %s %d", name, i))
+}
+
+// fingerprint returns a 32-byte fingerprint, distinct per n.
+func fingerprint(n int) []byte {
+	h := sha256.Sum256(fmt.Appendf(nil, "request %d", n))
+	return h[:]
+}
+
+// claimAt returns a leased-mode claim of id by token at now, with the
+// default lease and retention.
+func claimAt(id core.ID, token int64, now time.Time) core.ClaimRequest {
+	return core.ClaimRequest{
+		ID:          id,
+		Caller:      "acct_1Nv0FGQ9RKHgCVdK",
+		Scope:       "POST /v1/orders/{id}/refunds",
+		Key:         "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		Fingerprint: fingerprint(1),
+		Token:       token,
+		Now:         now,
+		LeaseUntil:  now.Add(lease),
+		ExpiresAt:   now.Add(retention),
+	}
+}
+
+// fresh returns the record a successful claim of req creates.
+func fresh(req core.ClaimRequest) core.Record {
+	return core.Record{
+		ID:          req.ID,
+		Caller:      req.Caller,
+		Scope:       req.Scope,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		State:       core.StateInProgress,
+		Token:       req.Token,
+		Attempt:     1,
+		LeaseUntil:  req.LeaseUntil,
+		ExpiresAt:   req.ExpiresAt,
+		CreatedAt:   req.Now,
+	}
+}
+
+// completed returns r after a completion c.
+func completed(r core.Record, c core.Completion) core.Record {
+	r.State = c.State
+	r.Status = c.Status
+	r.Response = c.Response
+	r.ExpiresAt = c.ExpiresAt
+	r.LeaseUntil = time.Time{}
+	return r
+}
+
+// done returns a completion with StateCompleted recorded at now.
+func done(now time.Time, status int, body string) core.Completion {
+	return core.Completion{
+		State:     core.StateCompleted,
+		Status:    status,
+		Response:  []byte(body),
+		ExpiresAt: now.Add(retention),
+	}
+}
+
+// mustClaim claims req and fails t unless the claim succeeded.
+func mustClaim(t *testing.T, ctx context.Context, s core.Store, req core.ClaimRequest) core.Record {
+	t.Helper()
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		t.Fatalf("Claim(%s, token %d): %v", short(req.ID), req.Token, err)
+	}
+	if !res.Claimed {
+		t.Fatalf("Claim(%s, token %d): Claimed = false, want true (existing record: %s)",
+			short(req.ID), req.Token, describe(res.Record))
+	}
+	return res.Record
+}
+
+// mustNotClaim claims req and fails t unless an existing record blocked it.
+func mustNotClaim(t *testing.T, ctx context.Context, s core.Store, req core.ClaimRequest) core.Record {
+	t.Helper()
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		t.Fatalf("Claim(%s, token %d): %v", short(req.ID), req.Token, err)
+	}
+	if res.Claimed {
+		t.Fatalf("Claim(%s, token %d): Claimed = true, want false (record: %s)",
+			short(req.ID), req.Token, describe(res.Record))
+	}
+	return res.Record
+}
+
+// mustGet reads the live record id and fails t unless there is one.
+func mustGet(t *testing.T, ctx context.Context, s core.Store, id core.ID, now time.Time) core.Record {
+	t.Helper()
+	r, err := s.Get(ctx, id, now)
+	if err != nil {
+		t.Fatalf("Get(%s, %s): %v", short(id), stamp(now), err)
+	}
+	return r
+}
+
+// wantAbsent fails t unless Get reports ErrNotFound for id at now.
+func wantAbsent(t *testing.T, ctx context.Context, s core.Store, id core.ID, now time.Time) {
+	t.Helper()
+	r, err := s.Get(ctx, id, now)
+	if !errors.Is(err, core.ErrNotFound) {
+		t.Errorf("Get(%s, %s) = (%s, %v), want ErrNotFound", short(id), stamp(now), describe(r), err)
+	}
+}
+
+// wantOK fails t if err, the result of op, is not nil.
+func wantOK(t *testing.T, op string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v, want success", op, err)
+	}
+}
+
+// wantFenced fails t unless err, the result of op, matches ErrFenced.
+func wantFenced(t *testing.T, op string, err error) {
+	t.Helper()
+	if !errors.Is(err, core.ErrFenced) {
+		t.Errorf("%s: error %v, want ErrFenced", op, err)
+	}
+}
+
+// checkRecord fails t, listing every differing field, unless got equals
+// want. Byte slices of length 0 are equal whether nil or not; times are
+// equal within a millisecond, and a zero time only equals a zero time.
+func checkRecord(t *testing.T, what string, got, want core.Record) {
+	t.Helper()
+	var diffs []string
+	diff := func(field string, g, w any) {
+		diffs = append(diffs, fmt.Sprintf("%s: got %v, want %v", field, g, w))
+	}
+	if got.ID != want.ID {
+		diff("ID", short(got.ID), short(want.ID))
+	}
+	if got.Caller != want.Caller {
+		diff("Caller", quote(got.Caller), quote(want.Caller))
+	}
+	if got.Scope != want.Scope {
+		diff("Scope", quote(got.Scope), quote(want.Scope))
+	}
+	if got.Key != want.Key {
+		diff("Key", quote(got.Key), quote(want.Key))
+	}
+	if d := bytesDiff(got.Fingerprint, want.Fingerprint); d != "" {
+		diffs = append(diffs, "Fingerprint: "+d)
+	}
+	if got.State != want.State {
+		diff("State", got.State, want.State)
+	}
+	if got.Token != want.Token {
+		diff("Token", got.Token, want.Token)
+	}
+	if got.Attempt != want.Attempt {
+		diff("Attempt", got.Attempt, want.Attempt)
+	}
+	for _, f := range []struct {
+		name      string
+		got, want time.Time
+	}{
+		{"LeaseUntil", got.LeaseUntil, want.LeaseUntil},
+		{"ExpiresAt", got.ExpiresAt, want.ExpiresAt},
+		{"CreatedAt", got.CreatedAt, want.CreatedAt},
+	} {
+		if !sameTime(f.got, f.want) {
+			diff(f.name, stamp(f.got), stamp(f.want))
+		}
+	}
+	if got.Status != want.Status {
+		diff("Status", got.Status, want.Status)
+	}
+	if d := bytesDiff(got.Response, want.Response); d != "" {
+		diffs = append(diffs, "Response: "+d)
+	}
+	if len(diffs) > 0 {
+		t.Errorf("%s: record differs:\n\t%s", what, strings.Join(diffs, "\n\t"))
+	}
+}
+
+// sameTime reports whether a and b are the same instant within the
+// precision the suite grants stores (under a millisecond); a zero time only
+// matches a zero time.
+func sameTime(a, b time.Time) bool {
+	if a.IsZero() || b.IsZero() {
+		return a.IsZero() && b.IsZero()
+	}
+	d := a.Sub(b)
+	return d > -time.Millisecond && d < time.Millisecond
+}
+
+// bytesDiff describes how got differs from want, or returns "" when they
+// hold the same bytes (nil and empty are the same).
+func bytesDiff(got, want []byte) string {
+	if bytes.Equal(got, want) {
+		return ""
+	}
+	if len(got) <= 64 && len(want) <= 64 {
+		return fmt.Sprintf("got %x (%d bytes), want %x (%d bytes)", got, len(got), want, len(want))
+	}
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	return fmt.Sprintf("got %d bytes, want %d bytes, first difference at byte %d", len(got), len(want), i)
+}
+
+// describe formats a record briefly for failure messages.
+func describe(r core.Record) string {
+	return fmt.Sprintf("{ID %s, State %v, Token %d, Attempt %d, LeaseUntil %s, ExpiresAt %s}",
+		short(r.ID), r.State, r.Token, r.Attempt, stamp(r.LeaseUntil), stamp(r.ExpiresAt))
+}
+
+// short abbreviates an ID for messages.
+func short(id core.ID) string { return id.String()[:12] }
+
+// stamp formats t relative to the suite's base time, the way cases write it.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "zero"
+	}
+	return "base" + signed(t.Sub(base))
+}
+
+func signed(d time.Duration) string {
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
+}
+
+func quote(s string) string {
+	if len(s) > 40 {
+		return fmt.Sprintf("%q... (%d bytes)", s[:40], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// race runs f(0) ... f(n-1) in n goroutines released together, and waits
+// for all of them.
+func race(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			f(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+// within runs f and returns its results, or fails t when f has not returned
+// after the failsafe timeout: what must not block. f runs in its own
+// goroutine and must not use t; it is left behind on timeout (the context
+// of t, which it should use, is cancelled when the test ends).
+func within[T any](t *testing.T, what string, f func(ctx context.Context) (T, error)) (T, error) {
+	t.Helper()
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	ctx := t.Context()
+	go func() {
+		v, err := f(ctx)
+		ch <- result{v, err}
+	}()
+	timer := time.NewTimer(failsafe)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-timer.C:
+		t.Fatalf("%s has not returned after %v: the store blocks", what, failsafe)
+	}
+	panic("unreachable")
+}
