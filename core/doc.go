@@ -1,0 +1,53 @@
+// Package core is the framework-agnostic idempotency state machine of idem:
+// Idempotency-Key support that makes HTTP APIs and message consumers safe to
+// retry. It depends on the standard library only; the adapters (ginidem,
+// echoidem, chiidem) and the SQL stores (gormstore, sqlstore) are thin
+// layers over it.
+//
+// # The contract in one paragraph
+//
+// A record is identified by (caller, scope, key): the caller comes from a
+// CallerFunc (or WithSingleCaller says there is only one), the scope is the
+// method and route pattern (or a name given with Scope), the key is the
+// client's Idempotency-Key header in raw or RFC 8941 quoted form. The first
+// request runs the handler and records its response; a duplicate gets the
+// recorded status, body and allowlisted headers with Idempotent-Replayed:
+// true; a different body under the same key gets 422; a duplicate of a
+// request still running gets 409 with Retry-After (or waits, WaitInFlight).
+// 408, 429, Release, panics and (in atomic mode) 5xx release the record; a
+// 5xx after MarkEffect, or any 5xx in leased mode, leaves it indeterminate:
+// the 5xx is replayed until a Resolver settles it. Records expire after the
+// retention window (DefaultRetention, 24 hours); a Sweeper deletes them.
+//
+// # Two modes
+//
+// Atomic mode (stores that implement TxStore): the claim, the handler's
+// business writes and the recorded response commit in one database
+// transaction, which the handler reaches from its request context through
+// the store (sqlstore.TxFrom, gormstore.DB). The client gets the response
+// only after the commit. Leased mode (any store, or the Leased route
+// option): the claim commits first with a lease that a heartbeat extends;
+// completion is fenced by a token, so an attempt that lost its lease to a
+// takeover cannot overwrite the new owner's record. DownstreamKey gives a
+// deterministic key to pass to external APIs so a takeover repeats their
+// calls safely.
+//
+// # Using it
+//
+//	e, err := core.New(store, core.WithCaller(func(r *http.Request) (string, error) {
+//		return accountFrom(r.Context()), nil
+//	}))
+//	mux.Handle("POST /orders", e.Handler(createOrder))
+//
+// Adapters for Gin, Echo and chi call Route.Serve. Message consumers call
+// Engine.Once. Every rejection is an RFC 9457 problem document (see Problem)
+// and maps to a sentinel error in errors.go.
+//
+// Engine options return an error from New when invalid; route options
+// (Scope, Retention, WaitInFlight, Leased, Fingerprint, KeyOptional,
+// Methods) panic when created with invalid arguments, like
+// regexp.MustCompile, because they are fixed at start-up.
+//
+// The decisions this package takes where the contract is silent are listed
+// in docs/decisions.md of the repository.
+package core
