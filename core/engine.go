@@ -141,6 +141,9 @@ type attempt struct {
 	tx      Tx              // middleware-managed atomic mode: ours to commit
 	joined  bool            // caller-managed atomic mode: the caller's transaction
 	effect  atomic.Bool     // the handler marked an external effect as started
+	// recordAllow filters the headers finish records: the allowlist for a
+	// captured response, nil for responses the engine built.
+	recordAllow []string
 	release atomic.Bool     // the handler asked to release the record
 
 	// leased mode
@@ -308,7 +311,7 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool
 			}
 			return nil, true
 		case res.Outcome == Applied && res.Response != nil:
-			blob, err := e.sealResponse(rec.ID, res.Response)
+			blob, err := e.sealResponse(rec.ID, res.Response, e.cfg.recorded)
 			if err == nil {
 				err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: res.Response.Status,
 					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
@@ -338,7 +341,7 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
 	p := e.problemFor(fmt.Errorf("%w: the attempt holding the key stopped before recording an outcome", ErrIndeterminate))
 	resp := problemResponse(p)
-	blob, err := e.sealResponse(rec.ID, resp)
+	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
 		err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateIndeterminate, Status: resp.Status,
 			Response: blob, ExpiresAt: e.cfg.clock().Add(e.cfg.policy.retention)})
@@ -442,7 +445,7 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 		case a.tx != nil:
 			err = a.tx.Rollback()
 		default: // leased, or the caller's transaction: delete our claim
-			err = e.store.Release(context.WithoutCancel(a.ctx), a.id, a.token)
+			err = e.store.Release(a.storeCtx(), a.id, a.token)
 		}
 		if errors.Is(err, ErrFenced) {
 			// Taken over meanwhile: the new owner's record stays; the
@@ -465,10 +468,10 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	if v == vIndeterminate {
 		c.State, decision = StateIndeterminate, Indeterminate
 	}
-	blob, err := e.sealResponse(a.id, resp)
+	blob, err := e.sealResponse(a.id, resp, a.recordAllow)
 	if err == nil {
 		c.Response = blob
-		err = e.store.Complete(context.WithoutCancel(a.ctx), a.id, a.token, c)
+		err = e.store.Complete(a.storeCtx(), a.id, a.token, c)
 	}
 	if err == nil && a.tx != nil {
 		err = a.tx.Commit()
@@ -495,7 +498,17 @@ func (a *attempt) abort() {
 		_ = a.tx.Rollback()
 		return
 	}
-	_ = a.e.store.Release(context.WithoutCancel(a.ctx), a.id, a.token)
+	_ = a.e.store.Release(a.storeCtx(), a.id, a.token)
+}
+
+// storeCtx is the context for recording the outcome: the attempt's, unless
+// it was cancelled (the client went away), because the outcome must still
+// be recorded.
+func (a *attempt) storeCtx() context.Context {
+	if a.ctx.Err() != nil {
+		return context.WithoutCancel(a.ctx)
+	}
+	return a.ctx
 }
 
 // --- what handlers can say -------------------------------------------------

@@ -39,6 +39,7 @@ type call struct {
 	att    *attempt
 	body   bodyReader
 	rec    recorder
+	resp   Response
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -80,7 +81,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	c := &call{native: native}
 	ctx := context.WithValue(r.Context(), attemptKey{}, c)
 	r = r.WithContext(ctx)
-	ev := Event{Scope: scope, Key: e.logKey(key)}
+	ev := Event{Scope: scope, Key: key}
 	caller := ""
 	if e.cfg.caller != nil {
 		caller, err = e.cfg.caller(r)
@@ -159,7 +160,9 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	next(rec, r)
 	panicked = false
 
-	resp := rec.response(e.cfg.recorded)
+	resp := &c.resp
+	rec.response(resp)
+	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
 	ev.Status, ev.Err = resp.Status, err
 	if err != nil && !rec.through {
@@ -437,17 +440,17 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the underlying writer (for http.ResponseController).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
-// response returns what is recorded of the captured response.
-func (rec *recorder) response(allow []string) *Response {
+// response fills resp with the captured response; its Header is the live
+// header map (finish records only the allowlisted fields).
+func (rec *recorder) response(resp *Response) {
 	status := rec.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	resp := &Response{Status: status, Header: recordedHeader(rec.w.Header(), allow), BodyKept: rec.kept}
+	*resp = Response{Status: status, Header: rec.w.Header(), BodyKept: rec.kept}
 	if rec.kept {
 		resp.Body = *rec.buf
 	}
-	return resp
 }
 
 // deliver sends the held response.

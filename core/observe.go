@@ -61,12 +61,19 @@ func (e *Engine) logKey(key string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// emit reports ev (whose Key is still the raw key) to the observer and the
+// logger; the key is hashed only when someone listens.
 func (e *Engine) emit(ctx context.Context, ev Event) {
+	lvl := ev.Decision.level()
+	logging := e.cfg.logger.Enabled(ctx, lvl)
+	if e.cfg.observer == nil && !logging {
+		return
+	}
+	ev.Key = e.logKey(ev.Key)
 	if o := e.cfg.observer; o != nil {
 		o(ctx, ev)
 	}
-	lvl := ev.Decision.level()
-	if !e.cfg.logger.Enabled(ctx, lvl) {
+	if !logging {
 		return
 	}
 	attrs := make([]slog.Attr, 0, 8)

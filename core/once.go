@@ -56,7 +56,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	start := e.cfg.clock()
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
 	id := ident.ID()
-	ev := Event{ID: id, Scope: ident.Scope, Key: e.logKey(m.ID)}
+	ev := Event{ID: id, Scope: ident.Scope, Key: m.ID}
 	att, ans := rt.acquire(ctx, ident, id, m.Fingerprint, start)
 	if ans != nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt

@@ -27,10 +27,11 @@ const (
 
 var errCorrupt = errors.New("idem: corrupt recorded response")
 
-// encodeResponse appends the binary encoding of resp to dst:
-// version, flags, status (uint16), header count, then length-prefixed names
-// and values, then the length-prefixed body.
-func encodeResponse(dst []byte, resp *Response) []byte {
+// encodeResponse appends the binary encoding of resp to dst: version,
+// flags, status (uint16), header count, then length-prefixed names and
+// values, then the length-prefixed body. With a non-nil allow, only the
+// listed headers (canonical names) of resp.Header are encoded.
+func encodeResponse(dst []byte, resp *Response, allow []string) []byte {
 	var flags byte
 	if resp.BodyKept {
 		flags |= flagKept
@@ -38,18 +39,29 @@ func encodeResponse(dst []byte, resp *Response) []byte {
 	dst = append(dst, encPlain, flags)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(resp.Status))
 	n := 0
-	for _, vs := range resp.Header {
-		n += len(vs)
+	each := func(f func(name string, vs []string)) {
+		if allow == nil {
+			for name, vs := range resp.Header {
+				f(name, vs)
+			}
+			return
+		}
+		for _, name := range allow {
+			if vs := resp.Header[name]; len(vs) > 0 {
+				f(name, vs)
+			}
+		}
 	}
+	each(func(_ string, vs []string) { n += len(vs) })
 	dst = binary.AppendUvarint(dst, uint64(n))
-	for name, vs := range resp.Header {
+	each(func(name string, vs []string) {
 		for _, v := range vs {
 			dst = binary.AppendUvarint(dst, uint64(len(name)))
 			dst = append(dst, name...)
 			dst = binary.AppendUvarint(dst, uint64(len(v)))
 			dst = append(dst, v...)
 		}
-	}
+	})
 	dst = binary.AppendUvarint(dst, uint64(len(resp.Body)))
 	return append(dst, resp.Body...)
 }
@@ -119,9 +131,10 @@ func recordedHeader(h http.Header, allow []string) http.Header {
 	return out
 }
 
-// sealResponse encodes resp and seals it when a sealer is configured.
-func (e *Engine) sealResponse(id ID, resp *Response) ([]byte, error) {
-	plain := encodeResponse(make([]byte, 0, 64+len(resp.Body)), resp)
+// sealResponse encodes resp (only the allowed headers, when allow is not
+// nil) and seals it when a sealer is configured.
+func (e *Engine) sealResponse(id ID, resp *Response, allow []string) ([]byte, error) {
+	plain := encodeResponse(make([]byte, 0, 64+len(resp.Body)), resp, allow)
 	if e.cfg.sealer == nil {
 		return plain, nil
 	}
