@@ -130,21 +130,21 @@ func (rt *Route) covers(method string) bool {
 
 // attempt is one execution that owns a record.
 type attempt struct {
-	e       *Engine
-	rt      *Route
-	ident   Identity
-	id      ID
-	token   int64
-	number  int
-	start   time.Time
-	ctx     context.Context // carries the transaction in atomic mode
-	tx      Tx              // middleware-managed atomic mode: ours to commit
-	joined  bool            // caller-managed atomic mode: the caller's transaction
-	effect  atomic.Bool     // the handler marked an external effect as started
+	e      *Engine
+	rt     *Route
+	ident  Identity
+	id     ID
+	token  int64
+	number int
+	start  time.Time
+	ctx    context.Context // carries the transaction in atomic mode
+	tx     Tx              // middleware-managed atomic mode: ours to commit
+	joined bool            // caller-managed atomic mode: the caller's transaction
+	effect atomic.Bool     // the handler marked an external effect as started
 	// recordAllow filters the headers finish records: the allowlist for a
 	// captured response, nil for responses the engine built.
 	recordAllow []string
-	release atomic.Bool     // the handler asked to release the record
+	release     atomic.Bool // the handler asked to release the record
 
 	// leased mode
 	mu     sync.Mutex
