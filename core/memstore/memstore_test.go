@@ -24,10 +24,6 @@ func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, func(b *testing.B) core.Store { return memstore.New() })
 }
 
-func BenchmarkAtomicStore(b *testing.B) {
-	storetest.Bench(b, func(b *testing.B) core.Store { return memstore.New().Atomic() })
-}
-
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func claim(id byte, token int64) core.ClaimRequest {

@@ -26,10 +26,15 @@
 // 00:00:00 UTC, and never sleeps. Every time it passes is a whole number of
 // milliseconds, so stores that keep milliseconds or microseconds
 // (MySQL DATETIME(3) or (6), Postgres timestamptz) must give them back
-// exactly; times read back are compared with [time.Time.Equal] semantics,
-// so the location a store returns does not matter, and the zero time must
-// come back as the zero time. Wall-clock time is used only for failsafe
-// timeouts (a store that blocks fails a case instead of hanging the run).
+// exactly. Times read back are compared as instants, to within a
+// millisecond, so the location a store returns them in does not matter; the
+// zero time (no lease) must come back as the zero time. Wall-clock time is
+// used only for failsafe timeouts, so that a store that blocks fails a case
+// instead of hanging the run.
+//
+// The package's own tests run the suite against stores broken on purpose
+// (no fencing, a non-atomic claim, second precision, ...) and check that
+// the cases guarding those rules fail.
 //
 // [Bench] measures the hot paths (claim and complete of a new identity,
 // claim of an existing one, get), serially and in parallel.

@@ -18,7 +18,6 @@ import (
 // store from newStore. newStore must return an empty store; it may register
 // its own cleanup with t.Cleanup.
 func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
-	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Cleanup(func() {
