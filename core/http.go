@@ -112,6 +112,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			rt.reject(w, r, ev, start)
 			return
 		}
+		fp = normalFingerprint(fp)
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()

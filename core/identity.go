@@ -144,3 +144,13 @@ func debugString(s string) string {
 	}
 	return s
 }
+
+// normalFingerprint bounds a fingerprint to 32 bytes for the store: longer
+// ones (from a custom Fingerprinter) are hashed.
+func normalFingerprint(fp []byte) []byte {
+	if len(fp) <= sha256.Size {
+		return fp
+	}
+	sum := sha256.Sum256(fp)
+	return sum[:]
+}

@@ -57,7 +57,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
 	id := ident.ID()
 	ev := Event{ID: id, Scope: ident.Scope, Key: m.ID}
-	att, ans := rt.acquire(ctx, ident, id, m.Fingerprint, start)
+	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start)
 	if ans != nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		ev.Duration = e.cfg.clock().Sub(start)

@@ -47,8 +47,9 @@ type Record struct {
 	// Caller, Scope and Key are kept for debugging only (truncated to
 	// MaxDebugLen bytes of valid UTF-8); the identity is ID.
 	Caller, Scope, Key string
-	// Fingerprint of the first request; nil when none was computed. A record
-	// without a fingerprint cannot be contradicted.
+	// Fingerprint of the first request, at most 32 bytes (the engine hashes
+	// longer ones); nil or empty when none was computed (stores may return
+	// either). A record without a fingerprint cannot be contradicted.
 	Fingerprint []byte
 	State       State
 	// Token is the fencing token of the attempt that owns the record.
@@ -64,7 +65,7 @@ type Record struct {
 	// Status is the recorded HTTP status (0 while in progress).
 	Status int
 	// Response is the encoded (and possibly sealed) recorded response; the
-	// store keeps it byte for byte.
+	// store keeps it byte for byte (nil and empty are the same).
 	Response []byte
 }
 
@@ -110,7 +111,9 @@ type Completion struct {
 // Store keeps idempotency records. Every method takes the context first;
 // methods called with a context returned by TxStore.Begin (or a context that
 // carries a caller's transaction, see TxStore) run inside that transaction.
-// Implementations must be safe for concurrent use. Time is always passed in
+// Implementations must be safe for concurrent use. A method called outside a
+// transaction on a record that another open transaction holds may wait for
+// that transaction to end, except Claim, which never waits. Time is always passed in
 // by the caller: a store never reads a clock for expiry decisions.
 //
 // A record is live when ExpiresAt > now. An expired record is absent for
@@ -134,21 +137,26 @@ type Store interface {
 	// non-blocking lock probe and reports it as StateInProgress.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
+	// Extend, Complete and Release are given no time: the record's state
+	// and token decide. A record that expired but was neither swept nor
+	// claimed again still holds its token, so its owner may still complete
+	// it; a record that was swept or replaced fences the old owner.
+	//
 	// Extend moves the lease of the in-progress record id to leaseUntil
 	// (and its ExpiresAt to at least leaseUntil).
-	//   - missing, expired, not in progress, or token differs: ErrFenced.
+	//   - missing, not in progress, or token differs: ErrFenced.
 	Extend(ctx context.Context, id ID, token int64, leaseUntil time.Time) error
 
 	// Complete records the outcome of the attempt that holds token.
 	//   - existing with State in progress or indeterminate and the same
 	//     token: State, Status, Response and ExpiresAt are set from c;
 	//     LeaseUntil is cleared.
-	//   - missing, expired, completed, or a different token: ErrFenced.
+	//   - missing, completed, or a different token: ErrFenced.
 	Complete(ctx context.Context, id ID, token int64, c Completion) error
 
 	// Release deletes the record held by token, so the identity is absent.
 	//   - existing (in progress or indeterminate) with the same token: deleted.
-	//   - missing or expired: no-op, nil.
+	//   - missing: no-op, nil.
 	//   - different token, or completed: ErrFenced (nothing deleted).
 	Release(ctx context.Context, id ID, token int64) error
 
