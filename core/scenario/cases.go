@@ -1,0 +1,90 @@
+package scenario
+
+// scenarios is the suite Run runs, in order. Every row of CONTRACT sections
+// 3 and 4 has at least one scenario.
+var scenarios = []scenario{
+	// Recording and replay.
+	{"ok, the first request runs and its answer reaches the client", "The first request with a key runs the handler, which reads the whole request body, and its answer reaches the client unchanged, without Idempotent-Replayed.", both, testFirstRuns},
+	{"ok, replays the stored 201 with Idempotent-Replayed", "A duplicate (same caller, scope, key and body) gets the recorded status, body and recorded headers (Content-Type, Location, ETag, every value of a repeated header in order) plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
+	{"ok, 2xx, 3xx and 4xx other than 408 and 429 are recorded and replayed", "Every answer below 500 except 408 and 429 completes the record, and a duplicate replays it.", both, testRecordedStatuses},
+	{"ok, Set-Cookie and Authorization are never replayed, even when allowlisted", "Set-Cookie and Authorization reach the first client but are never recorded, even when WithRecordedHeaders lists them; other listed headers are replayed.", both, testNeverRecorded},
+	{"ok, headers outside the allowlist are not replayed", "Only allowlisted response headers are recorded; the others reach the first client only.", both, testAllowlist},
+
+	// Keys.
+	{"ok, the raw and the quoted form of a key address the same record", "Idempotency-Key: abc, Idempotency-Key: \"abc\" and the key with surrounding whitespace address the same record.", both, testKeyForms},
+	{"ok, a 255-byte key is accepted", "A key of 255 bytes, raw or quoted, is valid and protects the request.", both, testLongestKey},
+	{"nok, 400 on a missing or malformed key", "A covered request without a key, or with an empty, blank, over-long, control-character, duplicated, comma-joined or badly quoted key, gets a 400 problem document (missing-key or invalid-key) and the handler does not run.", both, testBadKeys},
+	{"ok, KeyOptional lets a keyless request through unprotected", "With KeyOptional a request without a key runs every time, unprotected; a request with a key is still protected, and a malformed key is still a 400.", both, testKeyOptional},
+
+	// Fingerprint.
+	{"nok, 422 on a different body", "A request under a used key with a different body gets a 422 key-reused problem document: nothing runs, nothing is replayed, and the record is unchanged.", both, testMismatch},
+	{"ok, the same JSON or form written differently is a replay, not a 422", "Reformatted JSON, reordered keys, 1.0 for 1 and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
+	{"ok, a record without a fingerprint is not contradicted", "A record stored without a fingerprint replays to any later request under its key, whatever its body.", both, testNoFingerprint},
+
+	// In flight.
+	{"nok, 409 with Retry-After at once while the first is in flight", "By default a duplicate of a request that is still running gets a 409 in-progress problem document with Retry-After before the first finishes, never waiting for it, and the handler does not run again.", both, testInFlightReject},
+	{"ok, WaitInFlight replays the first's answer once it finishes", "With WaitInFlight a duplicate waits for the running first request and then replays its answer; the handler runs once.", both, testInFlightWaitReplay},
+	{"nok, WaitInFlight answers 409 when the bound passes", "With WaitInFlight a duplicate still waiting when the bound passes gets a 409 in-progress problem document with Retry-After; the handler runs once.", both, testInFlightWaitTimeout},
+	{"ok, 50 concurrent identical requests run the handler once", "Of 50 concurrent identical requests over TCP exactly one runs the handler; every other gets its 201 replayed or a 409 in-progress.", both, testConcurrent},
+
+	// Callers.
+	{"ok, another caller using the same key gets its own execution", "Caller B sending caller A's key, completed or in flight, with the same or another body, gets its own execution and never A's body, 409 or 422.", both, testCallerIsolation},
+	{"nok, 401 when the caller is not identified", "A covered request whose caller cannot be identified gets a 401 unauthenticated problem document and the handler does not run.", both, testNoCaller},
+
+	// Released outcomes.
+	{"ok, 408 and 429 release the key: a retry runs again", "A 408 or 429 answer releases the record, so a retry with the same key runs the handler again.", both, testReleaseStatuses},
+	{"ok, core.Release releases the key whatever the answer", "A handler that calls core.Release gets its answer delivered, and the record is released, so a retry runs again even after a 400.", both, testExplicitRelease},
+	{"ok, a panic releases the key and reaches the outer recovery", "A panicking handler releases the record and its panic propagates to the outer recovery; a retry runs again.", both, testPanicReleases},
+
+	// 5xx and indeterminate outcomes.
+	{"ok, atomic: 5xx without MarkEffect rolls back and releases", "In atomic mode a 5xx with no external effect marked reaches the client, the record is released, and a retry runs again.", atomicMode, testAtomic5xxReleases},
+	{"ok, leased: 5xx is indeterminate and the retry replays it", "In leased mode a 5xx leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", leased, testLeased5xxIndeterminate},
+	{"ok, 5xx after MarkEffect is indeterminate and the retry replays it", "A 5xx after core.MarkEffect leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", both, testEffect5xxIndeterminate},
+	{"ok, a panic after MarkEffect is indeterminate and the retry replays a 500", "A panic after core.MarkEffect propagates to the outer recovery and leaves the record indeterminate: a retry replays a 500 problem document and the handler does not run.", both, testEffectPanicIndeterminate},
+	{"ok, a Resolver settles an indeterminate record as applied", "A Resolver that answers Applied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; DownstreamKeyFor gives the resolver the handler's downstream key.", both, testResolverApplied},
+	{"ok, a Resolver settles an indeterminate record as not applied: the retry runs", "A Resolver that answers NotApplied releases the indeterminate record, so the retry runs the handler, and later duplicates replay the retry's answer.", both, testResolverNotApplied},
+
+	// Response body cap and streaming.
+	{"ok, a body over the cap reaches the first client; the replay says it was not kept", "A response body over WithMaxResponseBody reaches the first client whole; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", both, testResponseCap},
+	{"ok, leased: a flushed response reaches the first client; the replay says it was not kept", "In leased mode a handler that flushes streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", leased, testFlushLeased},
+	{"ok, atomic: Flush is deferred and the body is kept", "In atomic mode nothing reaches the client before the commit: Flush is deferred, the whole body is recorded, and a duplicate replays it.", atomicMode, testFlushAtomic},
+	{"nok, 413 on a request body over the limit", "A request body over WithMaxRequestBody, with or without Content-Length, gets a 413 body-too-large problem document and the handler does not run.", both, testRequestCap},
+
+	// Methods.
+	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time, with or without a key (even a malformed one), and are never replayed.", both, testMethodsDefault},
+	{"ok, core.Methods(\"PUT\") covers PUT", "With Methods(\"PUT\") a PUT needs a key and its duplicates are replayed.", both, testMethodsPut},
+
+	// Store failures.
+	{"nok, 503 with Retry-After when the store is down; the handler does not run", "When the store fails, a covered request gets a 503 store-unavailable problem document with Retry-After and the handler does not run (fail closed); once the store is back the request runs.", both, testStoreDown},
+	{"ok, leased: WithFailOpen runs the handler when the store is down", "In leased mode with WithFailOpen a covered request runs unprotected when the store fails.", leased, testFailOpen},
+	{"nok, atomic: WithFailOpen still answers 503", "In atomic mode the store is the business database, so WithFailOpen still answers 503 when it fails and the handler does not run.", atomicMode, testFailOpenAtomic},
+
+	// Leases.
+	{"ok, leased: a lapsed lease is taken over; the old attempt's completion is refused", "In leased mode a request meeting a lapsed lease takes the record over and runs (attempt 2, same downstream key); the old attempt's completion is refused and its client gets a 409 lease-lost; duplicates replay the new attempt's answer.", leased, testTakeover},
+	{"nok, leased: 422 when a different body meets a lapsed lease", "A request with a different body under a key whose first attempt's lease lapsed is a mismatch (422), not a takeover: the key stays bound to the first request.", leased, testTakeoverMismatch},
+	{"ok, leased: WithTakeover(false) makes a lapsed record indeterminate", "With WithTakeover(false) a request meeting a lapsed lease does not run: the record becomes indeterminate and a 500 outcome-unknown problem document is replayed.", leased, testNoTakeover},
+
+	// Retention.
+	{"ok, after the retention window the same key executes again", "A duplicate within the Retention window replays; after it the record is absent and the same key runs the handler again.", both, testRetention},
+
+	// Sealing.
+	{"ok, a sealed record replays byte for byte and keeps no plaintext at rest", "With WithSealer(NewAESGCM) the replay is identical to the first answer and the stored response holds no plaintext of the body.", both, testSealing},
+
+	// Scope.
+	{"ok, routes with the same explicit Scope share records", "Two routes with the same core.Scope name share records: the same key and body on the second route replay the first route's answer; another body is a 422.", both, testExplicitScope},
+	{"ok, by default different routes never share a record", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
+	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second replays the first.", both, testPatternScope},
+
+	// The handler's context.
+	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt (AttemptFrom: identity, attempt 1, the mode), a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
+}
+
+// globalScenarios is the suite RunGlobal runs.
+var globalScenarios = []scenario{
+	{"ok, replays the stored 201 with Idempotent-Replayed", "A duplicate gets the recorded answer plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
+	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second replays the first.", both, testPatternScope},
+	{"ok, by default different routes never share a record", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
+	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time and are never replayed.", both, testMethodsDefault},
+	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt, a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
+	{"nok, 400 on a missing or malformed key", "A covered request without a key or with a malformed one gets a 400 problem document and the handler does not run.", both, testBadKeys},
+}

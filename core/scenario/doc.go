@@ -1,0 +1,67 @@
+// Package scenario is the HTTP scenario suite of idem: every adapter (Gin,
+// Echo, chi) and plain net/http run it, so a client of any of them observes
+// exactly the behaviour of CONTRACT.md sections 3 and 4.
+//
+// An adapter's tests call [Run] with a [Factory] that builds a router
+// serving the suite's routes through the adapter's per-route middleware:
+//
+//	func TestScenarios(t *testing.T) {
+//		scenario.Run(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+//			r := chi.NewRouter()
+//			for _, rt := range routes {
+//				r.With(chiidem.New(e, rt.Options...)).MethodFunc(rt.Method, rt.Pattern, rt.Handler)
+//			}
+//			return r
+//		})
+//	}
+//
+// and, for a middleware installed once for the whole router (r.Use), with
+// a [GlobalFactory] for [RunGlobal].
+//
+// # What a factory must do
+//
+//   - Register every route with its method and pattern. Patterns use
+//     ServeMux and chi syntax ("/orders/{id}/refunds"); translate them for
+//     routers that spell parameters differently (":id" for Gin and Echo).
+//   - Protect every route with the adapter's middleware for the given engine
+//     and the route's Options (a [Factory]: per route), or once for the
+//     whole router with no options (a [GlobalFactory]). The default scope
+//     must come from the router's route pattern, never the concrete path.
+//   - Call the route's Handler with the writer and the request the
+//     middleware passes on: the request carries the engine's context
+//     (core.AttemptFrom, core.MarkEffect, core.Release, the transaction),
+//     and the handler reads the request body, which the middleware has
+//     already read to fingerprint it.
+//   - Install no recovery middleware and nothing else that writes
+//     responses: a panic in a handler must propagate out of ServeHTTP. The
+//     suite wraps the router in its own recovery and checks that the panic
+//     reaches it.
+//
+// # How the suite runs
+//
+// Every scenario runs as a subtest named after the behaviour it checks
+// ("ok, replays the stored 201 with Idempotent-Replayed", "nok, 422 on a
+// different body") and carries one sentence stating the rule, printed when
+// it fails. Scenarios run in leased mode (memstore.New()) and, where the
+// rule applies, in atomic mode (memstore.New().Atomic()), each with its own
+// store and engine, one after another (never in parallel). The factory is
+// called once per scenario.
+//
+// Each engine identifies the caller by the X-Caller request header (absent
+// or empty: 401) and reads time from a clock the suite controls: leases and
+// retention windows pass by moving that clock, never by sleeping. In-flight
+// scenarios hold the first handler open on a channel. Wall-clock time is
+// used only for failsafe timeouts, so a router that blocks fails a scenario
+// instead of hanging the run; they are not latency assertions.
+//
+// Most scenarios call the router directly with an httptest.ResponseRecorder;
+// the concurrency scenario serves it on an httptest.Server (real TCP, real
+// concurrency).
+//
+// Every rejection is checked as an RFC 9457 problem document: status,
+// Content-Type application/problem+json, Cache-Control no-store, and a JSON
+// body whose type is core.DefaultProblemBase followed by the stable slug of
+// the error, with a title, the status and a detail.
+//
+// The package depends on the standard library and core only.
+package scenario

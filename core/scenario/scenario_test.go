@@ -1,0 +1,29 @@
+package scenario_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/scenario"
+)
+
+// netHTTP serves the routes on a ServeMux, each wrapped with
+// core.Engine.Handler: the scope comes from Request.Pattern, which the mux
+// sets before it calls the wrapped handler.
+func netHTTP(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range routes {
+		mux.Handle(rt.Method+" "+rt.Pattern, e.Handler(rt.Handler, rt.Options...))
+	}
+	return mux
+}
+
+func TestNetHTTP(t *testing.T) { scenario.Run(t, netHTTP) }
+
+// TestNetHTTPGlobal runs the global scenarios. A ServeMux sets
+// Request.Pattern only after routing, so a middleware around the whole mux
+// would see no pattern; the idiomatic net/http equivalent of r.Use is to
+// wrap every route's handler with the same options, which is what netHTTP
+// does (the routes carry none).
+func TestNetHTTPGlobal(t *testing.T) { scenario.RunGlobal(t, netHTTP) }
