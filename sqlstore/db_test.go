@@ -1,0 +1,135 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+var dialects = []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite}
+
+// sqliteDSN is what the README recommends.
+const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+// openDB opens a fresh pool on the dialect's test database, counting its
+// statements, and closes it at cleanup. SQLite gets a new file per call.
+func openDB(t *testing.T, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
+	t.Helper()
+	var (
+		conn driver.Connector
+		err  error
+	)
+	switch d {
+	case sqlstore.Postgres:
+		cfg, perr := pgx.ParseConfig(sqlstoretest.DSN(t, sqlstoretest.EnvPostgres))
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		conn = stdlib.GetConnector(*cfg)
+	case sqlstore.MySQL:
+		cfg, perr := mysql.ParseDSN(sqlstoretest.DSN(t, sqlstoretest.EnvMySQL))
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		conn, err = mysql.NewConnector(cfg)
+	case sqlstore.SQLite:
+		conn, err = sqlite.NewConnector("file:" + filepath.Join(t.TempDir(), "idem.db") + sqliteOpts)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := new(sqlstoretest.Counter)
+	db := sql.OpenDB(c.Connector(conn))
+	t.Cleanup(func() { db.Close() })
+	if err := db.PingContext(context.Background()); err != nil {
+		t.Fatalf("%v: %v", d, err)
+	}
+	return db, c
+}
+
+// newStore returns a store on a fresh table (dropped at cleanup).
+func newStore(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
+	t.Helper()
+	db, c := openDB(t, d)
+	table := sqlstoretest.Table()
+	s, err := sqlstore.New(db, d, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+	return s, db, c
+}
+
+func ph(d sqlstore.Dialect) string {
+	if d == sqlstore.Postgres {
+		return "$1"
+	}
+	return "?"
+}
+
+func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
+	s, db, c := newStore(t, d)
+	orders := s.Table() + "_orders"
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+orders+" (name VARCHAR(100) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+orders) })
+	return sqlstoretest.Fixture{
+		Store: s,
+		Insert: func(ctx context.Context, name string) error {
+			tx := sqlstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			return err
+		},
+		Count: func(t testing.TB, name string) int {
+			var n int
+			if err := db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM "+orders+" WHERE name = "+ph(d), name).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		CallerManaged: func(ctx context.Context, fn func(ctx context.Context) error) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if err := fn(sqlstore.WithTx(ctx, tx)); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		},
+		Counter: c,
+	}
+}
+
+func TestAtomic(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}

@@ -1,0 +1,195 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// MySQL and MariaDB have no transaction-scoped advisory lock (GET_LOCK is
+// session-scoped and would outlive a caller-managed transaction), so the
+// probe is a locking read that fails at once instead of waiting:
+// SELECT ... FOR UPDATE NOWAIT (MySQL 8.0.1+, MariaDB 10.3+). Another
+// transaction's uncommitted insert of the same id holds an exclusive lock on
+// it, so the probe fails with ER_LOCK_NOWAIT (MySQL 3572; MariaDB reports
+// 1205). A found row is locked by the probe, so replacing an expired row or
+// taking over a lapsed lease is a plain UPDATE; a missing row is INSERTed.
+// Every statement here is plain MySQL 8 syntax (no INSERT ... RETURNING, no
+// CREATE INDEX IF NOT EXISTS, no MariaDB-only hints).
+func mysqlQueries(t string) queries {
+	return queries{
+		claim:    `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? FOR UPDATE NOWAIT`,
+		insert:   `INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
+		update:   `UPDATE ` + t + ` SET caller = ?, scope = ?, idem_key = ?, fingerprint = ?, state = 1, token = ?, attempt = ?, lease_until = ?, expires_at = ?, created_at = ?, status = 0, response = NULL WHERE id = ?`,
+		read:     `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
+		get:      `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? AND expires_at > ?`,
+		complete: `UPDATE ` + t + ` SET state = ?, status = ?, response = ?, expires_at = ?, lease_until = NULL WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		extend:   `UPDATE ` + t + ` SET lease_until = ?, expires_at = GREATEST(expires_at, ?) WHERE id = ? AND token = ? AND state = 1`,
+		release:  `DELETE FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		exists:   `SELECT 1 FROM ` + t + ` WHERE id = ?`,
+		isHeld:   `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		isInProgress:  `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state = 1`,
+		// DELETE cannot SKIP LOCKED: lock a batch first, skipping rows a
+		// live transaction holds, then delete exactly those.
+		deleteExpired: `SELECT id FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		deleteIDs:     `DELETE FROM ` + t + ` WHERE id IN (%s)`,
+	}
+}
+
+// MySQL and MariaDB error numbers.
+const (
+	erDupEntry        = 1062
+	erLockWaitTimeout = 1205 // also MariaDB's answer to NOWAIT
+	erLockNowait      = 3572 // MySQL 8's answer to NOWAIT
+)
+
+// mysqlErrno returns the error number of a github.com/go-sql-driver/mysql
+// *MySQLError in err's chain. The store does not import the driver (a
+// Postgres user should not build it), so it reads the Number field.
+func mysqlErrno(err error) uint16 {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || !strings.HasSuffix(v.Type().Name(), "MySQLError") {
+			continue
+		}
+		if f := v.FieldByName("Number"); f.IsValid() && f.CanUint() {
+			return uint16(f.Uint())
+		}
+	}
+	return 0
+}
+
+func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, err error) {
+	err = s.inShortTx(ctx, func(c Conn) error {
+		res, err = s.claimMySQLIn(ctx, c, req)
+		return err
+	})
+	return res, err
+}
+
+func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+	for try := 0; ; try++ {
+		var rec core.Record
+		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
+		switch n := mysqlErrno(err); {
+		case n == erLockNowait || n == erLockWaitTimeout:
+			// Another transaction holds the row (its uncommitted claim, or
+			// a replay holding the completed row): read what is committed.
+			return s.claimReadMySQL(ctx, c, req)
+		case errors.Is(err, sql.ErrNoRows):
+			found = false
+		case err != nil:
+			return core.ClaimResult{}, unavailable("claim probe", err)
+		}
+		if found && live(rec, req.Now) && !takeable(rec, req) {
+			return core.ClaimResult{Record: rec}, nil
+		}
+		claimed := newRecord(req)
+		if found { // expired, or a lapsed lease taken over; the probe locked it
+			if live(rec, req.Now) {
+				claimed.Attempt, claimed.CreatedAt = rec.Attempt+1, rec.CreatedAt
+			}
+			_, err = c.ExecContext(ctx, s.q.update, req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+				claimed.Attempt, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(claimed.CreatedAt), req.ID[:])
+		} else {
+			_, err = c.ExecContext(ctx, s.q.insert, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+				s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+		}
+		switch n := mysqlErrno(err); {
+		case err == nil:
+			return core.ClaimResult{Claimed: true, Record: claimed}, nil
+		case n == erDupEntry && try+1 < maxClaimTries:
+			// Another transaction inserted and committed the id between
+			// our probe and our insert: probe again.
+			continue
+		case n == erLockWaitTimeout || n == erDupEntry:
+			// Another transaction inserted the id between our probe and our
+			// insert and has not committed: the insert waited for it up to
+			// innodb_lock_wait_timeout (see the README).
+			return inProgressElsewhere(req.ID), nil
+		}
+		return core.ClaimResult{}, unavailable("claim", err)
+	}
+}
+
+// claimReadMySQL answers a claim whose probe found the row locked: the
+// committed row if it is final (or held by a live lease), else in progress.
+func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+	var rec core.Record
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		found = false
+	case err != nil:
+		return core.ClaimResult{}, unavailable("claim read", err)
+	}
+	if found && live(rec, req.Now) && !takeable(rec, req) {
+		return core.ClaimResult{Record: rec}, nil
+	}
+	return inProgressElsewhere(req.ID), nil
+}
+
+// newRecord is the record a claim writes, with times as the columns keep
+// them.
+func newRecord(req core.ClaimRequest) core.Record {
+	return core.Record{
+		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		State: core.StateInProgress, Token: req.Token, Attempt: 1,
+		LeaseUntil: colTime(req.LeaseUntil), ExpiresAt: colTime(req.ExpiresAt), CreatedAt: colTime(req.Now),
+	}
+}
+
+// colTime is t as a timestamp column returns it: UTC, microseconds.
+func colTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC().Truncate(time.Microsecond)
+}
+
+func (s *Store) deleteExpiredMySQL(ctx context.Context, now time.Time, limit int) (n int, err error) {
+	err = s.inShortTx(ctx, func(c Conn) error {
+		rows, err := c.QueryContext(ctx, s.q.deleteExpired, s.d.timeArg(now), limit)
+		if err != nil {
+			return unavailable("delete expired", err)
+		}
+		var ids []any
+		for rows.Next() {
+			var id []byte
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return unavailable("delete expired", err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Close(); err != nil {
+			return unavailable("delete expired", err)
+		}
+		if err := rows.Err(); err != nil {
+			return unavailable("delete expired", err)
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		q := strings.Replace(s.q.deleteIDs, "%s", strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", "), 1)
+		res, err := c.ExecContext(ctx, q, ids...)
+		if err != nil {
+			return unavailable("delete expired", err)
+		}
+		m, err := res.RowsAffected()
+		if err != nil {
+			return unavailable("rows affected", err)
+		}
+		n = int(m)
+		return nil
+	})
+	return n, err
+}

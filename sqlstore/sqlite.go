@@ -1,0 +1,80 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/idemkit/idem/core"
+)
+
+// SQLite serialises writers: a transaction that has written holds the
+// database's write lock until it ends, and the claim is a write, so a second
+// claim (of any id) waits for the first transaction to end, up to the
+// connection's busy_timeout, and then sees its committed row. SQLite cannot
+// answer "in progress" while another transaction is open; a duplicate waits
+// and then replays, and a claim that waits longer than busy_timeout fails
+// with ErrStoreUnavailable (SQLITE_BUSY). The claim is one upsert with
+// RETURNING, which returns a row only when it inserted or took over; when it
+// returns none, a SELECT reads the existing row.
+func sqliteQueries(t string) queries {
+	return queries{
+		claim: `INSERT INTO ` + t + ` (` + cols + `)
+VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, ?7, ?8, ?9, 0, NULL)
+ON CONFLICT (id) DO UPDATE SET
+    caller = excluded.caller, scope = excluded.scope, idem_key = excluded.idem_key,
+    fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
+    attempt = CASE WHEN ` + t + `.expires_at <= ?9 THEN 1 ELSE ` + t + `.attempt + 1 END,
+    lease_until = excluded.lease_until, expires_at = excluded.expires_at,
+    created_at = CASE WHEN ` + t + `.expires_at <= ?9 THEN excluded.created_at ELSE ` + t + `.created_at END,
+    status = 0, response = NULL
+WHERE ` + t + `.expires_at <= ?9
+   OR (?10 AND ` + t + `.state = 1 AND ` + t + `.lease_until <= ?9)
+RETURNING ` + cols,
+		read:     `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?1`,
+		get:      `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?1 AND expires_at > ?2`,
+		complete: `UPDATE ` + t + ` SET state = ?1, status = ?2, response = ?3, expires_at = ?4, lease_until = NULL WHERE id = ?5 AND token = ?6 AND state IN (1, 3)`,
+		extend:   `UPDATE ` + t + ` SET lease_until = ?1, expires_at = MAX(expires_at, ?2) WHERE id = ?3 AND token = ?4 AND state = 1`,
+		release:  `DELETE FROM ` + t + ` WHERE id = ?1 AND token = ?2 AND state IN (1, 3)`,
+		exists:   `SELECT 1 FROM ` + t + ` WHERE id = ?1`,
+		deleteExpired: `DELETE FROM ` + t + ` WHERE rowid IN (
+    SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2
+)`,
+	}
+}
+
+func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	c, _ := s.conn(ctx)
+	takeover := 0
+	if req.Takeover {
+		takeover = 1
+	}
+	for try := 0; ; try++ {
+		var rec core.Record
+		_, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:], req.Caller, req.Scope, req.Key,
+			nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
+			s.d.timeArg(req.Now), takeover), &rec)
+		switch {
+		case err == nil:
+			return core.ClaimResult{Claimed: true, Record: rec}, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return core.ClaimResult{}, unavailable("claim", err)
+		}
+		// Not claimed: the row exists and is live. In a transaction we hold
+		// the write lock, so it cannot change before this read; outside one
+		// it may have been released or swept meanwhile: claim again.
+		found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			found = false
+		case err != nil:
+			return core.ClaimResult{}, unavailable("claim read", err)
+		}
+		if found && live(rec, req.Now) && !takeable(rec, req) {
+			return core.ClaimResult{Record: rec}, nil
+		}
+		if try+1 == maxClaimTries {
+			return inProgressElsewhere(req.ID), nil
+		}
+	}
+}

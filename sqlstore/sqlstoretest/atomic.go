@@ -1,0 +1,442 @@
+package sqlstoretest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// Fixture is one store on a fresh table, with a business table beside it
+// in the same database.
+type Fixture struct {
+	Store core.TxStore
+	// Insert writes one business row named name in the transaction that
+	// ctx carries, fetched with the store's handler accessor
+	// (sqlstore.TxFrom, gormstore.DB). It fails when ctx carries none.
+	Insert func(ctx context.Context, name string) error
+	// Count returns how many committed business rows are named name.
+	Count func(t testing.TB, name string) int
+	// CallerManaged begins the application's own transaction, runs fn with
+	// a context that carries it (sqlstore.WithTx, gormstore.WithTx), and
+	// commits when fn returns nil, else rolls back.
+	CallerManaged func(ctx context.Context, fn func(ctx context.Context) error) error
+	// Counter counts the statements sent on the store's database; nil
+	// skips the statement counts.
+	Counter *Counter
+}
+
+// Config describes the store under test.
+type Config struct {
+	Dialect sqlstore.Dialect
+	// New returns a fresh fixture; it registers its own cleanup.
+	New func(t *testing.T) Fixture
+}
+
+// Statements per dialect in atomic mode, as the READMEs state them:
+// the claim and the completion of a first execution, and a replay.
+var (
+	firstExecution = map[sqlstore.Dialect]int64{sqlstore.Postgres: 2, sqlstore.MySQL: 3, sqlstore.SQLite: 2}
+	replay         = map[sqlstore.Dialect]int64{sqlstore.Postgres: 1, sqlstore.MySQL: 1, sqlstore.SQLite: 2}
+)
+
+// failsafe bounds every wait, so a store that blocks fails the test
+// instead of hanging it; latencies are logged, not asserted.
+const failsafe = 10 * time.Second
+
+var errRollback = errors.New("sqlstoretest: roll back")
+
+type harness struct {
+	cfg Config
+	now time.Time
+	n   int
+}
+
+// RunAtomic runs the atomic-mode scenarios against cfg's store: both ways
+// into atomic mode with a real business table, the non-blocking in-flight
+// probe, statement counts, and concurrent duplicates.
+func RunAtomic(t *testing.T, cfg Config) {
+	h := &harness{cfg: cfg, now: time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)}
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"ok, middleware-managed: claim, business row and completion commit together", h.middlewareCommit},
+		{"ok, middleware-managed: a rollback removes the claim and the business row", h.middlewareRollback},
+		{"ok, caller-managed: the claim joins the application's transaction and commits with it", h.callerCommit},
+		{"ok, caller-managed: the application's rollback removes the claim and the business row", h.callerRollback},
+		{"ok, an uncommitted claim is reported in progress without waiting (SQLite: waits, then replays)", h.inFlight},
+		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
+		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+func (h *harness) req(name string, token int64) core.ClaimRequest {
+	return core.ClaimRequest{
+		ID:     core.Identity{Caller: "caller", Scope: "POST /orders", Key: name}.ID(),
+		Caller: "caller", Scope: "POST /orders", Key: name,
+		Fingerprint: []byte("fp-" + name), Token: token,
+		Now: h.now, ExpiresAt: h.now.Add(24 * time.Hour),
+	}
+}
+
+func (h *harness) completion(name string) core.Completion {
+	return core.Completion{State: core.StateCompleted, Status: 201, Response: []byte(`{"order":"` + name + `"}`), ExpiresAt: h.now.Add(24 * time.Hour)}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), failsafe)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// execute runs a first execution in middleware-managed mode: Begin, Claim,
+// business insert, Complete, Commit.
+func execute(ctx context.Context, f Fixture, req core.ClaimRequest, c core.Completion) (core.ClaimResult, error) {
+	tctx, tx, err := f.Store.Begin(ctx)
+	if err != nil {
+		return core.ClaimResult{}, err
+	}
+	res, err := f.Store.Claim(tctx, req)
+	if err != nil || !res.Claimed {
+		_ = tx.Rollback()
+		return res, err
+	}
+	if err := f.Insert(tctx, req.Key); err != nil {
+		_ = tx.Rollback()
+		return res, fmt.Errorf("business insert: %w", err)
+	}
+	if err := f.Store.Complete(tctx, req.ID, req.Token, c); err != nil {
+		_ = tx.Rollback()
+		return res, fmt.Errorf("complete: %w", err)
+	}
+	return res, tx.Commit()
+}
+
+func (h *harness) middlewareCommit(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("commit", 11)
+	if f.Store.InTx(ctx) {
+		t.Fatal("InTx is true for a bare context")
+	}
+	res, err := execute(ctx, f, req, h.completion("commit"))
+	if err != nil || !res.Claimed {
+		t.Fatalf("first execution: %+v, %v", res, err)
+	}
+	if n := f.Count(t, "commit"); n != 1 {
+		t.Fatalf("business rows after commit: %d, want 1", n)
+	}
+	rec, err := f.Store.Get(ctx, req.ID, h.now)
+	if err != nil || rec.State != core.StateCompleted || rec.Status != 201 || string(rec.Response) != `{"order":"commit"}` {
+		t.Fatalf("record after commit: %+v, %v", rec, err)
+	}
+}
+
+func (h *harness) middlewareRollback(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("rollback", 12)
+	tctx, tx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Store.InTx(tctx) {
+		t.Fatal("InTx is false for Begin's context")
+	}
+	if res, err := f.Store.Claim(tctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	if err := f.Insert(tctx, "rollback"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Count(t, "rollback"); n != 0 {
+		t.Fatalf("business rows after rollback: %d, want 0", n)
+	}
+	if _, err := f.Store.Get(ctx, req.ID, h.now); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("Get after rollback: %v, want ErrNotFound", err)
+	}
+	req.Token = 13
+	if res, err := execute(ctx, f, req, h.completion("rollback")); err != nil || !res.Claimed {
+		t.Fatalf("claim after rollback: %+v, %v", res, err)
+	}
+}
+
+func (h *harness) callerCommit(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("caller", 21)
+	err := f.CallerManaged(ctx, func(ctx context.Context) error {
+		if !f.Store.InTx(ctx) {
+			return errors.New("InTx is false for the application's transaction")
+		}
+		res, err := f.Store.Claim(ctx, req)
+		if err != nil || !res.Claimed {
+			return fmt.Errorf("claim: %+v, %v", res, err)
+		}
+		if err := f.Insert(ctx, "caller"); err != nil {
+			return err
+		}
+		return f.Store.Complete(ctx, req.ID, req.Token, h.completion("caller"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Count(t, "caller"); n != 1 {
+		t.Fatalf("business rows: %d, want 1", n)
+	}
+	// A duplicate in another application transaction replays.
+	req.Token = 22
+	err = f.CallerManaged(ctx, func(ctx context.Context) error {
+		res, err := f.Store.Claim(ctx, req)
+		if err != nil || res.Claimed || res.Record.State != core.StateCompleted || res.Record.Status != 201 {
+			return fmt.Errorf("duplicate claim: %+v, %v", res, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *harness) callerRollback(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("caller-rb", 31)
+	err := f.CallerManaged(ctx, func(ctx context.Context) error {
+		if res, err := f.Store.Claim(ctx, req); err != nil || !res.Claimed {
+			return fmt.Errorf("claim: %+v, %v", res, err)
+		}
+		if err := f.Insert(ctx, "caller-rb"); err != nil {
+			return err
+		}
+		if err := f.Store.Complete(ctx, req.ID, req.Token, h.completion("caller-rb")); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("CallerManaged: %v, want the rollback error", err)
+	}
+	if n := f.Count(t, "caller-rb"); n != 0 {
+		t.Fatalf("business rows after rollback: %d, want 0", n)
+	}
+	if _, err := f.Store.Get(ctx, req.ID, h.now); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("Get after rollback: %v, want ErrNotFound", err)
+	}
+}
+
+// inFlight: transaction A claims and stays open. On Postgres and MySQL a
+// duplicate claim (atomic, and leased) answers in progress at once. SQLite
+// serialises writers: the duplicate waits for A (up to busy_timeout) and
+// then replays A's committed record.
+func (h *harness) inFlight(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("inflight", 41)
+	actx, atx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = atx.Rollback() }()
+	if res, err := f.Store.Claim(actx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim A: %+v, %v", res, err)
+	}
+	if err := f.Insert(actx, "inflight"); err != nil {
+		t.Fatal(err)
+	}
+	dup := req
+	dup.Token = 42
+
+	if h.cfg.Dialect == sqlstore.SQLite {
+		type out struct {
+			res core.ClaimResult
+			err error
+			d   time.Duration
+		}
+		done := make(chan out, 1)
+		go func() {
+			start := time.Now()
+			bctx, btx, err := f.Store.Begin(ctx)
+			if err != nil {
+				done <- out{err: err}
+				return
+			}
+			res, err := f.Store.Claim(bctx, dup)
+			_ = btx.Rollback()
+			done <- out{res, err, time.Since(start)}
+		}()
+		const hold = 300 * time.Millisecond
+		time.Sleep(hold) // A's business transaction runs on while B waits
+		if err := f.Store.Complete(actx, req.ID, req.Token, h.completion("inflight")); err != nil {
+			t.Fatal(err)
+		}
+		if err := atx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		o := <-done
+		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+			t.Fatalf("duplicate after A committed: %+v, %v", o.res, o.err)
+		}
+		t.Logf("sqlite: the duplicate waited %v for A's transaction (held open %v), then replayed", o.d, hold)
+		return
+	}
+
+	start := time.Now()
+	bctx, btx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Store.Claim(bctx, dup)
+	atomicLatency := time.Since(start)
+	_ = btx.Rollback()
+	if err != nil || res.Claimed || res.Record.State != core.StateInProgress || res.Record.ID != req.ID {
+		t.Fatalf("atomic duplicate while A is open: %+v, %v", res, err)
+	}
+	start = time.Now()
+	res, err = f.Store.Claim(ctx, dup) // leased mode: no transaction in ctx
+	leasedLatency := time.Since(start)
+	if err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+		t.Fatalf("leased duplicate while A is open: %+v, %v", res, err)
+	}
+	if _, err := f.Store.Get(ctx, req.ID, h.now); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("Get of A's uncommitted record: %v, want ErrNotFound", err)
+	}
+	t.Logf("%v: in-flight duplicate answered in %v (atomic, Begin+Claim+Rollback) and %v (leased Claim)", h.cfg.Dialect, atomicLatency, leasedLatency)
+
+	if err := f.Store.Complete(actx, req.ID, req.Token, h.completion("inflight")); err != nil {
+		t.Fatal(err)
+	}
+	if err := atx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	bctx, btx, err = f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = f.Store.Claim(bctx, dup)
+	_ = btx.Rollback()
+	if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+		t.Fatalf("duplicate after A committed: %+v, %v", res, err)
+	}
+
+	// A rolled-back claim leaves the identity free at once.
+	req2 := h.req("inflight-rb", 43)
+	actx, atx2, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.Store.Claim(actx, req2); err != nil || !res.Claimed {
+		t.Fatalf("claim A2: %+v, %v", res, err)
+	}
+	_ = atx2.Rollback()
+	req2.Token = 44
+	if res, err := execute(ctx, f, req2, h.completion("inflight-rb")); err != nil || !res.Claimed {
+		t.Fatalf("claim after A2 rolled back: %+v, %v", res, err)
+	}
+}
+
+func (h *harness) statementCounts(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	if f.Counter == nil {
+		t.Skip("no statement counter")
+	}
+	req := h.req("count", 51)
+	tctx, tx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := f.Counter.Statements()
+	res, err := f.Store.Claim(tctx, req)
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	if err := f.Store.Complete(tctx, req.ID, req.Token, h.completion("count")); err != nil {
+		t.Fatal(err)
+	}
+	first := f.Counter.Statements() - before
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	tctx, tx, err = f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = f.Counter.Statements()
+	req.Token = 52
+	res, err = f.Store.Claim(tctx, req)
+	rep := f.Counter.Statements() - before
+	_ = tx.Rollback()
+	if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+		t.Fatalf("replay claim: %+v, %v", res, err)
+	}
+	t.Logf("%v: first execution %d statements (claim + complete), replay %d, besides BEGIN and COMMIT/ROLLBACK", h.cfg.Dialect, first, rep)
+	if want := firstExecution[h.cfg.Dialect]; first != want {
+		t.Errorf("first execution: %d statements, documented %d", first, want)
+	}
+	if want := replay[h.cfg.Dialect]; rep != want {
+		t.Errorf("replay: %d statements, documented %d", rep, want)
+	}
+}
+
+// concurrent: duplicates race in middleware-managed mode; exactly one runs
+// the business write, every other one sees in progress or the completed
+// record, and later duplicates replay.
+func (h *harness) concurrent(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	const n = 20
+	var (
+		wg                   sync.WaitGroup
+		mu                   sync.Mutex
+		claimed, busy, replayed int
+		errs                 []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			req := h.req("race", int64(100+i))
+			res, err := execute(ctx, f, req, h.completion("race"))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case res.Claimed:
+				claimed++
+			case res.Record.State == core.StateInProgress:
+				busy++
+			case res.Record.State == core.StateCompleted:
+				replayed++
+			default:
+				errs = append(errs, fmt.Errorf("unexpected record %+v", res.Record))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d errors, first: %v", len(errs), errs[0])
+	}
+	if claimed != 1 || f.Count(t, "race") != 1 {
+		t.Fatalf("claimed %d times, %d business rows; want 1 and 1", claimed, f.Count(t, "race"))
+	}
+	t.Logf("%v: %d concurrent duplicates: 1 executed, %d in progress, %d replayed", h.cfg.Dialect, n, busy, replayed)
+	for i := range 5 {
+		res, err := execute(ctx, f, h.req("race", int64(200+i)), h.completion("race"))
+		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+			t.Fatalf("sequential duplicate %d: %+v, %v", i, res, err)
+		}
+	}
+	if c := f.Count(t, "race"); c != 1 {
+		t.Fatalf("business rows after sequential duplicates: %d, want 1", c)
+	}
+}

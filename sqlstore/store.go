@@ -1,0 +1,413 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/core"
+)
+
+// DefaultTable is the table name used when WithTable is not given.
+const DefaultTable = "idempotency_records"
+
+// maxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
+// identifier limit.
+const maxTableLen = 48
+
+// Conn is what the store runs its statements on. *sql.DB, *sql.Tx, *sql.Conn
+// and gorm.ConnPool all satisfy it.
+type Conn interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Store is a core.TxStore on database/sql. Create it with New.
+type Store struct {
+	db     *sql.DB
+	d      Dialect
+	table  string
+	txOpts *sql.TxOptions
+	q      queries
+	lock   uint64 // mixed into Postgres advisory lock keys (per table)
+}
+
+var (
+	_ core.Store   = (*Store)(nil)
+	_ core.TxStore = (*Store)(nil)
+)
+
+// Option configures New.
+type Option interface{ apply(*Store) error }
+
+type optionFunc func(*Store) error
+
+func (f optionFunc) apply(s *Store) error { return f(s) }
+
+// WithTable sets the table name (default DefaultTable, "idempotency_records").
+// The name must start with a letter or an underscore, hold only ASCII
+// letters, digits and underscores, and be at most 48 bytes; it is used
+// unquoted, so Postgres folds it to lower case. The index is named
+// "<table>_expires_at_idx". To use another Postgres schema, put it on the
+// connection's search_path.
+func WithTable(name string) Option {
+	return optionFunc(func(s *Store) error {
+		if err := validTable(name); err != nil {
+			return err
+		}
+		s.table = name
+		return nil
+	})
+}
+
+// WithTxOptions sets the options Begin starts transactions with (default:
+// READ COMMITTED on MySQL/MariaDB, where REPEATABLE READ would take gap
+// locks on the probe of a missing key; the database's default elsewhere).
+// Pass &sql.TxOptions{} to use the session default on every dialect, for
+// example when the MySQL DSN already sets transaction_isolation.
+func WithTxOptions(opts *sql.TxOptions) Option {
+	return optionFunc(func(s *Store) error {
+		s.txOpts = opts
+		return nil
+	})
+}
+
+// New returns a store that keeps records in a table of db, written in
+// dialect d. It does not create the table: run Migrate, or apply Schema(d,
+// table) (also shipped as migrations/<dialect>/*.sql) with your migration
+// tool.
+//
+// Connection settings the store relies on:
+//   - MySQL/MariaDB (github.com/go-sql-driver/mysql): parseTime=true and
+//     loc=UTC (the driver's default loc); interpolateParams=true saves a
+//     prepare round trip per statement.
+//   - SQLite (modernc.org/sqlite): _pragma=busy_timeout(5000),
+//     _pragma=journal_mode(WAL) and _txlock=immediate; see the README.
+func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlstore: nil *sql.DB", core.ErrConfig)
+	}
+	if !d.valid() {
+		return nil, fmt.Errorf("%w: sqlstore: unknown dialect %d", core.ErrConfig, d)
+	}
+	s := &Store{db: db, d: d, table: DefaultTable}
+	if d == MySQL {
+		s.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(s); err != nil {
+			return nil, err
+		}
+	}
+	s.q = d.queries(s.table)
+	s.lock = fnv64(s.table)
+	return s, nil
+}
+
+func validTable(name string) error {
+	if name == "" || len(name) > maxTableLen {
+		return fmt.Errorf("%w: sqlstore: table name must be 1 to %d bytes, got %q", core.ErrConfig, maxTableLen, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return fmt.Errorf("%w: sqlstore: table name %q: only letters, digits and underscores, not starting with a digit", core.ErrConfig, name)
+		}
+	}
+	return nil
+}
+
+// Dialect reports the store's dialect.
+func (s *Store) Dialect() Dialect { return s.d }
+
+// Table reports the store's table name.
+func (s *Store) Table() string { return s.table }
+
+// Migrate creates the table and its index if they do not exist (the
+// statements of Schema). Use it for tests and small deployments; otherwise
+// ship the files in migrations/ with your migration tool.
+func (s *Store) Migrate(ctx context.Context) error {
+	c, _ := s.conn(ctx)
+	for _, stmt := range s.d.schema(s.table) {
+		if _, err := c.ExecContext(ctx, stmt); err != nil {
+			return unavailable("migrate", err)
+		}
+	}
+	return nil
+}
+
+// --- transactions ------------------------------------------------------------
+
+type connKey struct{}
+
+// WithTx returns a context carrying the application's own transaction
+// (caller-managed atomic mode): store methods called with it run in tx, and
+// the engine sees InTx and never commits or rolls back. The store never
+// commits tx; the caller does, after Complete.
+func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
+	return context.WithValue(ctx, connKey{}, Conn(tx))
+}
+
+// WithConn is WithTx for a transaction held as another type that runs
+// statements on one database session: a gorm.ConnPool bound to a GORM
+// transaction, an *sqlx.Tx. c must be in a transaction for atomic mode to
+// hold; the store runs every statement on it.
+func WithConn(ctx context.Context, c Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// TxFrom returns the *sql.Tx that ctx carries (set by Begin or WithTx), or
+// nil. In middleware-managed atomic mode handlers call it with the request's
+// context (r.Context(), c.Request.Context(), c.Request().Context()) and run
+// their business writes on it.
+func TxFrom(ctx context.Context) *sql.Tx {
+	tx, _ := ctx.Value(connKey{}).(*sql.Tx)
+	return tx
+}
+
+// InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
+func (s *Store) InTx(ctx context.Context) bool {
+	_, ok := ctx.Value(connKey{}).(Conn)
+	return ok
+}
+
+// Begin starts a transaction (with the WithTxOptions options) and returns a
+// context carrying it; *sql.Tx is the returned core.Tx. The transaction is
+// bound to ctx: cancelling ctx rolls it back.
+func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	if err != nil {
+		return ctx, nil, unavailable("begin", err)
+	}
+	return WithTx(ctx, tx), tx, nil
+}
+
+// conn returns the connection for ctx: the transaction it carries, or the
+// pool (autocommit).
+func (s *Store) conn(ctx context.Context) (Conn, bool) {
+	if c, ok := ctx.Value(connKey{}).(Conn); ok && c != nil {
+		return c, true
+	}
+	return s.db, false
+}
+
+// inShortTx runs fn in ctx's transaction, or in a short transaction of its
+// own that commits when fn returns nil.
+func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
+	if c, ok := s.conn(ctx); ok {
+		return fn(c)
+	}
+	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	if err != nil {
+		return unavailable("begin", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return unavailable("commit", err)
+	}
+	return nil
+}
+
+// --- core.Store --------------------------------------------------------------
+
+// Claim implements core.Store. See the dialect notes in the README for the
+// statements it runs and how it detects another transaction's uncommitted
+// claim without waiting for it.
+func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	switch s.d {
+	case Postgres:
+		return s.claimPostgres(ctx, req)
+	case MySQL:
+		return s.claimMySQL(ctx, req)
+	default:
+		return s.claimSQLite(ctx, req)
+	}
+}
+
+// Extend implements core.Store. The store cannot tell an expired record
+// from a live one here (no time is passed in): the token decides.
+func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+	c, _ := s.conn(ctx)
+	lu := s.d.timeArg(leaseUntil)
+	res, err := c.ExecContext(ctx, s.q.extend, lu, lu, id[:], token)
+	if err != nil {
+		return unavailable("extend", err)
+	}
+	return s.fenced(ctx, c, res, s.q.isInProgress, id, token)
+}
+
+// Complete implements core.Store.
+func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.Completion) error {
+	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
+		return fmt.Errorf("%w: sqlstore: Complete with state %v", core.ErrConfig, cp.State)
+	}
+	c, _ := s.conn(ctx)
+	res, err := c.ExecContext(ctx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
+	if err != nil {
+		return unavailable("complete", err)
+	}
+	return s.fenced(ctx, c, res, s.q.isHeld, id, token)
+}
+
+// fenced turns the result of a fenced UPDATE into nil or ErrFenced. MySQL
+// reports changed rows, not matched rows (unless the DSN sets
+// clientFoundRows=true), so an UPDATE that rewrote identical values reports
+// 0: then one more SELECT tells a matched row from a fenced one.
+func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string, id core.ID, token int64) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return unavailable("rows affected", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	if s.d == MySQL {
+		var one int
+		switch err := c.QueryRowContext(ctx, check, id[:], token).Scan(&one); {
+		case err == nil:
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return unavailable("fence check", err)
+		}
+	}
+	return core.ErrFenced
+}
+
+// Release implements core.Store.
+func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+	c, _ := s.conn(ctx)
+	res, err := c.ExecContext(ctx, s.q.release, id[:], token)
+	if err != nil {
+		return unavailable("release", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return unavailable("rows affected", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	var one int
+	switch err := c.QueryRowContext(ctx, s.q.exists, id[:]).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil // missing: nothing to release
+	case err != nil:
+		return unavailable("release check", err)
+	}
+	return core.ErrFenced
+}
+
+// Get implements core.Store.
+func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+	c, _ := s.conn(ctx)
+	var rec core.Record
+	_, err := scanRecord(c.QueryRowContext(ctx, s.q.get, id[:], s.d.timeArg(now)), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return core.Record{}, core.ErrNotFound
+	case err != nil:
+		return core.Record{}, unavailable("get", err)
+	}
+	return rec, nil
+}
+
+// DeleteExpired implements core.Store: one batch of at most limit rows,
+// oldest first, skipping rows another transaction has locked (Postgres,
+// MySQL/MariaDB), so concurrent sweepers and live claims never wait on it.
+func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	if s.d != MySQL {
+		c, _ := s.conn(ctx)
+		res, err := c.ExecContext(ctx, s.q.deleteExpired, s.d.timeArg(now), limit)
+		if err != nil {
+			return 0, unavailable("delete expired", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, unavailable("rows affected", err)
+		}
+		return int(n), nil
+	}
+	return s.deleteExpiredMySQL(ctx, now, limit)
+}
+
+// --- helpers -----------------------------------------------------------------
+
+// unavailable wraps a driver error with core.ErrStoreUnavailable; both stay
+// inspectable with errors.Is / errors.As.
+func unavailable(op string, err error) error {
+	if errors.Is(err, core.ErrStoreUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrStoreUnavailable, op, err)
+}
+
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// debugString returns s as valid UTF-8 without NUL bytes (which Postgres
+// text refuses), of at most core.MaxDebugLen bytes.
+func debugString(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if len(s) <= core.MaxDebugLen {
+		return s
+	}
+	s = s[:core.MaxDebugLen]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// live reports whether rec is live at now.
+func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
+
+// takeable reports whether req may take rec over (lapsed lease, Takeover).
+func takeable(rec core.Record, req core.ClaimRequest) bool {
+	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
+}
+
+// inProgressElsewhere is the answer when another transaction holds the
+// identity and its row is not visible.
+func inProgressElsewhere(id core.ID) core.ClaimResult {
+	return core.ClaimResult{Record: core.Record{ID: id, State: core.StateInProgress}}
+}
+
+// maxClaimTries bounds the retries of a claim that lost a race against a
+// transaction that committed between two of its steps.
+const maxClaimTries = 3
