@@ -23,17 +23,17 @@ import (
 // CREATE INDEX IF NOT EXISTS, no MariaDB-only hints).
 func mysqlQueries(t string) queries {
 	return queries{
-		claim:    `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? FOR UPDATE NOWAIT`,
-		insert:   `INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
-		update:   `UPDATE ` + t + ` SET caller = ?, scope = ?, idem_key = ?, fingerprint = ?, state = 1, token = ?, attempt = ?, lease_until = ?, expires_at = ?, created_at = ?, status = 0, response = NULL WHERE id = ?`,
-		read:     `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
-		get:      `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? AND expires_at > ?`,
-		complete: `UPDATE ` + t + ` SET state = ?, status = ?, response = ?, expires_at = ?, lease_until = NULL WHERE id = ? AND token = ? AND state IN (1, 3)`,
-		extend:   `UPDATE ` + t + ` SET lease_until = ?, expires_at = GREATEST(expires_at, ?) WHERE id = ? AND token = ? AND state = 1`,
-		release:  `DELETE FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
-		exists:   `SELECT 1 FROM ` + t + ` WHERE id = ?`,
-		isHeld:   `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
-		isInProgress:  `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state = 1`,
+		claim:        `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? FOR UPDATE NOWAIT`,
+		insert:       `INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
+		update:       `UPDATE ` + t + ` SET caller = ?, scope = ?, idem_key = ?, fingerprint = ?, state = 1, token = ?, attempt = ?, lease_until = ?, expires_at = ?, created_at = ?, status = 0, response = NULL WHERE id = ?`,
+		read:         `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
+		get:          `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? AND expires_at > ?`,
+		complete:     `UPDATE ` + t + ` SET state = ?, status = ?, response = ?, expires_at = ?, lease_until = NULL WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		extend:       `UPDATE ` + t + ` SET lease_until = ?, expires_at = GREATEST(expires_at, ?) WHERE id = ? AND token = ? AND state = 1`,
+		release:      `DELETE FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		exists:       `SELECT 1 FROM ` + t + ` WHERE id = ?`,
+		isHeld:       `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
+		isInProgress: `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state = 1`,
 		// DELETE cannot SKIP LOCKED: lock a batch first, skipping rows a
 		// live transaction holds, then delete exactly those.
 		deleteExpired: `SELECT id FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,

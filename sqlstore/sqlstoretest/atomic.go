@@ -392,10 +392,10 @@ func (h *harness) concurrent(t *testing.T) {
 	f, ctx := h.cfg.New(t), ctxT(t)
 	const n = 20
 	var (
-		wg                   sync.WaitGroup
-		mu                   sync.Mutex
+		wg                      sync.WaitGroup
+		mu                      sync.Mutex
 		claimed, busy, replayed int
-		errs                 []error
+		errs                    []error
 	)
 	start := make(chan struct{})
 	for i := range n {
