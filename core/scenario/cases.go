@@ -47,8 +47,12 @@ var scenarios = []scenario{
 	// Response body cap and streaming.
 	{"ok, a body over the cap reaches the first client; the replay says it was not kept", "A response body over WithMaxResponseBody reaches the first client whole; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", both, testResponseCap},
 	{"ok, leased: a flushed response reaches the first client; the replay says it was not kept", "In leased mode a handler that flushes streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", leased, testFlushLeased},
+	{"ok, leased: a hijacked response reaches the first client; the replay says it was not kept", "In leased mode a handler can hijack the connection through the adapter; a duplicate gets a final (non-1xx) answer with a response-not-kept problem document and the handler does not run.", leased, testHijackLeased},
 	{"ok, atomic: Flush is deferred and the body is kept", "In atomic mode nothing reaches the client before the commit: Flush is deferred, the whole body is recorded, and a duplicate replays it.", atomicMode, testFlushAtomic},
 	{"nok, 413 on a request body over the limit", "A request body over WithMaxRequestBody, with or without Content-Length, gets a 413 body-too-large problem document and the handler does not run.", both, testRequestCap},
+
+	// Problem documents.
+	{"ok, rejections use the configured problem base and error writer", "Every rejection (400, 401, 422) is written by the engine's error writer (WithErrorWriter) with types under its problem base (WithProblemBase).", both, testProblemShape},
 
 	// Methods.
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time, with or without a key (even a malformed one), and are never replayed.", both, testMethodsDefault},

@@ -79,10 +79,10 @@ func testInFlightWaitTimeout(t *testing.T, x *harness) {
 
 	firstCh := x.goDo(post("/orders", orderJSON, "k1"))
 	x.waitEntered(g, "first request")
-	// From now on every reading of the clock moves it 100ms on: the
+	// From now on every reading of the clock moves it 300ms on: the
 	// duplicate's bound passes after a few readings (the first request
 	// reads no clock while it is held, and its 30s lease stays live).
-	x.clock.Step(100 * time.Millisecond)
+	x.clock.Step(300 * time.Millisecond)
 	dup := x.await(x.goDo(post("/orders", orderJSON, "k1")), "duplicate waiting for the bound")
 	x.clock.Step(0)
 	wantProblem(t, dup, http.StatusConflict, "in-progress")

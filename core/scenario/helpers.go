@@ -199,6 +199,12 @@ type problem struct {
 // Cache-Control: no-store.
 func wantProblem(t *testing.T, res result, status int, slug string) problem {
 	t.Helper()
+	return wantProblemBase(t, res, status, core.DefaultProblemBase, slug)
+}
+
+// wantProblemBase is wantProblem for an engine with WithProblemBase(base).
+func wantProblemBase(t *testing.T, res result, status int, base, slug string) problem {
+	t.Helper()
 	if res.Status != status {
 		t.Fatalf("status %d, want %d (%s); response: %v", res.Status, status, slug, res)
 	}
@@ -212,8 +218,8 @@ func wantProblem(t *testing.T, res result, status int, slug string) problem {
 	if err := json.Unmarshal([]byte(res.Body), &p); err != nil {
 		t.Fatalf("the body is not a JSON problem document: %v; body %q", err, res.Body)
 	}
-	if slug != "" && p.Type != core.DefaultProblemBase+slug {
-		t.Errorf("problem type %q, want %q", p.Type, core.DefaultProblemBase+slug)
+	if slug != "" && p.Type != base+slug {
+		t.Errorf("problem type %q, want %q", p.Type, base+slug)
 	}
 	if p.Type == "" || p.Title == "" || p.Detail == "" {
 		t.Errorf("problem document without type, title or detail: %q", res.Body)
