@@ -1,0 +1,112 @@
+package echoidem
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/idemkit/idem/core"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+)
+
+// Config configures the middleware.
+type Config struct {
+	// Engine is the idempotency engine. Required.
+	Engine *core.Engine
+	// Skipper selects requests that pass through unprotected (default:
+	// none, middleware.DefaultSkipper).
+	Skipper middleware.Skipper
+	// Options are the route options (core.Scope, core.Retention,
+	// core.Leased, ...) over the engine's defaults (default: none).
+	Options []core.RouteOption
+}
+
+// New returns Echo middleware that protects the requests it sees with e and
+// the route options opts. Install it globally (e.Use(echoidem.New(eng))),
+// on a group, or on one route.
+//
+// The scope defaults to the method and c.Path(), the route pattern
+// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
+// that matched no route pass through untouched. An error returned by the
+// handlers is sent through Echo's HTTPErrorHandler inside the capture, so it
+// is recorded and a replay equals the first answer; the middleware then
+// returns nil. While the rest of the chain runs, c.Request() carries the
+// engine's context (in atomic mode the transaction:
+// sqlstore.TxFrom(c.Request().Context()), gormstore.DB(c.Request().Context()))
+// and c.Response() writes into the engine's capture; both are restored
+// afterwards.
+//
+// New panics with an error wrapping core.ErrConfig when e is nil.
+func New(e *core.Engine, opts ...core.RouteOption) echo.MiddlewareFunc {
+	return NewWithConfig(Config{Engine: e, Options: opts})
+}
+
+// NewWithConfig is New with a Config; it panics on an invalid
+// configuration (see Config.ToMiddleware for the error instead).
+func NewWithConfig(config Config) echo.MiddlewareFunc {
+	mw, err := config.ToMiddleware()
+	if err != nil {
+		panic(err)
+	}
+	return mw
+}
+
+// ToMiddleware returns the middleware, or an error wrapping core.ErrConfig
+// when the configuration is invalid.
+func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
+	if config.Engine == nil {
+		return nil, fmt.Errorf("%w: echoidem: Config.Engine is nil", core.ErrConfig)
+	}
+	skip := config.Skipper
+	if skip == nil {
+		skip = middleware.DefaultSkipper
+	}
+	rt := config.Engine.Route(config.Options...)
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if c.Path() == "" || skip(c) { // no route matched, or skipped
+				return next(c)
+			}
+			var err error
+			res := c.Response()
+			rt.Serve(res, c.Request(), c.Path(), c, func(w http.ResponseWriter, r *http.Request) {
+				req := c.Request()
+				defer c.SetRequest(req)
+				c.SetRequest(r)
+				if w == http.ResponseWriter(res) { // passed through unprotected
+					err = next(c)
+					return
+				}
+				inner := echo.NewResponse(w, c.Echo())
+				inner.Status = http.StatusOK // as a fresh Echo response
+				c.SetResponse(inner)
+				defer c.SetResponse(res)
+				if herr := next(c); herr != nil {
+					c.Error(herr) // the answer Echo would send, captured
+				}
+			})
+			return err
+		}
+	}, nil
+}
+
+// Caller adapts a function reading the caller from the Echo context
+// (typically a value an authentication middleware stored with c.Set) to a
+// core.CallerFunc:
+//
+//	core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
+//		account, _ := c.Get("account").(string)
+//		return account, nil
+//	}))
+//
+// Outside a request served by an echoidem middleware it answers
+// core.ErrNoCaller.
+func Caller(f func(echo.Context) (string, error)) core.CallerFunc {
+	return func(r *http.Request) (string, error) {
+		c, ok := core.NativeFrom(r.Context()).(echo.Context)
+		if !ok {
+			return "", fmt.Errorf("%w: echoidem.Caller used outside an echoidem middleware", core.ErrNoCaller)
+		}
+		return f(c)
+	}
+}

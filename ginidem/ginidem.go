@@ -1,0 +1,82 @@
+package ginidem
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"github.com/idemkit/idem/core"
+)
+
+// New returns Gin middleware that protects the requests it sees with e and
+// the route options opts (core.Scope, core.Retention, core.Leased, ...).
+// Install it globally (r.Use(ginidem.New(e))), on a group, or on one route.
+//
+// The scope defaults to the method and c.FullPath(), the route pattern
+// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
+// that matched no route (404, 405) pass through untouched. When the engine
+// answers without running the handlers (replay, 409, 422, 400, ...), the
+// chain is stopped with c.Abort. While the rest of the chain runs,
+// c.Request carries the engine's context (in atomic mode the transaction:
+// sqlstore.TxFrom(c.Request.Context()), gormstore.DB(c.Request.Context()))
+// and c.Writer captures the response; both are restored afterwards.
+//
+// New panics with an error wrapping core.ErrConfig when e is nil.
+func New(e *core.Engine, opts ...core.RouteOption) gin.HandlerFunc {
+	if e == nil {
+		panic(fmt.Errorf("%w: ginidem.New: nil engine", core.ErrConfig))
+	}
+	rt := e.Route(opts...)
+	return func(c *gin.Context) {
+		pattern := c.FullPath()
+		if pattern == "" { // no route matched: Gin answers 404 or 405 itself
+			c.Next()
+			return
+		}
+		ran := false
+		rt.Serve(c.Writer, c.Request, pattern, c, func(w http.ResponseWriter, r *http.Request) {
+			ran = true
+			next(c, w, r)
+		})
+		if !ran {
+			c.Abort()
+		}
+	}
+}
+
+// next runs the rest of the chain with the writer and request of the engine.
+func next(c *gin.Context, w http.ResponseWriter, r *http.Request) {
+	req, gw := c.Request, c.Writer
+	defer func() { c.Request, c.Writer = req, gw }()
+	c.Request = r
+	if w == http.ResponseWriter(gw) { // passed through unprotected
+		c.Next()
+		return
+	}
+	cw := &writer{w: w, ctx: r.Context(), status: gw.Status(), size: -1}
+	c.Writer = cw
+	c.Next()
+	// Gin writes a status set without a body (c.Status(204)) after the
+	// chain returns; the engine must see it before it records the response.
+	cw.WriteHeaderNow()
+}
+
+// Caller adapts a function reading the caller from the Gin context (typically
+// a value an authentication middleware stored with c.Set) to a
+// core.CallerFunc:
+//
+//	core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
+//		return c.GetString("account"), nil
+//	}))
+//
+// Outside a request served by a ginidem middleware it answers
+// core.ErrNoCaller.
+func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
+	return func(r *http.Request) (string, error) {
+		c, ok := core.NativeFrom(r.Context()).(*gin.Context)
+		if !ok {
+			return "", fmt.Errorf("%w: ginidem.Caller used outside a ginidem middleware", core.ErrNoCaller)
+		}
+		return f(c)
+	}
+}
