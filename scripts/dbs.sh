@@ -1,0 +1,479 @@
+#!/usr/bin/env bash
+# Start/stop throwaway PostgreSQL and MariaDB servers for the test suite.
+#
+#   scripts/dbs.sh start DIR   install (if needed), init and start both servers
+#                              with data under DIR, on free loopback ports, and
+#                              write DIR/env with IDEM_TEST_POSTGRES_DSN and
+#                              IDEM_TEST_MYSQL_DSN export lines.
+#   scripts/dbs.sh stop DIR    stop both servers by pid (idempotent).
+#
+# Layout of DIR:
+#   DIR/env          export lines (source it)
+#   DIR/pg.pid       postmaster pid      DIR/pg/      data + server.log (owned by postgres)
+#   DIR/mysql.pid    mariadbd pid        DIR/mysql/   data, tmp, server.log, mysql.sock (owned by mysql)
+#
+# Servers listen on 127.0.0.1 only. Several DIRs can run at the same time:
+# port selection and server start-up are serialised with a machine-wide lock.
+# Progress goes to stderr; stdout stays quiet.
+set -euo pipefail
+
+PG_USER=postgres            # Postgres superuser (trust auth on loopback)
+MY_USER=idem                # MariaDB user
+MY_PASS=idem                # MariaDB password
+DB_NAME=idem_test
+MAX_CONNECTIONS=500
+START_TIMEOUT=${IDEM_DBS_START_TIMEOUT:-180}   # seconds per server
+STOP_TIMEOUT=${IDEM_DBS_STOP_TIMEOUT:-30}     # seconds per server before SIGKILL
+LOCK_FILE=${IDEM_DBS_LOCK_FILE:-/tmp/idem-dbs.lock}
+PORT_MIN=20000              # below the kernel's ephemeral range (32768+)
+PORT_SPAN=12000
+
+log() { printf 'dbs.sh: %s\n' "$*" >&2; }
+die() { printf 'dbs.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+	echo "usage: $0 start|stop DIR" >&2
+	exit 2
+}
+
+now() { date +%s; }
+
+# --------------------------------------------------------------------------
+# binaries
+
+pg_bindir() {
+	local d
+	d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+	if [[ -n "$d" && -x "$d/postgres" && -x "$d/initdb" && -x "$d/pg_ctl" ]]; then
+		echo "$d"
+	fi
+}
+
+my_server_bin() {
+	local b
+	for b in mariadbd mysqld; do
+		if command -v "$b" >/dev/null 2>&1; then command -v "$b"; return; fi
+		if [[ -x "/usr/sbin/$b" ]]; then echo "/usr/sbin/$b"; return; fi
+	done
+}
+
+my_install_db_bin() {
+	local b
+	for b in mariadb-install-db mysql_install_db; do
+		if command -v "$b" >/dev/null 2>&1; then command -v "$b"; return; fi
+		if [[ -x "/usr/bin/$b" ]]; then echo "/usr/bin/$b"; return; fi
+	done
+}
+
+my_client_bin() {
+	local b
+	for b in mariadb mysql; do
+		if command -v "$b" >/dev/null 2>&1; then command -v "$b"; return; fi
+	done
+}
+
+have_all_binaries() {
+	[[ -n "$(pg_bindir)" ]] && command -v psql >/dev/null 2>&1 &&
+		[[ -n "$(my_server_bin)" && -n "$(my_install_db_bin)" && -n "$(my_client_bin)" ]]
+}
+
+ensure_installed() {
+	if have_all_binaries; then
+		return
+	fi
+	[[ $(id -u) -eq 0 ]] || die "PostgreSQL/MariaDB binaries missing and not running as root: install postgresql mariadb-server"
+	log "installing postgresql mariadb-server with apt-get (first time only; takes a few minutes)"
+	local t0 pkgs=(postgresql mariadb-server)
+	t0=$(now)
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get install -y --no-install-recommends "${pkgs[@]}" >/tmp/idem-dbs-apt.log 2>&1; then
+		log "apt-get install failed; running apt-get update and retrying"
+		apt-get update >>/tmp/idem-dbs-apt.log 2>&1 || { tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get update failed"; }
+		apt-get install -y --no-install-recommends "${pkgs[@]}" >>/tmp/idem-dbs-apt.log 2>&1 ||
+			{ tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get install ${pkgs[*]} failed (log: /tmp/idem-dbs-apt.log)"; }
+	fi
+	have_all_binaries || die "binaries still missing after apt-get install (log: /tmp/idem-dbs-apt.log)"
+	log "install done in $(($(now) - t0))s"
+}
+
+# --------------------------------------------------------------------------
+# helpers
+
+# as_user USER CMD... : run CMD as USER (we are root), or directly if not root.
+as_user() {
+	local u=$1
+	shift
+	if [[ $(id -u) -eq 0 && "$u" != root ]]; then
+		runuser -u "$u" -- "$@"
+	else
+		"$@"
+	fi
+}
+
+# Every local TCP port in use (any state, v4 and v6), one per line, decimal.
+used_ports() {
+	local f
+	for f in /proc/net/tcp /proc/net/tcp6; do
+		[[ -r $f ]] || continue
+		awk 'NR > 1 { split($2, a, ":"); print a[2] }' "$f"
+	done | while read -r hex; do echo $((16#$hex)); done | sort -un
+}
+
+# Print a loopback TCP port nobody uses. Call with the lock held.
+free_port() {
+	local used p i
+	used=$(used_ports)
+	for ((i = 0; i < 200; i++)); do
+		p=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % PORT_SPAN))
+		if grep -qx "$p" <<<"$used"; then continue; fi
+		# Belt and braces: nothing answers on it either.
+		if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then continue; fi
+		echo "$p"
+		return
+	done
+	die "could not find a free TCP port in $PORT_MIN-$((PORT_MIN + PORT_SPAN))"
+}
+
+# Live (non-zombie) pids whose command line contains NEEDLE.
+pids_matching() {
+	local needle=$1 d pid
+	for d in /proc/[0-9]*; do
+		pid=${d#/proc/}
+		if pid_is_ours "$pid" "$needle"; then echo "$pid"; fi
+	done
+}
+
+port_listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Is PID alive (not a zombie) and does its command line mention NEEDLE?
+pid_is_ours() {
+	local pid=$1 needle=$2 state
+	[[ -n "$pid" && "$pid" =~ ^[0-9]+$ && -d /proc/$pid ]] || return 1
+	state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || echo Z)
+	[[ "$state" != Z ]] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$needle"
+}
+
+# The dir's parents must let the postgres/mysql users reach DIR.
+check_reachable() {
+	local u=$1 d=$2
+	as_user "$u" test -x "$d" ||
+		die "user $u cannot reach $d (a parent directory is not world-executable); use a DIR under /tmp"
+}
+
+lock() {
+	exec 9>>"$LOCK_FILE"
+	chmod 0666 "$LOCK_FILE" 2>/dev/null || true
+	flock -w 900 9 || die "timed out waiting for lock $LOCK_FILE"
+}
+unlock() { flock -u 9 2>/dev/null || true; exec 9>&-; }
+
+tail_log() {
+	local f=$1
+	if [[ -f "$f" ]]; then
+		echo "----- last lines of $f -----" >&2
+		tail -n 40 "$f" >&2
+		echo "-----" >&2
+	fi
+}
+
+# --------------------------------------------------------------------------
+# PostgreSQL
+
+pg_start() {
+	local dir=$1 bindir pgdir data logf port attempt t0 pid
+	bindir=$(pg_bindir)
+	pgdir="$dir/pg"
+	data="$pgdir/data"
+	logf="$pgdir/server.log"
+	t0=$(now)
+
+	rm -rf "$pgdir"
+	mkdir -p "$pgdir"
+	chown postgres: "$pgdir"
+	chmod 0700 "$pgdir"
+	check_reachable postgres "$pgdir"
+
+	log "postgres: initdb ($bindir)"
+	(cd / && as_user postgres "$bindir/initdb" -D "$data" -U "$PG_USER" --auth=trust \
+		-E UTF8 --no-locale --no-sync >"$dir/pg-initdb.log" 2>&1) ||
+		{ tail_log "$dir/pg-initdb.log"; die "postgres initdb failed"; }
+
+	for attempt in 1 2 3 4 5; do
+		lock
+		port=$(free_port)
+		cat >>"$data/postgresql.conf" <<-EOF
+
+			# --- idem test settings (scripts/dbs.sh) ---
+			listen_addresses = '127.0.0.1'
+			port = $port
+			unix_socket_directories = ''
+			max_connections = $MAX_CONNECTIONS
+			fsync = off
+			synchronous_commit = off
+			full_page_writes = off
+			logging_collector = off
+		EOF
+		log "postgres: starting on 127.0.0.1:$port (attempt $attempt)"
+		if (cd / && as_user postgres setsid "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$START_TIMEOUT" \
+			start </dev/null >"$dir/pg-ctl.log" 2>&1); then
+			unlock
+			break
+		fi
+		unlock
+		if grep -q 'Address already in use' "$logf" 2>/dev/null; then
+			log "postgres: port $port taken, retrying"
+			continue
+		fi
+		tail_log "$dir/pg-ctl.log"
+		tail_log "$logf"
+		die "postgres did not start within ${START_TIMEOUT}s"
+	done
+	pid=$(head -n 1 "$data/postmaster.pid" 2>/dev/null || true)
+	pid_is_ours "$pid" "$data" || { tail_log "$logf"; die "postgres did not start (no live postmaster)"; }
+	echo "$pid" >"$dir/pg.pid"
+
+	# Wait until it accepts TCP connections, then create the database.
+	local deadline=$(($(now) + START_TIMEOUT))
+	until "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" -U "$PG_USER" -d postgres; do
+		if (($(now) > deadline)) || ! pid_is_ours "$pid" "$data"; then
+			tail_log "$logf"
+			die "postgres on port $port did not accept connections within ${START_TIMEOUT}s"
+		fi
+		sleep 0.2
+	done
+	"$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U "$PG_USER" -d postgres \
+		-c "CREATE DATABASE $DB_NAME" >/dev/null || { tail_log "$logf"; die "postgres: CREATE DATABASE failed"; }
+	PG_PORT=$port
+	log "postgres: ready on 127.0.0.1:$port pid $pid ($(($(now) - t0))s)"
+}
+
+# --------------------------------------------------------------------------
+# MariaDB
+
+my_start() {
+	local dir=$1 server installdb client mydir data logf initf sock run_as port attempt t0 pid='' launcher
+	server=$(my_server_bin)
+	installdb=$(my_install_db_bin)
+	client=$(my_client_bin)
+	mydir="$dir/mysql"
+	data="$mydir/data"
+	logf="$mydir/server.log"
+	initf="$mydir/init.sql"
+	t0=$(now)
+
+	run_as=root
+	if id mysql >/dev/null 2>&1; then run_as=mysql; fi
+
+	# The socket lives in a dir the server user can write. Unix socket paths
+	# are limited to ~107 bytes; fall back to a short dir under /tmp.
+	sock="$mydir/mysql.sock"
+	if ((${#sock} > 100)); then
+		sock="$(mktemp -d /tmp/idem-mysock.XXXXXX)/mysql.sock"
+		chmod 0755 "$(dirname "$sock")"
+		chown "$run_as" "$(dirname "$sock")"
+	fi
+
+	rm -rf "$mydir"
+	mkdir -p "$mydir"
+	chown "$run_as:" "$mydir" 2>/dev/null || chown "$run_as" "$mydir"
+	chmod 0750 "$mydir"
+	[[ $run_as == root ]] || check_reachable "$run_as" "$mydir"
+
+	# A private tmpdir: concurrent servers (and install-db runs) sharing /tmp
+	# collide on their temp file names.
+	mkdir -p "$mydir/tmp"
+	chown "$run_as" "$mydir/tmp"
+	chmod 0700 "$mydir/tmp"
+
+	log "mariadb: install-db ($installdb)"
+	(cd / && "$installdb" --no-defaults --user="$run_as" --datadir="$data" \
+		--auth-root-authentication-method=normal --skip-test-db --skip-name-resolve \
+		--tmpdir="$mydir/tmp" \
+		>"$dir/mysql-install-db.log" 2>&1) ||
+		{ tail_log "$dir/mysql-install-db.log"; die "mariadb install-db failed"; }
+
+	# Executed by the server at start-up, before clients can log in.
+	cat >"$initf" <<-EOF
+		CREATE DATABASE IF NOT EXISTS $DB_NAME CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
+		CREATE USER IF NOT EXISTS '$MY_USER'@'127.0.0.1' IDENTIFIED BY '$MY_PASS';
+		CREATE USER IF NOT EXISTS '$MY_USER'@'::1' IDENTIFIED BY '$MY_PASS';
+		CREATE USER IF NOT EXISTS '$MY_USER'@'localhost' IDENTIFIED BY '$MY_PASS';
+		GRANT ALL PRIVILEGES ON *.* TO '$MY_USER'@'127.0.0.1' WITH GRANT OPTION;
+		GRANT ALL PRIVILEGES ON *.* TO '$MY_USER'@'::1' WITH GRANT OPTION;
+		GRANT ALL PRIVILEGES ON *.* TO '$MY_USER'@'localhost' WITH GRANT OPTION;
+		FLUSH PRIVILEGES;
+	EOF
+	chown "$run_as" "$initf"
+
+	for attempt in 1 2 3 4 5; do
+		lock
+		port=$(free_port)
+		log "mariadb: starting on 127.0.0.1:$port (attempt $attempt)"
+		rm -f "$sock" "$mydir/mysqld.pid"
+		(cd / && exec setsid "$server" --no-defaults \
+			--user="$run_as" \
+			--datadir="$data" \
+			--pid-file="$mydir/mysqld.pid" \
+			--tmpdir="$mydir/tmp" \
+			--socket="$sock" \
+			--port="$port" \
+			--bind-address=127.0.0.1 \
+			--skip-name-resolve \
+			--init-file="$initf" \
+			--max-connections="$MAX_CONNECTIONS" \
+			--character-set-server=utf8mb4 \
+			--collation-server=utf8mb4_unicode_ci \
+			--default-time-zone=+00:00 \
+			--innodb-buffer-pool-size=128M \
+			--innodb-flush-log-at-trx-commit=2 \
+			--innodb-doublewrite=0 \
+			--skip-log-bin \
+			--skip-external-locking \
+			</dev/null >"$logf" 2>&1) &
+		launcher=$!
+
+		local deadline=$(($(now) + START_TIMEOUT)) ok=0 taken=0
+		while (($(now) <= deadline)); do
+			pid=$(cat "$mydir/mysqld.pid" 2>/dev/null || true)
+			if [[ -n "$pid" ]] && port_listening "$port" &&
+				"$client" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$port" -u "$MY_USER" -p"$MY_PASS" \
+					--connect-timeout=2 -N -e 'SELECT 1' "$DB_NAME" >/dev/null 2>&1; then
+				ok=1
+				break
+			fi
+			if grep -qiE 'Address already in use|Do you already have another .* server running on port' "$logf" 2>/dev/null; then
+				taken=1
+				break
+			fi
+			# Server died?
+			if ! pid_is_ours "$launcher" "$data" && [[ -z "$(pids_matching "--datadir=$data")" ]]; then
+				sleep 0.5
+				grep -qiE 'Address already in use|another .* server running on port' "$logf" 2>/dev/null && taken=1
+				break
+			fi
+			sleep 0.3
+		done
+		unlock
+		if ((ok)); then break; fi
+		# Make sure nothing is left of a failed attempt.
+		local p
+		for p in $(pids_matching "--datadir=$data"); do kill -KILL "$p" 2>/dev/null || true; done
+		if ((taken)); then
+			log "mariadb: port $port taken, retrying"
+			sleep 1
+			continue
+		fi
+		tail_log "$logf"
+		die "mariadb did not come up on 127.0.0.1:$port (exited, or not accepting connections within ${START_TIMEOUT}s)"
+	done
+	((ok)) || { tail_log "$logf"; die "mariadb: no free port after 5 attempts"; }
+	pid_is_ours "$pid" "$data" || { tail_log "$logf"; die "mariadb pid $pid is not our server"; }
+	echo "$pid" >"$dir/mysql.pid"
+	MY_PORT=$port
+	log "mariadb: ready on 127.0.0.1:$port pid $pid ($(($(now) - t0))s)"
+}
+
+# --------------------------------------------------------------------------
+# stop
+
+# stop_pid NAME PIDFILE SERVER_PIDFILE NEEDLE SIGNAL
+# PIDFILE is ours; SERVER_PIDFILE (the server's own) covers a start that
+# failed before PIDFILE was written.
+stop_pid() {
+	local name=$1 pidfile=$2 srvpidfile=$3 needle=$4 sig=$5 pid=''
+	local deadline
+	if [[ -f "$pidfile" ]]; then
+		pid=$(head -n 1 "$pidfile" 2>/dev/null || true)
+	elif [[ -f "$srvpidfile" ]]; then
+		pid=$(head -n 1 "$srvpidfile" 2>/dev/null || true)
+	fi
+	if ! pid_is_ours "$pid" "$needle"; then
+		rm -f "$pidfile"
+		return 0
+	fi
+	log "$name: stopping pid $pid"
+	kill "-$sig" "$pid" 2>/dev/null || true
+	# Keep kids from being left behind if we have to SIGKILL the parent.
+	local kids
+	kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+	deadline=$(($(now) + STOP_TIMEOUT))
+	while pid_is_ours "$pid" "$needle"; do
+		if (($(now) > deadline)); then
+			log "$name: pid $pid still running after ${STOP_TIMEOUT}s, sending SIGKILL"
+			# shellcheck disable=SC2086 # $kids is a list of pids
+			kill -KILL "$pid" $kids 2>/dev/null || true
+			# Postgres backends exit by themselves once the postmaster is gone.
+			sleep 1
+			break
+		fi
+		sleep 0.2
+	done
+	rm -f "$pidfile"
+}
+
+cmd_stop() {
+	local dir=$1
+	[[ -d "$dir" ]] || return 0
+	# Postgres: SIGINT = fast shutdown (does not wait for clients). MariaDB: SIGTERM.
+	stop_pid postgres "$dir/pg.pid" "$dir/pg/data/postmaster.pid" "$dir/pg/data" INT
+	stop_pid mariadb "$dir/mysql.pid" "$dir/mysql/mysqld.pid" "$dir/mysql/data" TERM
+}
+
+cmd_start() {
+	local dir=$1 t0
+	t0=$(now)
+	if pid_is_ours "$(cat "$dir/pg.pid" 2>/dev/null || true)" "$dir/pg/data" &&
+		pid_is_ours "$(cat "$dir/mysql.pid" 2>/dev/null || true)" "$dir/mysql/data" &&
+		[[ -s "$dir/env" ]]; then
+		log "servers already running for $dir (see $dir/env)"
+		return 0
+	fi
+	# Anything half-started from an earlier run goes first.
+	cmd_stop "$dir"
+	rm -f "$dir/env"
+
+	command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
+	lock
+	ensure_installed
+	unlock
+
+	mkdir -p "$dir"
+	chmod 0755 "$dir"
+
+	PG_PORT='' MY_PORT=''
+	# On failure, do not leave a half-started pair behind.
+	trap 'rc=$?; if ((rc != 0)); then cmd_stop "'"$dir"'" || true; fi' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	pg_start "$dir"
+	my_start "$dir"
+	trap - EXIT INT TERM
+
+	umask 022
+	cat >"$dir/env.tmp" <<-EOF
+		export IDEM_TEST_POSTGRES_DSN='postgres://$PG_USER@127.0.0.1:$PG_PORT/$DB_NAME?sslmode=disable'
+		export IDEM_TEST_MYSQL_DSN='$MY_USER:$MY_PASS@tcp(127.0.0.1:$MY_PORT)/$DB_NAME?parseTime=true&loc=UTC'
+	EOF
+	mv "$dir/env.tmp" "$dir/env"
+	log "both servers up in $(($(now) - t0))s; source $dir/env"
+}
+
+main() {
+	[[ $# -eq 2 ]] || usage
+	local cmd=$1 dir=$2
+	[[ -n "$dir" ]] || usage
+	case "$cmd" in
+	start)
+		mkdir -p "$dir"
+		cmd_start "$(cd "$dir" && pwd -P)"
+		;;
+	stop)
+		[[ -d "$dir" ]] || return 0
+		cmd_stop "$(cd "$dir" && pwd -P)"
+		;;
+	*) usage ;;
+	esac
+}
+
+main "$@"
