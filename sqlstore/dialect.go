@@ -115,6 +115,7 @@ const cols = `id, caller, scope, idem_key, fingerprint, state, token, attempt, l
 // sqlite.go).
 type queries struct {
 	claim         string // Postgres, SQLite: the claim; MySQL: the probe
+	claimLeased   string // Postgres: the claim outside a transaction
 	insert        string // MySQL
 	update        string // MySQL
 	read          string // plain read of the row, live or not

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -67,15 +68,18 @@ func mysqlErrno(err error) uint16 {
 	return 0
 }
 
-func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, err error) {
+// claimMySQL runs the claim in ctx's transaction or a short one of its own;
+// busy reports that another transaction holds the identity and its row is
+// not visible.
+func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, busy bool, err error) {
 	err = s.inShortTx(ctx, func(c Conn) error {
-		res, err = s.claimMySQLIn(ctx, c, req)
+		res, busy, err = s.claimMySQLIn(ctx, c, req)
 		return err
 	})
-	return res, err
+	return res, busy, err
 }
 
-func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, bool, error) {
 	for try := 0; ; try++ {
 		var rec core.Record
 		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
@@ -87,10 +91,10 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, unavailable("claim probe", err)
+			return core.ClaimResult{}, false, unavailable("claim probe", err)
 		}
 		if found && live(rec, req.Now) && !takeable(rec, req) {
-			return core.ClaimResult{Record: rec}, nil
+			return core.ClaimResult{Record: rec}, false, nil
 		}
 		claimed := newRecord(req)
 		if found { // expired, or a lapsed lease taken over; the probe locked it
@@ -105,7 +109,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		}
 		switch n := mysqlErrno(err); {
 		case err == nil:
-			return core.ClaimResult{Claimed: true, Record: claimed}, nil
+			return core.ClaimResult{Claimed: true, Record: claimed}, false, nil
 		case n == erDupEntry && try+1 < maxClaimTries:
 			// Another transaction inserted and committed the id between
 			// our probe and our insert: probe again.
@@ -114,34 +118,34 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// Another transaction inserted the id between our probe and our
 			// insert and has not committed: the insert waited for it up to
 			// innodb_lock_wait_timeout (see the README).
-			return inProgressElsewhere(req.ID), nil
+			return inProgressElsewhere(req.ID), true, nil
 		}
-		return core.ClaimResult{}, unavailable("claim", err)
+		return core.ClaimResult{}, false, unavailable("claim", err)
 	}
 }
 
 // claimReadMySQL answers a claim whose probe found the row locked: the
 // committed row if it is final (or held by a live lease), else in progress.
-func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, bool, error) {
 	var rec core.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		found = false
 	case err != nil:
-		return core.ClaimResult{}, unavailable("claim read", err)
+		return core.ClaimResult{}, false, unavailable("claim read", err)
 	}
 	if found && live(rec, req.Now) && !takeable(rec, req) {
-		return core.ClaimResult{Record: rec}, nil
+		return core.ClaimResult{Record: rec}, false, nil
 	}
-	return inProgressElsewhere(req.ID), nil
+	return inProgressElsewhere(req.ID), true, nil
 }
 
 // newRecord is the record a claim writes, with times as the columns keep
 // them.
 func newRecord(req core.ClaimRequest) core.Record {
 	return core.Record{
-		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint),
 		State: core.StateInProgress, Token: req.Token, Attempt: 1,
 		LeaseUntil: colTime(req.LeaseUntil), ExpiresAt: colTime(req.ExpiresAt), CreatedAt: colTime(req.Now),
 	}

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"encoding/binary"
+	"strings"
 
 	"github.com/idemkit/idem/core"
 )
@@ -17,10 +18,20 @@ import (
 // inserted or taken-over row, or else the existing row as the statement's
 // snapshot sees it (a data-modifying CTE's output is visible, its effects
 // are not).
+//
+// Outside a transaction (leased mode) the claim takes the lock in shared
+// mode (pg_try_advisory_xact_lock_shared): leased claims of one id do not
+// exclude each other (ON CONFLICT settles their race, each waiting at most
+// for another leased claim's one-statement transaction), but they fail at
+// once while a transaction in atomic mode holds the exclusive lock, and an
+// atomic claim fails at once while a leased claim is running.
 func postgresQueries(t string) queries {
-	return queries{
-		claim: `WITH lk AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock($1::bigint) AS ok
+	const (
+		exclusive = `pg_try_advisory_xact_lock($1::bigint)`
+		shared    = `pg_try_advisory_xact_lock_shared($1::bigint)`
+	)
+	claim := `WITH lk AS MATERIALIZED (
+    SELECT %s AS ok
 ), ins AS (
     INSERT INTO ` + t + ` AS r (` + cols + `)
     SELECT $2::bytea, $3::varchar, $4::varchar, $5::varchar, $6::bytea, 1::smallint, $7::bigint, 1,
@@ -43,13 +54,16 @@ UNION ALL
 SELECT lk.ok, FALSE, r.id, r.caller, r.scope, r.idem_key, r.fingerprint, r.state, r.token, r.attempt,
        r.lease_until, r.expires_at, r.created_at, r.status, r.response
   FROM lk LEFT JOIN ` + t + ` r ON r.id = $2
- WHERE NOT EXISTS (SELECT FROM ins)`,
-		read:     `SELECT ` + cols + ` FROM ` + t + ` WHERE id = $1`,
-		get:      `SELECT ` + cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
-		complete: `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
-		extend:   `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
-		release:  `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
-		exists:   `SELECT 1 FROM ` + t + ` WHERE id = $1`,
+ WHERE NOT EXISTS (SELECT FROM ins)`
+	return queries{
+		claim:       strings.Replace(claim, "%s", exclusive, 1),
+		claimLeased: strings.Replace(claim, "%s", shared, 1),
+		read:        `SELECT ` + cols + ` FROM ` + t + ` WHERE id = $1`,
+		get:         `SELECT ` + cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
+		complete:    `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
+		extend:      `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
+		release:     `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
+		exists:      `SELECT 1 FROM ` + t + ` WHERE id = $1`,
 		deleteExpired: `DELETE FROM ` + t + ` WHERE id IN (
     SELECT id FROM ` + t + ` WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= $1`,
@@ -60,37 +74,44 @@ func (s *Store) lockKey(id core.ID) int64 {
 	return int64(binary.BigEndian.Uint64(id[:8]) ^ s.lock)
 }
 
-func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	c, _ := s.conn(ctx)
+// claimPostgres runs the claim; busy reports that another transaction holds
+// the identity and its row is not visible.
+func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, busy bool, err error) {
+	c, inTx := s.conn(ctx)
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool
 			rec          core.Record
 		)
-		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
+		args := []any{s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
 			nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
-			s.d.timeArg(req.Now), req.Takeover), &rec, &ok, &inserted)
+			s.d.timeArg(req.Now), req.Takeover}
+		q := s.q.claim
+		if !inTx {
+			q = s.q.claimLeased
+		}
+		found, err := scanRecord(c.QueryRowContext(ctx, q, args...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, unavailable("claim", err)
+			return core.ClaimResult{}, false, unavailable("claim", err)
 		}
 		switch {
 		case inserted:
-			return core.ClaimResult{Claimed: true, Record: rec}, nil
+			return core.ClaimResult{Claimed: true, Record: rec}, false, nil
 		case !ok && (!found || !live(rec, req.Now) || takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
-			return inProgressElsewhere(req.ID), nil
+			return inProgressElsewhere(req.ID), false, nil
 		case found && live(rec, req.Now) && !(ok && takeable(rec, req)):
 			// Completed, indeterminate, or held by a live lease: the record
 			// as it is (a completed record is final, so reading it past
 			// another holder of the lock is safe).
-			return core.ClaimResult{Record: rec}, nil
+			return core.ClaimResult{Record: rec}, false, nil
 		}
 		// We held the lock but ON CONFLICT met a row our snapshot does not
 		// show (committed between the snapshot and the lock): run again
 		// with a new snapshot (READ COMMITTED).
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), nil
+			return inProgressElsewhere(req.ID), false, nil
 		}
 	}
 }
