@@ -1,0 +1,34 @@
+package chiidem_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/idemkit/idem/chiidem"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/scenario"
+)
+
+func TestScenarios(t *testing.T) {
+	scenario.Run(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := chi.NewRouter() // no recovery: panics must reach the suite
+		for _, rt := range routes {
+			r.With(chiidem.New(e, rt.Options...)).MethodFunc(rt.Method, rt.Pattern, rt.Handler)
+		}
+		return r
+	})
+}
+
+// TestScenariosGlobal installs the middleware with r.Use, where it runs
+// before chi routes the request.
+func TestScenariosGlobal(t *testing.T) {
+	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiidem.New(e))
+		for _, rt := range routes {
+			r.MethodFunc(rt.Method, rt.Pattern, rt.Handler)
+		}
+		return r
+	})
+}

@@ -1,0 +1,41 @@
+package ginidem_test
+
+import (
+	"net/http"
+	"regexp"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/ginidem"
+)
+
+func init() { gin.SetMode(gin.TestMode) }
+
+// param matches a ServeMux/chi path parameter ("{id}").
+var param = regexp.MustCompile(`\{(\w+)\}`)
+
+// ginPattern translates "/orders/{id}" to Gin's "/orders/:id".
+func ginPattern(p string) string { return param.ReplaceAllString(p, ":$1") }
+
+func TestScenarios(t *testing.T) {
+	scenario.Run(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New() // no recovery: panics must reach the suite
+		for _, rt := range routes {
+			r.Handle(rt.Method, ginPattern(rt.Pattern), ginidem.New(e, rt.Options...), gin.WrapF(rt.Handler))
+		}
+		return r
+	})
+}
+
+func TestScenariosGlobal(t *testing.T) {
+	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New()
+		r.Use(ginidem.New(e))
+		for _, rt := range routes {
+			r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapF(rt.Handler))
+		}
+		return r
+	})
+}
