@@ -66,7 +66,6 @@ func testRecordedStatuses(t *testing.T, x *harness) {
 		location    string
 		body        string
 		implicit    bool // no WriteHeader: 200 by default
-		hints       bool // a 103 Early Hints before the answer
 	}
 	answers := map[string]answer{
 		"/implicit-200": {status: 200, implicit: true},
@@ -76,7 +75,6 @@ func testRecordedStatuses(t *testing.T, x *harness) {
 		"/400":          {status: 400, contentType: "application/json", body: `{"error":"amount must be positive"}`},
 		"/404":          {status: 404, contentType: "text/plain; charset=utf-8", body: "no such account\n"},
 		"/409":          {status: 409, contentType: "application/json", body: `{"error":"already shipped"}`},
-		"/early-hints":  {status: 201, contentType: "application/json", body: `{"id":1}`, hints: true},
 	}
 	calls := map[string]*atomic.Int32{}
 	var routes []Route
@@ -85,10 +83,6 @@ func testRecordedStatuses(t *testing.T, x *harness) {
 		calls[path] = n
 		routes = append(routes, Route{Method: "POST", Pattern: path, Handler: func(w http.ResponseWriter, r *http.Request) {
 			n.Add(1)
-			if a.hints {
-				w.Header().Set("Link", "</style.css>; rel=preload; as=style")
-				w.WriteHeader(http.StatusEarlyHints)
-			}
 			if a.contentType != "" {
 				w.Header().Set("Content-Type", a.contentType)
 			}
