@@ -1,0 +1,372 @@
+package ginidem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/ginidem"
+)
+
+// events records the scope of every decision of an engine.
+type events struct {
+	mu     sync.Mutex
+	scopes []string
+}
+
+func (ev *events) observe(_ context.Context, e core.Event) {
+	ev.mu.Lock()
+	ev.scopes = append(ev.scopes, e.Scope)
+	ev.mu.Unlock()
+}
+
+func (ev *events) last() string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.scopes) == 0 {
+		return ""
+	}
+	return ev.scopes[len(ev.scopes)-1]
+}
+
+// newEngine returns an engine over st (a leased memstore when nil) that
+// logs nothing and reports scopes to the returned events.
+func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
+	t.Helper()
+	if st == nil {
+		st = memstore.New()
+	}
+	ev := &events{}
+	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
+		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
+	e, err := core.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ev
+}
+
+func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(core.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+func replayed(w *httptest.ResponseRecorder) bool { return w.Header().Get(core.HeaderReplayed) == "true" }
+
+// counter is a handler that counts its runs and answers 201 with the count.
+func counter(n *int) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		*n++
+		c.JSON(http.StatusCreated, gin.H{"run": *n, "id": c.Param("id")})
+	}
+}
+
+func TestScopeIsTheRoutePattern(t *testing.T) {
+	install := map[string]func(e *core.Engine, h gin.HandlerFunc) *gin.Engine{
+		"global": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
+			r := gin.New()
+			r.Use(ginidem.New(e))
+			r.POST("/api/orders/:id/refunds", h)
+			return r
+		},
+		"group": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
+			r := gin.New()
+			g := r.Group("/api", ginidem.New(e))
+			g.POST("/orders/:id/refunds", h)
+			return r
+		},
+		"per route": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
+			r := gin.New()
+			r.POST("/api/orders/:id/refunds", ginidem.New(e), h)
+			return r
+		},
+	}
+	for name, build := range install {
+		t.Run("ok, "+name+": two ids with the same key and body share the scope", func(t *testing.T) {
+			e, ev := newEngine(t, nil)
+			n := 0
+			r := build(e, counter(&n))
+			first := do(r, "POST", "/api/orders/1/refunds", "k")
+			second := do(r, "POST", "/api/orders/2/refunds", "k")
+			if first.Code != 201 || second.Code != 201 || !replayed(second) || second.Body.String() != first.Body.String() || n != 1 {
+				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to replay the first",
+					first.Code, first.Body, second.Code, second.Body, replayed(second), n)
+			}
+			if got := ev.last(); got != "POST /api/orders/:id/refunds" {
+				t.Fatalf("scope %q, want the route pattern", got)
+			}
+		})
+	}
+}
+
+func TestExplicitScope(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	r := gin.New()
+	r.POST("/v1/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
+	r.POST("/v2/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
+	do(r, "POST", "/v1/orders", "k")
+	if w := do(r, "POST", "/v2/orders", "k"); !replayed(w) || n != 1 || ev.last() != "create-order" {
+		t.Fatalf("ok, a named scope survives a new path: replayed=%v runs=%d scope=%q", replayed(w), n, ev.last())
+	}
+}
+
+func TestAbortAndRestore(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	type seen struct {
+		aborted  bool
+		status   int
+		attempt  bool
+		ownedCtx bool
+	}
+	var outer seen
+	n, after := 0, 0
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		req := c.Request
+		c.Next()
+		_, attempt := core.AttemptFrom(c.Request.Context())
+		outer = seen{aborted: c.IsAborted(), status: c.Writer.Status(), attempt: attempt, ownedCtx: c.Request == req}
+	})
+	r.POST("/orders", ginidem.New(e), counter(&n), func(c *gin.Context) { after++ })
+
+	tests := []struct {
+		name    string
+		key     string
+		code    int
+		aborted bool
+		runs    int
+	}{
+		{"ok, the first request runs the whole chain", "k", 201, false, 1},
+		{"ok, a replay aborts the chain", "k", 201, true, 1},
+		{"nok, a missing key aborts the chain with 400", "", 400, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(r, "POST", "/orders", tt.key)
+			if w.Code != tt.code || n != tt.runs || after != tt.runs {
+				t.Fatalf("status %d, runs %d/%d; want %d, %d", w.Code, n, after, tt.code, tt.runs)
+			}
+			want := seen{aborted: tt.aborted, status: tt.code, attempt: false, ownedCtx: true}
+			if outer != want {
+				t.Fatalf("the outer middleware saw %+v, want %+v (writer and request restored)", outer, want)
+			}
+		})
+	}
+}
+
+func TestDeferredHeader(t *testing.T) {
+	tests := []struct {
+		name    string
+		handler gin.HandlerFunc
+		code    int
+		body    string
+	}{
+		{"ok, a status without a body (c.Status) is recorded", func(c *gin.Context) {
+			c.Status(http.StatusAccepted)
+		}, 202, ""},
+		{"ok, 204 through c.Status", func(c *gin.Context) {
+			c.Status(http.StatusNoContent)
+		}, 204, ""},
+		{"ok, the pending status can change until the first byte", func(c *gin.Context) {
+			c.Writer.WriteHeader(http.StatusCreated)
+			if c.Writer.Written() || c.Writer.Status() != http.StatusCreated {
+				c.String(500, "pending status not reported")
+				return
+			}
+			c.Writer.WriteHeader(http.StatusAccepted)
+			_, _ = c.Writer.WriteString("queued")
+			c.Writer.WriteHeader(http.StatusTeapot) // ignored: already written
+			if c.Writer.Size() != len("queued") {
+				c.Writer.WriteHeader(500)
+			}
+		}, 202, "queued"},
+		{"ok, nothing written is a 200 as Gin sends it", func(c *gin.Context) {}, 200, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, _ := newEngine(t, nil)
+			r := gin.New()
+			r.POST("/x", ginidem.New(e), tt.handler)
+			first, second := do(r, "POST", "/x", "k"), do(r, "POST", "/x", "k")
+			if first.Code != tt.code || first.Body.String() != tt.body {
+				t.Fatalf("first %d %q, want %d %q", first.Code, first.Body, tt.code, tt.body)
+			}
+			if second.Code != tt.code || second.Body.String() != tt.body || !replayed(second) {
+				t.Fatalf("replay %d %q replayed=%v, want %d %q", second.Code, second.Body, replayed(second), tt.code, tt.body)
+			}
+		})
+	}
+}
+
+func TestWriterInterfaces(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := gin.New()
+	r.POST("/stream", ginidem.New(e), func(c *gin.Context) {
+		if _, ok := c.Writer.(interface{ Unwrap() http.ResponseWriter }); !ok {
+			c.Status(500)
+			return
+		}
+		c.Status(http.StatusOK)
+		_, _ = c.Writer.WriteString("part 1,")
+		c.Writer.Flush() // must reach the engine's writer: the body is streamed
+		_, _ = c.Writer.WriteString("part 2")
+		if c.Writer.CloseNotify() == nil {
+			panic("no CloseNotify channel")
+		}
+	})
+	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
+		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
+	}
+	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
+	}
+}
+
+func TestAtomicModeReachesTheTransaction(t *testing.T) {
+	e, _ := newEngine(t, memstore.New().Atomic())
+	r := gin.New()
+	r.Use(ginidem.New(e))
+	r.POST("/orders", func(c *gin.Context) {
+		info, ok := core.AttemptFrom(c.Request.Context())
+		c.JSON(201, gin.H{"protected": ok, "atomic": info.Atomic})
+	})
+	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}` {
+		t.Fatalf("ok, c.Request.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestCaller(t *testing.T) {
+	e, err := core.New(memstore.New(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+		core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
+			return c.GetString("account"), nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	r := gin.New()
+	r.Use(func(c *gin.Context) { // the application's auth middleware
+		if a := c.GetHeader("X-Account"); a != "" {
+			c.Set("account", a)
+		}
+	})
+	r.POST("/orders", ginidem.New(e), counter(&n))
+
+	tests := []struct {
+		name     string
+		account  string
+		code     int
+		replayed bool
+		runs     int
+	}{
+		{"ok, alice runs", "alice", 201, false, 1},
+		{"ok, bob with alice's key gets his own execution", "bob", 201, false, 2},
+		{"ok, alice's retry replays hers", "alice", 201, true, 2},
+		{"nok, 401 without an account", "", 401, false, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			}
+		})
+	}
+	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNoCaller) {
+		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNoCaller", err)
+	}
+}
+
+func TestPanics(t *testing.T) {
+	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		r := gin.New()
+		r.POST("/x", ginidem.New(e), func(c *gin.Context) { panic("boom") })
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", v)
+			}
+		}()
+		do(r, "POST", "/x", "k")
+		t.Fatal("no panic")
+	})
+	t.Run("ok, gin.Recovery answers 500 and the record is released", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		n := 0
+		r := gin.New()
+		r.Use(gin.RecoveryWithWriter(io.Discard), ginidem.New(e))
+		r.POST("/x", func(c *gin.Context) {
+			n++
+			if n == 1 {
+				panic("boom")
+			}
+			c.String(201, "ok")
+		})
+		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+			t.Fatalf("first %d, want Recovery's 500", w.Code)
+		}
+		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		}
+	})
+}
+
+func TestPassThrough(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(ginidem.New(e))
+	r.GET("/orders/:id", counter(&n))
+	r.PUT("/orders/:id", counter(&n))
+	tests := []struct {
+		name, method, path string
+		code               int
+	}{
+		{"ok, a method that is not covered runs every time", "GET", "/orders/1", 201},
+		{"ok, an unknown route is Gin's 404", "POST", "/nope", 404},
+		{"ok, a method the route lacks is Gin's 405", "POST", "/orders/1", 405},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 2 {
+				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) {
+					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, replayed(w), tt.code)
+				}
+			}
+		})
+	}
+	if n != 2 || ev.last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	}
+}
+
+func TestNilEngine(t *testing.T) {
+	defer func() {
+		if err, _ := recover().(error); !errors.Is(err, core.ErrConfig) {
+			t.Fatalf("recovered %v, want ErrConfig", err)
+		}
+	}()
+	ginidem.New(nil)
+}
+
