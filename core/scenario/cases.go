@@ -63,6 +63,10 @@ var scenarios = []scenario{
 	{"ok, leased: WithFailOpen runs the handler when the store is down", "In leased mode with WithFailOpen a covered request runs unprotected when the store fails.", leased, testFailOpen},
 	{"nok, atomic: WithFailOpen still answers 503", "In atomic mode the store is the business database, so WithFailOpen still answers 503 when it fails and the handler does not run.", atomicMode, testFailOpenAtomic},
 
+	// Crashes and clients that go away.
+	{"ok, atomic: a request whose context ends mid-work is rolled back and a retry runs", "In atomic mode, when the request's context ends while the handler runs (the client or the process is gone), the transaction rolls back, the record is absent, and a retry runs; the rolled-back attempt never answers with a success.", atomicMode, testAtomicCrash},
+	{"ok, leased: the outcome is recorded even when the client went away", "In leased mode, when the client hangs up while the handler runs, the handler's outcome is still recorded and a retry replays it.", leased, testLeasedClientGone},
+
 	// Leases.
 	{"ok, leased: a lapsed lease is taken over; the old attempt's completion is refused", "In leased mode a request meeting a lapsed lease takes the record over and runs (attempt 2, same downstream key); the old attempt's completion is refused and its client gets a 409 lease-lost; duplicates replay the new attempt's answer.", leased, testTakeover},
 	{"nok, leased: 422 when a different body meets a lapsed lease", "A request with a different body under a key whose first attempt's lease lapsed is a mismatch (422), not a takeover: the key stays bound to the first request.", leased, testTakeoverMismatch},

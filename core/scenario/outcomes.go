@@ -522,6 +522,52 @@ func testFailOpenAtomic(t *testing.T, x *harness) {
 	wantCalls(t, &n, 0)
 }
 
+func testAtomicCrash(t *testing.T, x *harness) {
+	var n atomic.Int32
+	g := x.gate()
+	// The retry waits (the clock stands still) until the first attempt's
+	// transaction is rolled back, which happens when its context ends.
+	x.start(nil, heldOrders(&n, g, core.WaitInFlight(time.Minute)))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := post("/orders", orderJSON, "k1")
+	r.ctx = ctx
+	firstCh := x.goDo(r)
+	x.waitEntered(g, "first attempt")
+	cancel() // the connection (or the process) is gone: the transaction rolls back
+
+	retry := x.await(x.goDo(post("/orders", orderJSON, "k1")), "retry after the rollback")
+	wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	g.open()
+	first := x.await(firstCh, "first attempt")
+	if first.Status >= 200 && first.Status < 300 {
+		t.Errorf("the rolled-back attempt answered %v: a success whose effects were rolled back", first)
+	}
+	wantReplay(t, retry, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 2)
+}
+
+func testLeasedClientGone(t *testing.T, x *harness) {
+	var n atomic.Int32
+	g := x.gate()
+	x.start(nil, heldOrders(&n, g))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := post("/orders", orderJSON, "k1")
+	r.ctx = ctx
+	firstCh := x.goDo(r)
+	x.waitEntered(g, "first attempt")
+	cancel() // the client hangs up; the handler carries on (its effect happens)
+	g.open()
+	first := x.await(firstCh, "first attempt")
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+
+	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 1)
+}
+
 // lease is the lease of the lease scenarios: long enough that no heartbeat
 // (every third of it, in wall-clock time) fires during a scenario.
 const lease = time.Hour

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -245,7 +246,8 @@ func (x *harness) recovered() []any {
 type request struct {
 	method, path, body string
 	header             http.Header
-	unknownLength      bool // send the body without Content-Length
+	unknownLength      bool            // send the body without Content-Length
+	ctx                context.Context // nil: context.Background()
 }
 
 // newRequest returns a request from caller "alice" with a JSON body and,
@@ -319,6 +321,9 @@ func (x *harness) do(r *request) result {
 		hr.ContentLength = -1
 	}
 	hr.Header = r.header.Clone()
+	if r.ctx != nil {
+		hr = hr.WithContext(r.ctx)
+	}
 	rec := httptest.NewRecorder()
 	x.h.ServeHTTP(rec, hr)
 	res := rec.Result()
@@ -334,7 +339,11 @@ func (x *harness) doTCP(r *request) result {
 			body = io.MultiReader(body)
 		}
 	}
-	hr, err := http.NewRequest(r.method, x.srv.URL+r.path, body)
+	ctx := r.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	hr, err := http.NewRequestWithContext(ctx, r.method, x.srv.URL+r.path, body)
 	if err != nil {
 		return result{Err: err}
 	}
