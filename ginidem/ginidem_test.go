@@ -69,7 +69,9 @@ func do(h http.Handler, method, path, key string, header ...string) *httptest.Re
 	return w
 }
 
-func replayed(w *httptest.ResponseRecorder) bool { return w.Header().Get(core.HeaderReplayed) == "true" }
+func replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get(core.HeaderReplayed) == "true"
+}
 
 // counter is a handler that counts its runs and answers 201 with the count.
 func counter(n *int) gin.HandlerFunc {
@@ -369,4 +371,3 @@ func TestNilEngine(t *testing.T) {
 	}()
 	ginidem.New(nil)
 }
-
