@@ -131,6 +131,10 @@ func validTable(name string) error {
 // Dialect reports the store's dialect.
 func (s *Store) Dialect() Dialect { return s.d }
 
+// TxOptions reports the options Begin starts transactions with (see
+// WithTxOptions); gormstore begins GORM transactions with them.
+func (s *Store) TxOptions() *sql.TxOptions { return s.txOpts }
+
 // Table reports the store's table name.
 func (s *Store) Table() string { return s.table }
 
