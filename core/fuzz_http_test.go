@@ -23,13 +23,13 @@ const fuzzMaxBody = 4096
 
 // fuzzMode selects, bit by bit, how FuzzMiddleware builds its requests.
 const (
-	fzAtomic   = 1 << iota // memstore's atomic view instead of leased mode
-	fzMethod1              // with fzMethod2: POST, PATCH, PUT (not covered), GET (not covered)
-	fzMethod2              //
-	fzTwice                // send the same request a second time
-	fzUnknownCL            // Content-Length unknown (-1) instead of the given one
-	fzFields               // fingerprint a selection of fields, not the whole body
-	fzOther                // a different body under the same key (third request)
+	fzAtomic    = 1 << iota // memstore's atomic view instead of leased mode
+	fzMethod1               // with fzMethod2: POST, PATCH, PUT (not covered), GET (not covered)
+	fzMethod2               //
+	fzTwice                 // send the same request a second time
+	fzUnknownCL             // Content-Length unknown (-1) instead of the given one
+	fzFields                // fingerprint a selection of fields, not the whole body
+	fzOther                 // a different body under the same key (third request)
 )
 
 var fuzzMethods = [4]string{"POST", "PATCH", "PUT", "GET"}
@@ -56,7 +56,7 @@ func FuzzMiddleware(f *testing.F) {
 		{fzTwice, `"quoted-key"`, "application/json", []byte(`{"b":1,"a":[1,2.0]}`), "", 20},
 		{fzTwice | fzAtomic, "k", "application/x-www-form-urlencoded", []byte("b=2&a=1&a=0"), "", -1},
 		{fzTwice | fzOther, "k", "application/json", []byte(`{"a":1}`), "", -1},
-		{0, "a\x1eb", "", []byte("x"), "", -1},          // two key fields
+		{0, "a\x1eb", "", []byte("x"), "", -1},            // two key fields
 		{0, "", "application/json", []byte(`{}`), "", -1}, // no key
 		{0, "\"unterminated", "", nil, "", -1},
 		{0, "bad\x00key", "", nil, "", -1},
