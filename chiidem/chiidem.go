@@ -3,6 +3,7 @@ package chiidem
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/go-chi/chi/v5"
@@ -54,8 +55,12 @@ func routePattern(r *http.Request) (string, bool) {
 		return "", true // not under chi: core uses Request.Pattern or the path
 	}
 	// rctx.Routes is the root router, even inside sub-routers, so the
-	// search starts from the request's full path as chi's routing does.
-	path := r.URL.RawPath
+	// search starts from the path the root routes: its override (set by
+	// middleware such as middleware.URLFormat) or the request's full path.
+	path := rctx.RoutePath
+	if path == "" || len(rctx.RoutePatterns) > 0 {
+		path = r.URL.RawPath
+	}
 	if path == "" {
 		path = r.URL.Path
 	}
@@ -72,8 +77,10 @@ func routePattern(r *http.Request) (string, bool) {
 		s.RoutePatterns = append(s.RoutePatterns, p)
 		return s.RoutePattern(), true
 	}
-	// Not found from the root: a routing override (RoutePath) may be in
-	// play. Per-route use runs after routing, so the pattern is known.
+	// Not found from the root: no route matches, or a routing override
+	// (RoutePath) is in play. After routing (per-route use) chi knows the
+	// pattern; a pattern that still ends at a mount point ("/api/*") means
+	// routing is not finished and found nothing.
 	p := rctx.RoutePattern()
-	return p, p != ""
+	return p, p != "" && !strings.HasSuffix(p, "*")
 }

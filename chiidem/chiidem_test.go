@@ -1,0 +1,374 @@
+package chiidem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/idemkit/idem/chiidem"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+// events records the scope of every decision of an engine.
+type events struct {
+	mu     sync.Mutex
+	scopes []string
+}
+
+func (ev *events) observe(_ context.Context, e core.Event) {
+	ev.mu.Lock()
+	ev.scopes = append(ev.scopes, e.Scope)
+	ev.mu.Unlock()
+}
+
+func (ev *events) last() string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.scopes) == 0 {
+		return ""
+	}
+	return ev.scopes[len(ev.scopes)-1]
+}
+
+// newEngine returns an engine over st (a leased memstore when nil) that
+// logs nothing and reports scopes to the returned events.
+func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
+	t.Helper()
+	if st == nil {
+		st = memstore.New()
+	}
+	ev := &events{}
+	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
+		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
+	e, err := core.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ev
+}
+
+func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(core.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+func replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get(core.HeaderReplayed) == "true"
+}
+
+// counter is a handler that counts its runs and answers 201 with the count.
+func counter(n *int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		*n++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"run":%d,"id":%q}`, *n, chi.URLParam(r, "id"))
+	}
+}
+
+func TestScopeIsTheRoutePattern(t *testing.T) {
+	type build func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler
+	tests := []struct {
+		name         string
+		build        build
+		path1, path2 string
+		scope        string
+	}{
+		{"ok, global r.Use, before routing", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Use(mw)
+			r.Post("/orders/{id}/refunds", h)
+			return r
+		}, "/orders/1/refunds", "/orders/2/refunds", "POST /orders/{id}/refunds"},
+		{"ok, per route with r.With", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.With(mw).Post("/orders/{id}/refunds", h)
+			return r
+		}, "/orders/1/refunds", "/orders/2/refunds", "POST /orders/{id}/refunds"},
+		{"ok, r.Use in a sub-router", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Route("/api", func(r chi.Router) {
+				r.Use(mw)
+				r.Post("/orders/{id}/refunds", h)
+			})
+			return r
+		}, "/api/orders/1/refunds", "/api/orders/2/refunds", "POST /api/orders/{id}/refunds"},
+		{"ok, global r.Use above a mounted router", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			sub := chi.NewRouter()
+			sub.Post("/orders/{id}/refunds", h)
+			r := chi.NewRouter()
+			r.Use(mw)
+			r.Mount("/v1", sub)
+			return r
+		}, "/v1/orders/1/refunds", "/v1/orders/2/refunds", "POST /v1/orders/{id}/refunds"},
+		{"ok, a group with a regexp parameter", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Group(func(r chi.Router) {
+				r.Use(mw)
+				r.Post("/orders/{id:[0-9]+}", h)
+			})
+			return r
+		}, "/orders/1", "/orders/2", "POST /orders/{id:[0-9]+}"},
+		{"ok, global: a sub-router's root route is named as chi names it", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Use(mw)
+			r.Route("/api", func(r chi.Router) { r.Post("/", h) })
+			return r
+		}, "/api/", "/api/", "POST /api"},
+		{"ok, per route: the same root route, the same name", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Route("/api", func(r chi.Router) { r.With(mw).Post("/", h) })
+			return r
+		}, "/api/", "/api/", "POST /api"},
+		{"ok, outside chi the ServeMux pattern is used", func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			mux := http.NewServeMux()
+			mux.Handle("POST /orders/{id}/refunds", mw(h))
+			return mux
+		}, "/orders/1/refunds", "/orders/2/refunds", "POST /orders/{id}/refunds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, ev := newEngine(t, nil)
+			n := 0
+			r := tt.build(chiidem.New(e), counter(&n))
+			first, second := do(r, "POST", tt.path1, "k"), do(r, "POST", tt.path2, "k")
+			if first.Code != 201 || second.Code != 201 || !replayed(second) || second.Body.String() != first.Body.String() || n != 1 {
+				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to replay the first",
+					first.Code, first.Body, second.Code, second.Body, replayed(second), n)
+			}
+			if got := ev.last(); got != tt.scope {
+				t.Fatalf("scope %q, want %q", got, tt.scope)
+			}
+		})
+	}
+}
+
+func TestRoutePathOverride(t *testing.T) {
+	install := map[string]func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler{
+		"global": func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Use(middleware.URLFormat, mw)
+			r.Post("/orders/{id}", h)
+			return r
+		},
+		"per route": func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Use(middleware.URLFormat)
+			r.With(mw).Post("/orders/{id}", h)
+			return r
+		},
+	}
+	for name, build := range install {
+		t.Run("ok, "+name+": middleware.URLFormat routes /orders/1.json to /orders/{id}", func(t *testing.T) {
+			e, ev := newEngine(t, nil)
+			n := 0
+			r := build(chiidem.New(e), counter(&n))
+			do(r, "POST", "/orders/1.json", "k")
+			if w := do(r, "POST", "/orders/2.json", "k"); !replayed(w) || n != 1 || ev.last() != "POST /orders/{id}" {
+				t.Fatalf("replayed=%v runs=%d scope=%q, want a replay in scope POST /orders/{id}", replayed(w), n, ev.last())
+			}
+		})
+	}
+}
+
+func TestExplicitScope(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	r := chi.NewRouter()
+	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v1/orders", counter(&n))
+	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v2/orders", counter(&n))
+	do(r, "POST", "/v1/orders", "k")
+	if w := do(r, "POST", "/v2/orders", "k"); !replayed(w) || n != 1 || ev.last() != "create-order" {
+		t.Fatalf("ok, a named scope survives a new path: replayed=%v runs=%d scope=%q", replayed(w), n, ev.last())
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	r.Get("/orders/{id}", counter(&n))
+	r.Route("/api", func(r chi.Router) { r.Get("/orders", counter(&n)) })
+	r.Route("/v2", func(r chi.Router) {
+		r.Use(chiidem.New(e))
+		r.Post("/orders", counter(&n))
+	})
+	tests := []struct {
+		name, method, path string
+		code               int
+	}{
+		{"ok, a method that is not covered runs every time", "GET", "/orders/1", 201},
+		{"ok, an unknown route is chi's 404", "POST", "/nope", 404},
+		{"ok, an unknown route under a sub-router is chi's 404", "POST", "/api/nope", 404},
+		{"ok, a method the route lacks is chi's 405", "POST", "/orders/1", 405},
+		{"ok, an unknown route under a sub-router with its own middleware is chi's 404", "POST", "/v2/nope", 404},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 2 {
+				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) {
+					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, replayed(w), tt.code)
+				}
+			}
+		})
+	}
+	if n != 2 || ev.last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	}
+}
+
+func TestFlushStreams(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	r.Post("/stream", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "part 1,")
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			panic(err)
+		}
+		_, _ = io.WriteString(w, "part 2")
+	})
+	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
+		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
+	}
+	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
+	}
+}
+
+func TestAtomicModeReachesTheTransaction(t *testing.T) {
+	e, _ := newEngine(t, memstore.New().Atomic())
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
+		info, ok := core.AttemptFrom(r.Context())
+		w.WriteHeader(201)
+		fmt.Fprintf(w, "protected=%v atomic=%v", ok, info.Atomic)
+	})
+	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != "protected=true atomic=true" {
+		t.Fatalf("ok, r.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
+	}
+}
+
+type accountKey struct{}
+
+func TestCallerFromTheRequestContext(t *testing.T) {
+	e, err := core.New(memstore.New(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+		core.WithCaller(func(r *http.Request) (string, error) {
+			account, _ := r.Context().Value(accountKey{}).(string)
+			return account, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	r := chi.NewRouter()
+	r.Use(func(next http.Handler) http.Handler { // the application's auth middleware
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if a := r.Header.Get("X-Account"); a != "" {
+				r = r.WithContext(context.WithValue(r.Context(), accountKey{}, a))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}, chiidem.New(e))
+	r.Post("/orders", counter(&n))
+	tests := []struct {
+		name     string
+		account  string
+		code     int
+		replayed bool
+		runs     int
+	}{
+		{"ok, alice runs", "alice", 201, false, 1},
+		{"ok, bob with alice's key gets his own execution", "bob", 201, false, 2},
+		{"ok, alice's retry replays hers", "alice", 201, true, 2},
+		{"nok, 401 without an account", "", 401, false, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			}
+		})
+	}
+}
+
+func TestPanics(t *testing.T) {
+	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		r := chi.NewRouter()
+		r.Use(chiidem.New(e))
+		r.Post("/x", func(http.ResponseWriter, *http.Request) { panic("boom") })
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", v)
+			}
+		}()
+		do(r, "POST", "/x", "k")
+		t.Fatal("no panic")
+	})
+	t.Run("ok, middleware.Recoverer answers 500 and the record is released", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		n := 0
+		r := chi.NewRouter()
+		r.Use(recoverer, chiidem.New(e))
+		r.Post("/x", func(w http.ResponseWriter, r *http.Request) {
+			n++
+			if n == 1 {
+				panic("boom")
+			}
+			w.WriteHeader(201)
+		})
+		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+			t.Fatalf("first %d, want Recoverer's 500", w.Code)
+		}
+		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		}
+	})
+}
+
+// recoverer is chi's Recoverer with a log entry that prints no stack.
+func recoverer(next http.Handler) http.Handler {
+	rec := middleware.Recoverer(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.ServeHTTP(w, middleware.WithLogEntry(r, quietEntry{}))
+	})
+}
+
+type quietEntry struct{}
+
+func (quietEntry) Write(int, int, http.Header, time.Duration, any) {}
+func (quietEntry) Panic(any, []byte)                               {}
+
+func TestNilEngine(t *testing.T) {
+	defer func() {
+		if err, _ := recover().(error); !errors.Is(err, core.ErrConfig) {
+			t.Fatalf("recovered %v, want ErrConfig", err)
+		}
+	}()
+	chiidem.New(nil)
+}
