@@ -1,0 +1,124 @@
+package gormstore_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/glebarez/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/gormstore"
+)
+
+// Order is the example's business row.
+type Order struct {
+	ID   uint
+	Item string
+}
+
+// openExampleDB opens GORM on a SQLite file with the settings sqlstore's
+// README recommends, with the store's table and an orders table.
+func openExampleDB() (*gorm.DB, *gormstore.Store, func()) {
+	dir, err := os.MkdirTemp("", "gormstore-example")
+	if err != nil {
+		panic(err)
+	}
+	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		panic(err)
+	}
+	store, err := gormstore.New(db)
+	if err != nil {
+		panic(err)
+	}
+	if err := store.AutoMigrate(context.Background()); err != nil {
+		panic(err)
+	}
+	if err := db.AutoMigrate(&Order{}); err != nil {
+		panic(err)
+	}
+	sqlDB, _ := db.DB()
+	return db, store, func() { sqlDB.Close(); os.RemoveAll(dir) }
+}
+
+// Middleware-managed atomic mode: the engine begins the transaction, the
+// handler writes through gormstore.DB(r.Context()), and the order, the key
+// and the recorded response commit together before the client gets the
+// answer.
+func Example() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		order := Order{Item: "tea"}
+		if err := gormstore.DB(r.Context()).Create(&order).Error; err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError) // rolls back: nothing happened
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, order.ID)
+	})))
+
+	for range 2 {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"item":"tea"}`))
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		fmt.Println(w.Code, w.Body.String(), "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	var n int64
+	db.Model(&Order{}).Count(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 {"id":1} replayed: false
+	// 201 {"id":1} replayed: true
+	// orders: 1
+}
+
+// Caller-managed atomic mode: code inside db.Transaction runs Once with
+// gormstore.WithTx; the record commits or rolls back with the transaction.
+func ExampleWithTx() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	consume := func(ctx context.Context, msgID string) error {
+		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			res, err := e.Once(gormstore.WithTx(ctx, tx), core.Message{Consumer: "orders", ID: msgID},
+				func(ctx context.Context) ([]byte, error) {
+					return []byte("created"), gormstore.DB(ctx).Create(&Order{Item: "tea"}).Error
+				})
+			if err != nil {
+				return err // rolls back the order and the key
+			}
+			fmt.Println(string(res.Value), "replayed:", res.Replayed)
+			return nil
+		})
+	}
+	for range 2 {
+		if err := consume(context.Background(), "msg-42"); err != nil {
+			fmt.Println("error:", err)
+		}
+	}
+	var n int64
+	db.Model(&Order{}).Count(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// created replayed: false
+	// created replayed: true
+	// orders: 1
+}

@@ -1,0 +1,124 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// openExampleDB opens a SQLite file with the settings the README
+// recommends, with the store's table and an orders table.
+func openExampleDB() (*sql.DB, *sqlstore.Store, func()) {
+	dir, err := os.MkdirTemp("", "sqlstore-example")
+	if err != nil {
+		panic(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		panic(err)
+	}
+	store, err := sqlstore.New(db, sqlstore.SQLite)
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	if err := store.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)`); err != nil {
+		panic(err)
+	}
+	return db, store, func() { db.Close(); os.RemoveAll(dir) }
+}
+
+// Middleware-managed atomic mode: the engine begins the transaction, the
+// handler writes through sqlstore.TxFrom(r.Context()), and the order, the
+// key and the recorded response commit together before the client gets
+// the answer.
+func Example() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		res, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError) // rolls back: nothing happened
+			return
+		}
+		id, _ := res.LastInsertId()
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	})))
+
+	for range 2 {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"item":"tea"}`))
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		fmt.Println(w.Code, w.Body.String(), "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	var n int
+	_ = db.QueryRow(`SELECT COUNT(*) FROM orders`).Scan(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 {"id":1} replayed: false
+	// 201 {"id":1} replayed: true
+	// orders: 1
+}
+
+// Caller-managed atomic mode: a queue consumer that already holds a
+// transaction runs Once inside it with sqlstore.WithTx; the engine neither
+// commits nor rolls back, the consumer does.
+func ExampleWithTx() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	consume := func(ctx context.Context, msgID string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() // no-op after Commit
+		res, err := e.Once(sqlstore.WithTx(ctx, tx), core.Message{Consumer: "orders", ID: msgID},
+			func(ctx context.Context) ([]byte, error) {
+				_, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+				return []byte("created"), err
+			})
+		if err != nil {
+			return err
+		}
+		fmt.Println(string(res.Value), "replayed:", res.Replayed)
+		return tx.Commit()
+	}
+	for range 2 {
+		if err := consume(context.Background(), "msg-42"); err != nil {
+			fmt.Println("error:", err)
+		}
+	}
+	var n int
+	_ = db.QueryRow(`SELECT COUNT(*) FROM orders`).Scan(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// created replayed: false
+	// created replayed: true
+	// orders: 1
+}
