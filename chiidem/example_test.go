@@ -1,0 +1,65 @@
+package chiidem_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/idemkit/idem/chiidem"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+type exampleAccount struct{}
+
+// One line protects every POST and PATCH route of a chi router, even
+// installed with r.Use before chi has routed the request: the scope is the
+// route pattern, so /orders/1/refunds and /orders/2/refunds share it. The
+// caller comes from the request context, where your auth middleware put it.
+func Example() {
+	e, err := core.New(memstore.New(), core.WithCaller(func(r *http.Request) (string, error) {
+		account, _ := r.Context().Value(exampleAccount{}).(string)
+		return account, nil
+	}))
+	if err != nil {
+		panic(err)
+	}
+
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	refunds := 0
+	r.Post("/orders/{id}/refunds", func(w http.ResponseWriter, r *http.Request) {
+		refunds++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"refund":%d,"order":%q}`, refunds, chi.URLParam(r, "id"))
+	})
+
+	for _, order := range []string{"1", "1"} {
+		req := httptest.NewRequest("POST", "/orders/"+order+"/refunds", strings.NewReader(`{"amount":5}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		req = req.WithContext(context.WithValue(req.Context(), exampleAccount{}, "acct_1")) // your auth
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		fmt.Println(w.Code, w.Body.String(), "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	fmt.Println("refunds made:", refunds)
+	// Output:
+	// 201 {"refund":1,"order":"1"} replayed: false
+	// 201 {"refund":1,"order":"1"} replayed: true
+	// refunds made: 1
+}
+
+// Per route, with route options.
+func ExampleNew() {
+	e, _ := core.New(memstore.New(), core.WithSingleCaller())
+	r := chi.NewRouter()
+	r.With(chiidem.New(e, core.Scope("create-payment"), core.Leased())).Post("/payments", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})
+	fmt.Println("ok")
+	// Output: ok
+}
