@@ -1,2 +1,12 @@
-// Package chiidem adds Idempotency-Key support to chi routers.
+// Package chiidem adds Idempotency-Key support to chi routers: one line,
+// globally or per route, over the state machine of package core.
+//
+//	e, _ := core.New(store, core.WithCaller(func(r *http.Request) (string, error) {
+//		return accountFrom(r.Context()), nil
+//	}))
+//	r.Use(chiidem.New(e))
+//
+// The scope is the method and chi's route pattern, found in the router tree
+// even before chi has routed the request. In atomic mode handlers reach the
+// transaction through r.Context() (sqlstore.TxFrom, gormstore.DB).
 package chiidem

@@ -1,2 +1,14 @@
-// Package echoidem adds Idempotency-Key support to Echo (v4) routers.
+// Package echoidem adds Idempotency-Key support to Echo (v4) routers: one
+// line, globally or per route, over the state machine of package core.
+//
+//	eng, _ := core.New(store, core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
+//		account, _ := c.Get("account").(string)
+//		return account, nil
+//	})))
+//	e.Use(echoidem.New(eng))
+//
+// The scope is the method and c.Path(). Errors returned by handlers are
+// answered by Echo's HTTPErrorHandler inside the capture, so a replay
+// equals the first answer. In atomic mode handlers reach the transaction
+// through c.Request().Context() (sqlstore.TxFrom, gormstore.DB).
 package echoidem
