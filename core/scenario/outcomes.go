@@ -349,7 +349,11 @@ func testFlushAtomic(t *testing.T, x *harness) {
 func testHijackLeased(t *testing.T, x *harness) {
 	var n atomic.Int32
 	var hijackErr atomic.Value
-	x.startTCP(nil, Route{Method: "POST", Pattern: "/tunnel", Handler: func(w http.ResponseWriter, r *http.Request) {
+	// The client reads the hijacked answer before the handler returns and
+	// the engine records the outcome: WaitInFlight (the clock stands still)
+	// makes the duplicate wait for the record instead of racing it.
+	wait := []core.RouteOption{core.WaitInFlight(time.Minute)}
+	x.startTCP(nil, Route{Method: "POST", Pattern: "/tunnel", Options: wait, Handler: func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
 		conn, rw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
