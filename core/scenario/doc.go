@@ -55,13 +55,14 @@
 // instead of hanging the run; they are not latency assertions.
 //
 // Most scenarios call the router directly with an httptest.ResponseRecorder;
-// the concurrency scenario serves it on an httptest.Server (real TCP, real
-// concurrency).
+// the concurrency and Hijack scenarios serve it on an httptest.Server (real
+// TCP, real concurrency).
 //
 // Every rejection is checked as an RFC 9457 problem document: status,
 // Content-Type application/problem+json, Cache-Control no-store, and a JSON
-// body whose type is core.DefaultProblemBase followed by the stable slug of
-// the error, with a title, the status and a detail.
+// body whose type is the problem base (core.DefaultProblemBase unless the
+// scenario sets WithProblemBase) followed by the stable slug of the error,
+// with a title, the status and a detail.
 //
 // The package depends on the standard library and core only.
 package scenario
