@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,9 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		if err := o.applyEngine(&e.cfg); err != nil {
 			return nil, err
 		}
+	}
+	for i, name := range e.cfg.recorded {
+		e.cfg.recorded[i] = http.CanonicalHeaderKey(name) // "ETag" is stored as "Etag"
 	}
 	if e.cfg.caller == nil && !e.cfg.singleCaller {
 		return nil, fmt.Errorf("%w: configure WithCaller, or WithSingleCaller if the API really has one caller (otherwise all callers would share one key space)", ErrConfig)
@@ -167,7 +171,6 @@ func (rt *Route) claimRequest(ident Identity, id ID, fp []byte, now time.Time) C
 	req := ClaimRequest{
 		ID: id, Caller: debugString(ident.Caller), Scope: debugString(ident.Scope), Key: debugString(ident.Key),
 		Fingerprint: fp, Token: newToken(), Now: now, ExpiresAt: now.Add(rt.p.retention),
-		Takeover: rt.e.cfg.takeover,
 	}
 	if !rt.atomic {
 		req.LeaseUntil = now.Add(rt.e.cfg.lease)
@@ -194,9 +197,14 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 	joined := rt.atomic && e.tx.InTx(ctx)
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
+	// A lapsed lease is taken over only after the engine has compared the
+	// fingerprints: the first claim never takes over; a second one does,
+	// when the lapsed record's request matches this one.
+	takeover := false
 	for {
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
+		req.Takeover, takeover = takeover, false
 		cctx, tx := ctx, Tx(nil)
 		if rt.atomic && !joined {
 			var err error
@@ -231,7 +239,11 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			continue // resolved as not applied: the record is gone, claim again
 		}
 		// In progress.
-		if !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now) && !e.cfg.takeover {
+		if !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now) {
+			if e.cfg.takeover {
+				takeover = true // the same request: take the lapsed lease over
+				continue
+			}
 			// A lapsed lease without takeover: the attempt died and may have
 			// had an effect. Settle it as indeterminate, then resolve.
 			e.markIndeterminate(ctx, rec)

@@ -237,7 +237,7 @@ func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *Respo
 func problemResponse(p *Problem) *Response {
 	rw := &bufferWriter{h: http.Header{}}
 	WriteProblem(rw, nil, p)
-	return &Response{Status: p.Status, Header: recordedHeader(rw.h, []string{"Content-Type"}), Body: rw.b, BodyKept: true}
+	return &Response{Status: p.Status, Header: recordedHeader(rw.h, []string{"Content-Type", "Cache-Control"}), Body: rw.b, BodyKept: true}
 }
 
 type bufferWriter struct {
@@ -430,10 +430,10 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	conn, rw, err := h.Hijack()
 	if err == nil {
+		// The handler owns the connection: what it sends is unknown. The
+		// record completes with the status set before (200 when none) and
+		// says the body was not kept.
 		rec.hijacked, rec.kept, rec.through = true, false, true
-		if rec.status == 0 {
-			rec.status = http.StatusSwitchingProtocols
-		}
 	}
 	return conn, rw, err
 }

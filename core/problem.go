@@ -76,5 +76,8 @@ func (e *Engine) problemFor(err error) *Problem {
 		p.RetryAfter = re.RetryAfter
 		p.Detail = re.Err.Error()
 	}
+	if p.RetryAfter == 0 && (p.Err == ErrStoreUnavailable || p.Err == ErrInProgress || p.Err == ErrLeaseLost) {
+		p.RetryAfter = max(e.cfg.retryAfter, time.Second)
+	}
 	return p
 }
