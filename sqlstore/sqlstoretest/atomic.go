@@ -359,7 +359,7 @@ func (h *harness) statementCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := f.Counter.Statements()
+	before, prepBefore := f.Counter.Statements(), f.Counter.Prepares()
 	res, err := f.Store.Claim(tctx, req)
 	if err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v, %v", res, err)
@@ -367,7 +367,7 @@ func (h *harness) statementCounts(t *testing.T) {
 	if err := f.Store.Complete(tctx, req.ID, req.Token, h.completion("count")); err != nil {
 		t.Fatal(err)
 	}
-	first := f.Counter.Statements() - before
+	first, firstPrep := f.Counter.Statements()-before, f.Counter.Prepares()-prepBefore
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -376,15 +376,16 @@ func (h *harness) statementCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before = f.Counter.Statements()
+	before, prepBefore = f.Counter.Statements(), f.Counter.Prepares()
 	req.Token = 52
 	res, err = f.Store.Claim(tctx, req)
-	rep := f.Counter.Statements() - before
+	rep, repPrep := f.Counter.Statements()-before, f.Counter.Prepares()-prepBefore
 	_ = tx.Rollback()
 	if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
 		t.Fatalf("replay claim: %+v, %v", res, err)
 	}
-	t.Logf("%v: first execution %d statements (claim + complete), replay %d, besides BEGIN and COMMIT/ROLLBACK", h.cfg.Dialect, first, rep)
+	t.Logf("%v: first execution %d statements (claim + complete), replay %d, besides BEGIN and COMMIT/ROLLBACK; the driver also prepared %d and %d statements",
+		h.cfg.Dialect, first, rep, firstPrep, repPrep)
 	if want := firstExecution[h.cfg.Dialect]; first != want {
 		t.Errorf("first execution: %d statements, documented %d", first, want)
 	}
