@@ -41,7 +41,7 @@ func (c driverConnector) Driver() driver.Driver                        { return 
 
 // openGorm opens GORM on a fresh, statement-counting pool on the dialect's
 // test database, closed at cleanup. SQLite gets a new file per call.
-func openGorm(t *testing.T, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter) {
+func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	c := new(sqlstoretest.Counter)
 	var dialector gorm.Dialector
@@ -82,7 +82,7 @@ func openGorm(t *testing.T, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
-func newStore(t *testing.T, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
+func newStore(t testing.TB, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	db, c := openGorm(t, d)
 	table := sqlstoretest.Table()

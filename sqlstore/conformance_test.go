@@ -40,3 +40,16 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkStore runs core/storetest's benchmarks of the hot paths on each
+// database (leased mode, autocommit): go test -run - -bench . ./
+func BenchmarkStore(b *testing.B) {
+	for _, d := range dialects {
+		b.Run(d.String(), func(b *testing.B) {
+			storetest.Bench(b, func(b *testing.B) core.Store {
+				s, _, _ := newStore(b, d)
+				return s
+			})
+		})
+	}
+}

@@ -20,11 +20,11 @@ import (
 var dialects = []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite}
 
 // sqliteDSN is what the README recommends.
-const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 
 // openDB opens a fresh pool on the dialect's test database, counting its
 // statements, and closes it at cleanup. SQLite gets a new file per call.
-func openDB(t *testing.T, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
+func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	var (
 		conn driver.Connector
@@ -59,7 +59,7 @@ func openDB(t *testing.T, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
-func newStore(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
+func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	db, c := openDB(t, d)
 	table := sqlstoretest.Table()

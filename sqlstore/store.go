@@ -160,6 +160,9 @@ type connKey struct{}
 // the engine sees InTx and never commits or rolls back. The store never
 // commits tx; the caller does, after Complete.
 func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
+	if tx == nil {
+		return ctx
+	}
 	return context.WithValue(ctx, connKey{}, Conn(tx))
 }
 
@@ -168,6 +171,9 @@ func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
 // transaction, an *sqlx.Tx. c must be in a transaction for atomic mode to
 // hold; the store runs every statement on it.
 func WithConn(ctx context.Context, c Conn) context.Context {
+	if c == nil {
+		return ctx
+	}
 	return context.WithValue(ctx, connKey{}, c)
 }
 
