@@ -166,9 +166,12 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
 	ev.Status, ev.Err = resp.Status, err
-	if err != nil && !rec.through {
-		// The outcome is not durable (atomic mode: rolled back): the
-		// handler's answer must not reach the client.
+	if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
+		// Atomic mode: the outcome is not durable (rolled back), so the
+		// handler's answer must not reach the client. Lost lease: the new
+		// owner's answer is the one to give. (Leased mode with a failing
+		// store: the effect happened, so the handler's answer is delivered
+		// and the failure logged; the record's lease will lapse.)
 		clear(w.Header())
 		p := e.problemFor(err)
 		e.cfg.errorWriter(w, r, p)

@@ -11,8 +11,9 @@ import (
 // Problem is an RFC 9457 problem document for a rejection.
 type Problem struct {
 	// Type is the problem base (WithProblemBase) followed by a stable slug:
-	// missing-key, invalid-key, key-reused, in-progress, store-unavailable,
-	// body-too-large, unauthenticated, response-not-kept, lease-lost.
+	// missing-key, invalid-key, key-reused, in-progress, lease-lost,
+	// store-unavailable, body-too-large, invalid-request, unauthenticated,
+	// response-not-kept, outcome-unknown, internal (see docs/problems.md).
 	Type   string `json:"type"`
 	Title  string `json:"title"`
 	Status int    `json:"status"`

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"testing"
 )
@@ -119,5 +120,27 @@ func TestAESGCM(t *testing.T) {
 	}
 	if _, err := NewAESGCM(map[string][]byte{"k1": k1}, "k9"); err == nil {
 		t.Fatal("nok, a current key outside the ring must fail")
+	}
+}
+
+func TestRecorderIgnoresInformationalStatus(t *testing.T) {
+	for _, atomic := range []bool{false, true} {
+		var rec recorder
+		w := httptest.NewRecorder()
+		rec.init(w, atomic, 1<<10)
+		rec.WriteHeader(http.StatusEarlyHints)
+		rec.WriteHeader(http.StatusContinue)
+		rec.WriteHeader(http.StatusCreated)
+		rec.Write([]byte("x"))
+		var resp Response
+		rec.response(&resp)
+		if resp.Status != http.StatusCreated || string(resp.Body) != "x" || !resp.BodyKept {
+			t.Fatalf("atomic=%v: a 1xx must not become the recorded status: %+v", atomic, resp)
+		}
+		rec.deliver()
+		if w.Code != http.StatusCreated {
+			t.Fatalf("atomic=%v: delivered %d", atomic, w.Code)
+		}
+		rec.free()
 	}
 }
