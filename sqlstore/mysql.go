@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"time"
@@ -68,18 +70,65 @@ func mysqlErrno(err error) uint16 {
 	return 0
 }
 
-// claimMySQL runs the claim in ctx's transaction or a short one of its own;
-// busy reports that another transaction holds the identity and its row is
-// not visible.
-func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, busy bool, err error) {
-	err = s.inShortTx(ctx, func(c Conn) error {
-		res, busy, err = s.claimMySQLIn(ctx, c, req)
-		return err
-	})
-	return res, busy, err
+// claimMySQL runs the claim in ctx's transaction (atomic mode), or in a
+// short transaction of its own (leased mode). Leased claims of one id first
+// queue on a named lock (GET_LOCK, on the same session, released right
+// after the commit): the NOWAIT probe then fails only while a transaction
+// in atomic mode holds the row, never because another leased claim is
+// between its INSERT and its COMMIT, so a leased duplicate gets the
+// winner's record instead of "in progress", and nobody polls.
+func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	if c, ok := s.conn(ctx); ok {
+		return s.claimMySQLIn(ctx, c, req)
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return core.ClaimResult{}, unavailable("claim: connection", err)
+	}
+	defer conn.Close()
+	name := s.lockName(req.ID)
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, ?)`, name, int(leasedLockWait/time.Second)).Scan(&got); err != nil {
+		return core.ClaimResult{}, unavailable("claim: GET_LOCK", err)
+	}
+	if got.Int64 != 1 {
+		// Other leased claims of this id kept it for leasedLockWait.
+		return inProgressElsewhere(req.ID), nil
+	}
+	defer func() {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, name); err != nil {
+			// Do not return a session that may still hold the lock to the
+			// pool: closing it releases the lock.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, s.txOpts)
+	if err != nil {
+		return core.ClaimResult{}, unavailable("begin", err)
+	}
+	res, err := s.claimMySQLIn(ctx, tx, req)
+	if err != nil {
+		_ = tx.Rollback()
+		return core.ClaimResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return core.ClaimResult{}, unavailable("commit", err)
+	}
+	return res, nil
 }
 
-func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, bool, error) {
+// leasedLockWait bounds how long a leased claim on MySQL/MariaDB queues
+// behind other leased claims of the same id (each holds the named lock for
+// one short transaction).
+const leasedLockWait = 5 * time.Second
+
+// lockName is the GET_LOCK name of id in this store's table (at most 64
+// characters).
+func (s *Store) lockName(id core.ID) string {
+	return fmt.Sprintf("idem:%016x:%x", s.lock, id[:16])
+}
+
+func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
 	for try := 0; ; try++ {
 		var rec core.Record
 		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
@@ -91,10 +140,10 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, false, unavailable("claim probe", err)
+			return core.ClaimResult{}, unavailable("claim probe", err)
 		}
 		if found && live(rec, req.Now) && !takeable(rec, req) {
-			return core.ClaimResult{Record: rec}, false, nil
+			return core.ClaimResult{Record: rec}, nil
 		}
 		claimed := newRecord(req)
 		if found { // expired, or a lapsed lease taken over; the probe locked it
@@ -109,7 +158,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		}
 		switch n := mysqlErrno(err); {
 		case err == nil:
-			return core.ClaimResult{Claimed: true, Record: claimed}, false, nil
+			return core.ClaimResult{Claimed: true, Record: claimed}, nil
 		case n == erDupEntry && try+1 < maxClaimTries:
 			// Another transaction inserted and committed the id between
 			// our probe and our insert: probe again.
@@ -118,27 +167,27 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// Another transaction inserted the id between our probe and our
 			// insert and has not committed: the insert waited for it up to
 			// innodb_lock_wait_timeout (see the README).
-			return inProgressElsewhere(req.ID), true, nil
+			return inProgressElsewhere(req.ID), nil
 		}
-		return core.ClaimResult{}, false, unavailable("claim", err)
+		return core.ClaimResult{}, unavailable("claim", err)
 	}
 }
 
 // claimReadMySQL answers a claim whose probe found the row locked: the
 // committed row if it is final (or held by a live lease), else in progress.
-func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, bool, error) {
+func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
 	var rec core.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		found = false
 	case err != nil:
-		return core.ClaimResult{}, false, unavailable("claim read", err)
+		return core.ClaimResult{}, unavailable("claim read", err)
 	}
 	if found && live(rec, req.Now) && !takeable(rec, req) {
-		return core.ClaimResult{Record: rec}, false, nil
+		return core.ClaimResult{Record: rec}, nil
 	}
-	return inProgressElsewhere(req.ID), true, nil
+	return inProgressElsewhere(req.ID), nil
 }
 
 // newRecord is the record a claim writes, with times as the columns keep

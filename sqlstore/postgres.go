@@ -74,9 +74,7 @@ func (s *Store) lockKey(id core.ID) int64 {
 	return int64(binary.BigEndian.Uint64(id[:8]) ^ s.lock)
 }
 
-// claimPostgres runs the claim; busy reports that another transaction holds
-// the identity and its row is not visible.
-func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, busy bool, err error) {
+func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	c, inTx := s.conn(ctx)
 	for try := 0; ; try++ {
 		var (
@@ -92,26 +90,26 @@ func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (res c
 		}
 		found, err := scanRecord(c.QueryRowContext(ctx, q, args...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, false, unavailable("claim", err)
+			return core.ClaimResult{}, unavailable("claim", err)
 		}
 		switch {
 		case inserted:
-			return core.ClaimResult{Claimed: true, Record: rec}, false, nil
+			return core.ClaimResult{Claimed: true, Record: rec}, nil
 		case !ok && (!found || !live(rec, req.Now) || takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
-			return inProgressElsewhere(req.ID), false, nil
+			return inProgressElsewhere(req.ID), nil
 		case found && live(rec, req.Now) && !(ok && takeable(rec, req)):
 			// Completed, indeterminate, or held by a live lease: the record
 			// as it is (a completed record is final, so reading it past
 			// another holder of the lock is safe).
-			return core.ClaimResult{Record: rec}, false, nil
+			return core.ClaimResult{Record: rec}, nil
 		}
 		// We held the lock but ON CONFLICT met a row our snapshot does not
 		// show (committed between the snapshot and the lock): run again
 		// with a new snapshot (READ COMMITTED).
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), false, nil
+			return inProgressElsewhere(req.ID), nil
 		}
 	}
 }

@@ -43,7 +43,7 @@ RETURNING ` + cols,
 	}
 }
 
-func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, bool, error) {
+func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	c, _ := s.conn(ctx)
 	takeover := 0
 	if req.Takeover {
@@ -56,9 +56,9 @@ func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.Cl
 			s.d.timeArg(req.Now), takeover), &rec)
 		switch {
 		case err == nil:
-			return core.ClaimResult{Claimed: true, Record: rec}, false, nil
+			return core.ClaimResult{Claimed: true, Record: rec}, nil
 		case !errors.Is(err, sql.ErrNoRows):
-			return core.ClaimResult{}, false, unavailable("claim", err)
+			return core.ClaimResult{}, unavailable("claim", err)
 		}
 		// Not claimed: the row exists and is live. In a transaction we hold
 		// the write lock, so it cannot change before this read; outside one
@@ -68,13 +68,13 @@ func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.Cl
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, false, unavailable("claim read", err)
+			return core.ClaimResult{}, unavailable("claim read", err)
 		}
 		if found && live(rec, req.Now) && !takeable(rec, req) {
-			return core.ClaimResult{Record: rec}, false, nil
+			return core.ClaimResult{Record: rec}, nil
 		}
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), true, nil
+			return inProgressElsewhere(req.ID), nil
 		}
 	}
 }

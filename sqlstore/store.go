@@ -237,57 +237,17 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // Claim implements core.Store. See the dialect notes in the README for the
 // statements it runs and how it detects another transaction's uncommitted
 // claim without waiting for it.
-//
-// In a transaction (atomic mode) a held identity is reported in progress at
-// once. Outside one (leased mode) on MySQL/MariaDB the holder may be another
-// leased claim that commits within milliseconds, so the store probes again
-// with a short backoff for up to LeasedClaimWait before answering in
-// progress; then the answer is usually the winner's committed record.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
-	_, inTx := s.conn(ctx)
-	var deadline time.Time // from the first busy answer
-	for backoff := time.Millisecond; ; backoff = min(2*backoff, 5*time.Millisecond) {
-		var (
-			res  core.ClaimResult
-			busy bool
-			err  error
-		)
-		switch s.d {
-		case Postgres:
-			res, busy, err = s.claimPostgres(ctx, req)
-		case MySQL:
-			res, busy, err = s.claimMySQL(ctx, req)
-		default:
-			res, busy, err = s.claimSQLite(ctx, req)
-		}
-		if err != nil || !busy || inTx {
-			return res, err
-		}
-		if deadline.IsZero() {
-			deadline = time.Now().Add(LeasedClaimWait)
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return res, nil
-		}
-		t := time.NewTimer(min(backoff, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, nil
-		case <-t.C:
-		}
+	switch s.d {
+	case Postgres:
+		return s.claimPostgres(ctx, req)
+	case MySQL:
+		return s.claimMySQL(ctx, req)
+	default:
+		return s.claimSQLite(ctx, req)
 	}
 }
-
-// LeasedClaimWait bounds how long a claim outside a transaction on
-// MySQL/MariaDB probes again while another transaction holds the identity
-// without a visible row (see Claim), within the 100 ms budget of the reject
-// policy. Only a leased claim meeting an atomic-mode transaction of the same
-// identity waits this long; a leased duplicate of a leased claim sees its
-// committed row at once.
-const LeasedClaimWait = 50 * time.Millisecond
 
 // Extend implements core.Store. The store cannot tell an expired record
 // from a live one here (no time is passed in): the token decides.
