@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// Order is the orders API's resource.
+type Order struct {
+	ID        int64     `json:"id"`
+	Account   string    `json:"account"`
+	Item      string    `json:"item"`
+	Quantity  int       `json:"quantity"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Charge is a payment recorded against an order.
+type Charge struct {
+	ID               int64     `json:"id"`
+	OrderID          int64     `json:"order_id"`
+	Account          string    `json:"account"`
+	AmountCents      int64     `json:"amount_cents"`
+	ProviderChargeID string    `json:"provider_charge_id"`
+	CreatedAt        time.Time `json:"created_at"`
+}
+
+// repo is the business storage. In atomic mode its writes run on the
+// transaction the idempotency middleware began (taken from ctx), so the
+// order and the key row commit together.
+type repo interface {
+	migrate(ctx context.Context) error
+	insertOrder(ctx context.Context, o *Order) error
+	listOrders(ctx context.Context, account string) ([]Order, error)
+	findOrder(ctx context.Context, account string, id int64) (*Order, error)
+	// insertCharge records c once per ProviderChargeID and returns the
+	// stored charge (the first one when it already exists).
+	insertCharge(ctx context.Context, c *Charge) (*Charge, error)
+	// providerCharge is the simulated payment provider's own storage: it
+	// creates a charge once per idempotency key, and returns the first
+	// charge's id for a repeated key.
+	providerCharge(ctx context.Context, key, account string, amount int64) (string, error)
+}
+
+var errNotFound = errors.New("not found")
+
+// app holds the HTTP handlers; they are plain net/http handlers that every
+// framework wraps.
+type app struct {
+	repo      repo
+	workDelay time.Duration
+}
+
+type accountKey struct{}
+
+func withAccount(ctx context.Context, account string) context.Context {
+	return context.WithValue(ctx, accountKey{}, account)
+}
+
+func accountFrom(ctx context.Context) string {
+	s, _ := ctx.Value(accountKey{}).(string)
+	return s
+}
+
+// bearer returns the account named by "Authorization: Bearer <account>".
+func bearer(r *http.Request) string {
+	a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(a)
+}
+
+func problem(w http.ResponseWriter, status int, slug, detail string) {
+	core.WriteProblem(w, nil, &core.Problem{
+		Type: "https://github.com/idemkit/idem/blob/main/examples/orders/README.md#" + slug, Title: http.StatusText(status),
+		Status: status, Detail: detail,
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// sleep waits d or until ctx ends (the -work-delay flag).
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// createOrder is POST /orders (atomic mode).
+func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	var in struct {
+		Item     string `json:"item"`
+		Quantity int    `json:"quantity"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil || strings.TrimSpace(in.Item) == "" || in.Quantity < 1 {
+		// Nothing happened: release the key so the corrected request can
+		// use it (the transaction rolls back).
+		core.Release(ctx)
+		detail := `want {"item": non-empty string, "quantity": integer >= 1}`
+		if err != nil {
+			detail += ": " + err.Error()
+		}
+		problem(w, http.StatusBadRequest, "invalid-order", detail)
+		return
+	}
+	o := &Order{Account: accountFrom(ctx), Item: in.Item, Quantity: in.Quantity, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	if err := a.repo.insertOrder(ctx, o); err != nil {
+		problem(w, http.StatusInternalServerError, "internal", "could not store the order")
+		return
+	}
+	if err := sleep(ctx, a.workDelay); err != nil {
+		problem(w, http.StatusServiceUnavailable, "cancelled", "the request was cancelled")
+		return
+	}
+	w.Header().Set("Location", "/orders/"+strconv.FormatInt(o.ID, 10))
+	writeJSON(w, http.StatusCreated, o)
+}
+
+// listOrders is GET /orders.
+func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
+	orders, err := a.repo.listOrders(r.Context(), accountFrom(r.Context()))
+	if err != nil {
+		problem(w, http.StatusInternalServerError, "internal", "could not list orders")
+		return
+	}
+	if orders == nil {
+		orders = []Order{}
+	}
+	writeJSON(w, http.StatusOK, orders)
+}
+
+// pay is POST /orders/{id}/payments (leased mode): the effect lives at an
+// external payment provider, so the key is claimed and committed first, and
+// the provider call carries a downstream key derived from the request's
+// identity. If this process dies after the provider charged, the lease runs
+// out, a retry takes over and repeats the provider call with the same
+// downstream key: the provider answers with the first charge instead of
+// charging again.
+func (a *app) pay(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	account := accountFrom(ctx)
+	id, err := orderIDFromPath(r.URL.Path)
+	if err != nil {
+		core.Release(ctx)
+		problem(w, http.StatusNotFound, "not-found", "no such order")
+		return
+	}
+	var in struct {
+		AmountCents int64 `json:"amount_cents"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.AmountCents < 1 {
+		core.Release(ctx)
+		problem(w, http.StatusBadRequest, "invalid-payment", `want {"amount_cents": integer >= 1}`)
+		return
+	}
+	if _, err := a.repo.findOrder(ctx, account, id); err != nil {
+		if errors.Is(err, errNotFound) {
+			problem(w, http.StatusNotFound, "not-found", "no such order")
+			return
+		}
+		core.Release(ctx)
+		problem(w, http.StatusServiceUnavailable, "unavailable", "could not read the order")
+		return
+	}
+	core.MarkEffect(ctx) // from here on a failure may have charged the card
+	chargeID, err := a.repo.providerCharge(ctx, core.DownstreamKey(ctx, "charge"), account, in.AmountCents)
+	if err != nil {
+		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
+		return
+	}
+	if err := sleep(ctx, a.workDelay); err != nil {
+		problem(w, http.StatusServiceUnavailable, "cancelled", "the request was cancelled")
+		return
+	}
+	c, err := a.repo.insertCharge(ctx, &Charge{OrderID: id, Account: account, AmountCents: in.AmountCents,
+		ProviderChargeID: chargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)})
+	if err != nil {
+		problem(w, http.StatusInternalServerError, "internal", "could not record the charge")
+		return
+	}
+	writeJSON(w, http.StatusCreated, c)
+}
+
+func orderIDFromPath(p string) (int64, error) {
+	rest, ok := strings.CutPrefix(p, "/orders/")
+	if !ok {
+		return 0, errNotFound
+	}
+	idText, _, _ := strings.Cut(rest, "/")
+	id, err := strconv.ParseInt(idText, 10, 64)
+	if err != nil || id < 1 {
+		return 0, fmt.Errorf("%w: order id %q", errNotFound, idText)
+	}
+	return id, nil
+}
+
+func healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write([]byte("ok\n"))
+}

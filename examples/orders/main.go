@@ -1,0 +1,176 @@
+// Command orders is idem's example service: a small orders API protected by
+// Idempotency-Key on Gin, Echo or chi, with a GORM or database/sql store on
+// SQLite (embedded, the default), Postgres or MySQL/MariaDB.
+//
+//	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
+//	    [-store gorm|sql] [-db sqlite|postgres|mysql] [-dsn DSN]
+//	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s]
+//
+// See README.md in this directory for the HTTP interface.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+type options struct {
+	addr       string
+	framework  string
+	store      string
+	db         string
+	dsn        string
+	workDelay  time.Duration
+	sweepEvery time.Duration
+	lease      time.Duration
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
+	flag.StringVar(&o.framework, "framework", "gin", "router: gin, echo or chi")
+	flag.StringVar(&o.store, "store", "gorm", "idempotency store: gorm or sql")
+	flag.StringVar(&o.db, "db", "sqlite", "database: sqlite, postgres or mysql")
+	flag.StringVar(&o.dsn, "dsn", "", "database DSN (default for sqlite: orders.db in the working directory)")
+	flag.DurationVar(&o.workDelay, "work-delay", 0, "simulated slow work inside each request (to try a concurrent retry by hand)")
+	flag.DurationVar(&o.sweepEvery, "sweep-every", time.Minute, "how often expired idempotency records are deleted")
+	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
+	flag.Parse()
+
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(o, logger); err != nil {
+		logger.Error("orders: " + err.Error())
+		os.Exit(1)
+	}
+}
+
+func run(o options, logger *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b, err := openBackend(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	a := &app{repo: b.repo, workDelay: o.workDelay}
+	engineOpts := []core.Option{
+		core.WithLease(o.lease),
+		// The access log writes the one line per request; the engine's own
+		// log only adds warnings (indeterminate outcomes, lost leases,
+		// store errors).
+		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+		core.WithObserver(recordDecision),
+	}
+	h, err := newRouter(o.framework, b.store, a, engineOpts)
+	if err != nil {
+		return err
+	}
+
+	sweeper := &core.Sweeper{Store: b.store, Every: o.sweepEvery, Logger: logger}
+	sweeper.Start(ctx)
+	defer sweeper.Stop()
+
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: accessLog(logger, h), ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("orders: shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// --- one log line per request, with the idempotency decision ---------------
+
+type decisionKey struct{}
+
+type decisionSlot struct {
+	mu sync.Mutex
+	ev *core.Event
+}
+
+// recordDecision is the engine's observer: it hands the decision to the
+// access log of the same request.
+func recordDecision(ctx context.Context, ev core.Event) {
+	if s, ok := ctx.Value(decisionKey{}).(*decisionSlot); ok {
+		s.mu.Lock()
+		s.ev = &ev
+		s.mu.Unlock()
+	}
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func accessLog(logger *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		slot := &decisionSlot{}
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			attrs := []any{"method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start).Round(time.Microsecond)}
+			slot.mu.Lock()
+			if ev := slot.ev; ev != nil {
+				attrs = append(attrs, "idempotency", string(ev.Decision), "key", ev.Key)
+				if ev.Attempt > 1 {
+					attrs = append(attrs, "attempt", ev.Attempt)
+				}
+				if ev.Err != nil {
+					attrs = append(attrs, "reason", ev.Err.Error())
+				}
+			} else {
+				attrs = append(attrs, "idempotency", "none")
+			}
+			slot.mu.Unlock()
+			logger.Info("request", attrs...)
+		}()
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), decisionKey{}, slot)))
+	})
+}

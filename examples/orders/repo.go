@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"strings"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/idemkit/idem/gormstore"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// schema creates the business tables (the idempotency table is created by
+// the store). Both repos share it.
+func schema(dialect string) []string {
+	id, ts, text := "BIGSERIAL PRIMARY KEY", "TIMESTAMPTZ", "VARCHAR(255)"
+	switch dialect {
+	case "mysql":
+		id, ts = "BIGINT AUTO_INCREMENT PRIMARY KEY", "DATETIME(6)"
+	case "sqlite":
+		id, ts, text = "INTEGER PRIMARY KEY AUTOINCREMENT", "DATETIME", "TEXT"
+	}
+	return []string{
+		`CREATE TABLE IF NOT EXISTS orders (id ` + id + `, account ` + text + ` NOT NULL, item ` + text + ` NOT NULL,
+			quantity INT NOT NULL, created_at ` + ts + ` NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS charges (id ` + id + `, order_id BIGINT NOT NULL, account ` + text + ` NOT NULL,
+			amount_cents BIGINT NOT NULL, provider_charge_id VARCHAR(64) NOT NULL UNIQUE, created_at ` + ts + ` NOT NULL)`,
+		// The simulated payment provider's own storage: one charge per
+		// downstream idempotency key.
+		`CREATE TABLE IF NOT EXISTS provider_charges (idem_key VARCHAR(64) NOT NULL PRIMARY KEY,
+			charge_id VARCHAR(64) NOT NULL, account ` + text + ` NOT NULL, amount_cents BIGINT NOT NULL)`,
+	}
+}
+
+// --- database/sql ----------------------------------------------------------
+
+type sqlRepo struct {
+	db      *sql.DB
+	dialect string
+}
+
+// conn is the middleware's transaction when there is one (atomic mode),
+// else the pool.
+func (r *sqlRepo) conn(ctx context.Context) sqlstore.Conn {
+	if tx := sqlstore.TxFrom(ctx); tx != nil {
+		return tx
+	}
+	return r.db
+}
+
+// q rewrites ? placeholders for Postgres.
+func (r *sqlRepo) q(query string) string {
+	if r.dialect != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range query {
+		if c == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func (r *sqlRepo) migrate(ctx context.Context) error {
+	for _, stmt := range schema(r.dialect) {
+		if _, err := r.db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *sqlRepo) insertOrder(ctx context.Context, o *Order) error {
+	c := r.conn(ctx)
+	const ins = `INSERT INTO orders (account, item, quantity, created_at) VALUES (?, ?, ?, ?)`
+	if r.dialect == "mysql" {
+		res, err := c.ExecContext(ctx, ins, o.Account, o.Item, o.Quantity, o.CreatedAt)
+		if err != nil {
+			return err
+		}
+		o.ID, err = res.LastInsertId()
+		return err
+	}
+	return c.QueryRowContext(ctx, r.q(ins+` RETURNING id`), o.Account, o.Item, o.Quantity, o.CreatedAt).Scan(&o.ID)
+}
+
+func (r *sqlRepo) listOrders(ctx context.Context, account string) ([]Order, error) {
+	rows, err := r.conn(ctx).QueryContext(ctx, r.q(`SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? ORDER BY id`), account)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Order
+	for rows.Next() {
+		var o Order
+		if err := rows.Scan(&o.ID, &o.Account, &o.Item, &o.Quantity, &o.CreatedAt); err != nil {
+			return nil, err
+		}
+		o.CreatedAt = o.CreatedAt.UTC()
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
+func (r *sqlRepo) findOrder(ctx context.Context, account string, id int64) (*Order, error) {
+	var o Order
+	err := r.conn(ctx).QueryRowContext(ctx, r.q(`SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? AND id = ?`), account, id).
+		Scan(&o.ID, &o.Account, &o.Item, &o.Quantity, &o.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errNotFound
+	}
+	return &o, err
+}
+
+// insertIgnore is "insert unless the unique key exists" per dialect.
+func (r *sqlRepo) insertIgnore(table, cols string, n int) string {
+	ph := strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+	if r.dialect == "mysql" {
+		return `INSERT IGNORE INTO ` + table + ` (` + cols + `) VALUES (` + ph + `)`
+	}
+	return r.q(`INSERT INTO ` + table + ` (` + cols + `) VALUES (` + ph + `) ON CONFLICT DO NOTHING`)
+}
+
+func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error) {
+	c := r.conn(ctx)
+	if _, err := c.ExecContext(ctx, r.insertIgnore("charges", "order_id, account, amount_cents, provider_charge_id, created_at", 5),
+		ch.OrderID, ch.Account, ch.AmountCents, ch.ProviderChargeID, ch.CreatedAt); err != nil {
+		return nil, err
+	}
+	var got Charge
+	err := c.QueryRowContext(ctx, r.q(`SELECT id, order_id, account, amount_cents, provider_charge_id, created_at FROM charges WHERE provider_charge_id = ?`), ch.ProviderChargeID).
+		Scan(&got.ID, &got.OrderID, &got.Account, &got.AmountCents, &got.ProviderChargeID, &got.CreatedAt)
+	got.CreatedAt = got.CreatedAt.UTC()
+	return &got, err
+}
+
+func (r *sqlRepo) providerCharge(ctx context.Context, key, account string, amount int64) (string, error) {
+	if _, err := r.db.ExecContext(ctx, r.insertIgnore("provider_charges", "idem_key, charge_id, account, amount_cents", 4),
+		key, "ch_"+key[:24], account, amount); err != nil {
+		return "", err
+	}
+	var id string
+	err := r.db.QueryRowContext(ctx, r.q(`SELECT charge_id FROM provider_charges WHERE idem_key = ?`), key).Scan(&id)
+	return id, err
+}
+
+// --- GORM ------------------------------------------------------------------
+
+type gormRepo struct {
+	db      *gorm.DB
+	dialect string
+}
+
+type providerCharge struct {
+	IdemKey     string `gorm:"primaryKey"`
+	ChargeID    string
+	Account     string
+	AmountCents int64
+}
+
+// tx is the middleware's transaction when there is one (atomic mode), else
+// the pool, bound to ctx.
+func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
+	if tx := gormstore.DB(ctx); tx != nil {
+		return tx
+	}
+	return r.db.WithContext(ctx)
+}
+
+func (r *gormRepo) migrate(ctx context.Context) error {
+	for _, stmt := range schema(r.dialect) {
+		if err := r.db.WithContext(ctx).Exec(stmt).Error; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *gormRepo) insertOrder(ctx context.Context, o *Order) error {
+	return r.tx(ctx).Create(o).Error
+}
+
+func (r *gormRepo) listOrders(ctx context.Context, account string) ([]Order, error) {
+	var out []Order
+	err := r.tx(ctx).Where("account = ?", account).Order("id").Find(&out).Error
+	for i := range out {
+		out[i].CreatedAt = out[i].CreatedAt.UTC()
+	}
+	return out, err
+}
+
+func (r *gormRepo) findOrder(ctx context.Context, account string, id int64) (*Order, error) {
+	var o Order
+	err := r.tx(ctx).Where("account = ? AND id = ?", account, id).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, errNotFound
+	}
+	return &o, err
+}
+
+func (r *gormRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error) {
+	db := r.tx(ctx)
+	if err := db.Clauses(clause.OnConflict{DoNothing: true}).Create(ch).Error; err != nil {
+		return nil, err
+	}
+	var got Charge
+	err := db.Where("provider_charge_id = ?", ch.ProviderChargeID).Take(&got).Error
+	got.CreatedAt = got.CreatedAt.UTC()
+	return &got, err
+}
+
+func (r *gormRepo) providerCharge(ctx context.Context, key, account string, amount int64) (string, error) {
+	db := r.db.WithContext(ctx)
+	pc := providerCharge{IdemKey: key, ChargeID: "ch_" + key[:24], Account: account, AmountCents: amount}
+	if err := db.Clauses(clause.OnConflict{DoNothing: true}).Create(&pc).Error; err != nil {
+		return "", err
+	}
+	var got providerCharge
+	err := db.Where("idem_key = ?", key).Take(&got).Error
+	return got.ChargeID, err
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemkit/idem/chiidem"
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/ginidem"
+)
+
+// newRouter builds the orders API on one framework. Each framework reads the
+// caller the way its users usually do: an auth middleware stores the
+// account, and the engine's caller function reads it back.
+func newRouter(framework string, store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+	switch framework {
+	case "gin":
+		return ginRouter(store, a, opts)
+	case "echo":
+		return echoRouter(store, a, opts)
+	case "chi":
+		return chiRouter(store, a, opts)
+	}
+	return nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
+}
+
+func unauthorized(w http.ResponseWriter) {
+	problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
+}
+
+func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+	e, err := core.New(store, append(opts, core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
+		return c.GetString("account"), nil
+	})))...)
+	if err != nil {
+		return nil, err
+	}
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(gin.Recovery())
+	r.GET("/healthz", gin.WrapF(healthz))
+	auth := func(c *gin.Context) {
+		account := bearer(c.Request)
+		if account == "" {
+			unauthorized(c.Writer)
+			c.Abort()
+			return
+		}
+		c.Set("account", account)
+		c.Request = c.Request.WithContext(withAccount(c.Request.Context(), account))
+	}
+	orders := r.Group("/orders", auth)
+	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
+	orders.GET("", gin.WrapF(a.listOrders))
+	orders.POST("/:id/payments", ginidem.New(e, core.Leased()), gin.WrapF(a.pay))
+	return r, nil
+}
+
+func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+	e, err := core.New(store, append(opts, core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
+		s, _ := c.Get("account").(string)
+		return s, nil
+	})))...)
+	if err != nil {
+		return nil, err
+	}
+	r := echo.New()
+	r.HideBanner, r.HidePort = true, true
+	r.GET("/healthz", echo.WrapHandler(http.HandlerFunc(healthz)))
+	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			account := bearer(c.Request())
+			if account == "" {
+				unauthorized(c.Response())
+				return nil
+			}
+			c.Set("account", account)
+			c.SetRequest(c.Request().WithContext(withAccount(c.Request().Context(), account)))
+			return next(c)
+		}
+	}
+	g := r.Group("/orders", auth)
+	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
+	g.GET("", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
+	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, core.Leased()))
+	return r, nil
+}
+
+func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
+		return accountFrom(r.Context()), nil
+	}))...)
+	if err != nil {
+		return nil, err
+	}
+	r := chi.NewRouter()
+	r.Get("/healthz", healthz)
+	r.Route("/orders", func(r chi.Router) {
+		r.Use(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				account := bearer(req)
+				if account == "" {
+					unauthorized(w)
+					return
+				}
+				next.ServeHTTP(w, req.WithContext(withAccount(req.Context(), account)))
+			})
+		})
+		r.With(chiidem.New(e)).Post("/", a.createOrder)
+		r.Get("/", a.listOrders)
+		r.With(chiidem.New(e, core.Leased())).Post("/{id}/payments", a.pay)
+	})
+	return r, nil
+}
