@@ -57,7 +57,10 @@ func NativeFrom(ctx context.Context) any {
 // "" when unknown: then Request.Pattern, then the path is used), native the
 // framework's context (or nil), and next runs the rest of the chain with the
 // writer and request it is given (the request carries the engine's context:
-// transaction, MarkEffect, Release, DownstreamKey).
+// transaction, MarkEffect, Release, DownstreamKey). When the request is not
+// protected (method not covered, KeyOptional without a key, fail-open),
+// next receives w itself, so adapters can tell pass-through from
+// capture by comparing writers.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
 	if !rt.covers(r.Method) {
 		next(w, r)
@@ -415,9 +418,7 @@ func (rec *recorder) Flush() {
 	if !rec.through {
 		rec.goThrough()
 	}
-	if f, ok := rec.w.(http.Flusher); ok {
-		f.Flush()
-	}
+	_ = http.NewResponseController(rec.w).Flush() // also through Unwrap chains
 }
 
 // Hijack hands the connection over in leased mode (the body is then not
@@ -427,11 +428,7 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if rec.atomic {
 		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
 	}
-	h, ok := rec.w.(http.Hijacker)
-	if !ok {
-		return nil, nil, http.ErrNotSupported
-	}
-	conn, rw, err := h.Hijack()
+	conn, rw, err := http.NewResponseController(rec.w).Hijack() // also through Unwrap chains
 	if err == nil {
 		// The handler owns the connection: what it sends is unknown. The
 		// record completes with the status set before (200 when none) and

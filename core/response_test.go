@@ -144,3 +144,24 @@ func TestRecorderIgnoresInformationalStatus(t *testing.T) {
 		rec.free()
 	}
 }
+
+// unwrapOnly exposes Flush only through Unwrap, as many Go 1.20+ middleware
+// writers do.
+type unwrapOnly struct{ w http.ResponseWriter }
+
+func (u unwrapOnly) Header() http.Header         { return u.w.Header() }
+func (u unwrapOnly) Write(b []byte) (int, error) { return u.w.Write(b) }
+func (u unwrapOnly) WriteHeader(code int)        { u.w.WriteHeader(code) }
+func (u unwrapOnly) Unwrap() http.ResponseWriter { return u.w }
+
+func TestRecorderFlushesThroughUnwrap(t *testing.T) {
+	under := httptest.NewRecorder()
+	var rec recorder
+	rec.init(unwrapOnly{under}, false, 1<<10)
+	defer rec.free()
+	rec.Write([]byte("chunk"))
+	rec.Flush()
+	if !under.Flushed || under.Body.String() != "chunk" {
+		t.Fatalf("Flush must reach a Flusher behind Unwrap: flushed=%v body=%q", under.Flushed, under.Body)
+	}
+}
