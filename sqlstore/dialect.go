@@ -17,7 +17,7 @@ const (
 	// (github.com/jackc/pgx/v5/stdlib, github.com/lib/pq).
 	Postgres Dialect = iota + 1
 	// MySQL: MySQL 8.0.1 or later and MariaDB 10.6 or later, through
-	// github.com/go-sql-driver/mysql with parseTime=true.
+	// github.com/go-sql-driver/mysql (loc=UTC, the driver's default).
 	MySQL
 	// SQLite: SQLite 3.35 or later (RETURNING), for example the pure-Go
 	// modernc.org/sqlite.

@@ -83,9 +83,9 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 // tool.
 //
 // Connection settings the store relies on:
-//   - MySQL/MariaDB (github.com/go-sql-driver/mysql): parseTime=true and
-//     loc=UTC (the driver's default loc); interpolateParams=true saves a
-//     prepare round trip per statement.
+//   - MySQL/MariaDB (github.com/go-sql-driver/mysql): loc=UTC (the
+//     driver's default), parseTime=true recommended; interpolateParams=true
+//     saves a prepare round trip per statement.
 //   - SQLite (modernc.org/sqlite): _pragma=busy_timeout(5000),
 //     _pragma=journal_mode(WAL) and _txlock=immediate; see the README.
 func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
