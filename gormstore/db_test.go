@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,8 +84,17 @@ func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter
 
 // newStore returns a store on a fresh table (dropped at cleanup).
 func newStore(t testing.TB, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
+	return newStoreOn(t, d, nil)
+}
+
+// newStoreOn is newStore on the *gorm.DB that session returns (nil: as
+// opened).
+func newStoreOn(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	db, c := openGorm(t, d)
+	if session != nil {
+		db = session(db)
+	}
 	table := sqlstoretest.Table()
 	s, err := gormstore.New(db, gormstore.WithTable(table))
 	if err != nil {
@@ -107,8 +117,10 @@ type order struct {
 	Name string `gorm:"size:100;not null"`
 }
 
-func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
-	s, db, c := newStore(t, d)
+func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture { return fixtureOn(t, d, nil) }
+
+func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) sqlstoretest.Fixture {
+	s, db, c := newStoreOn(t, d, session)
 	orders := s.Table() + "_orders"
 	if err := db.Table(orders).AutoMigrate(&order{}); err != nil {
 		t.Fatal(err)
@@ -132,6 +144,9 @@ func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
 		},
 		CallerManaged: func(ctx context.Context, fn func(ctx context.Context) error) error {
 			return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if _, prepared := tx.Statement.ConnPool.(*gorm.PreparedStmtTX); db.PrepareStmt && !prepared {
+					return fmt.Errorf("ConnPool is %T, want *gorm.PreparedStmtTX", tx.Statement.ConnPool)
+				}
 				return fn(gormstore.WithTx(ctx, tx))
 			})
 		},
@@ -169,4 +184,12 @@ func TestNewRejectsUnknownDialector(t *testing.T) {
 	if _, err := gormstore.New(db, gormstore.WithTable("no-dashes")); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("New with a bad table: %v, want ErrConfig", err)
 	}
+}
+
+// With PrepareStmt, GORM wraps the pool and its transactions in prepared
+// statement caches; the store must still find and join the transaction.
+func TestAtomicWithPrepareStmt(t *testing.T) {
+	sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: sqlstore.SQLite, New: func(t *testing.T) sqlstoretest.Fixture {
+		return fixtureOn(t, sqlstore.SQLite, func(db *gorm.DB) *gorm.DB { return db.Session(&gorm.Session{PrepareStmt: true}) })
+	}})
 }
