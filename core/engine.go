@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -16,10 +15,11 @@ import (
 // Engine is the idempotency state machine over a Store. It is safe for
 // concurrent use; create one per store and share it between routes.
 type Engine struct {
-	store Store
-	tx    TxStore // store as a TxStore; nil when the store has no transactions
-	cfg   config
-	def   *Route
+	store  Store
+	tx     TxStore // store as a TxStore; nil when the store has no transactions
+	cfg    config
+	def    *Route
+	leases leases
 }
 
 // New returns an engine over store. It fails with ErrConfig when neither
@@ -150,10 +150,10 @@ type attempt struct {
 	recordAllow []string
 	release     atomic.Bool // the handler asked to release the record
 
-	// leased mode
-	mu     sync.Mutex
-	timer  *time.Timer
-	lost   bool
+	// leased mode: the engine's heartbeat extends the lease while the
+	// attempt is held (see lease.go) and cancels the handler's context with
+	// ErrLeaseLost when a takeover fenced it.
+	lost   atomic.Bool
 	cancel context.CancelCauseFunc
 }
 
@@ -192,7 +192,11 @@ func newToken() int64 {
 // acquire claims ident, or decides how to answer without running. It
 // implements the in-flight policy: reject at once, or poll (outside any
 // transaction, so waiting duplicates hold no connection) until the wait bound.
-func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time) (*attempt, *answer) {
+//
+// A claimed attempt is written to dst (so a caller can embed it) and
+// returned; cancel, when not nil, cancels the context the handler will run
+// with (leased mode: on a lost lease).
+func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, *answer) {
 	e := rt.e
 	joined := rt.atomic && e.tx.InTx(ctx)
 	deadline := start.Add(rt.p.wait)
@@ -215,8 +219,12 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		res, err := e.store.Claim(cctx, req)
 		if err == nil && res.Claimed {
-			return &attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
-				start: start, ctx: cctx, tx: tx, joined: joined}, nil
+			if dst == nil {
+				dst = new(attempt)
+			}
+			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
+				start: start, ctx: cctx, tx: tx, joined: joined, cancel: cancel}
+			return dst, nil
 		}
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
@@ -365,57 +373,6 @@ func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
 
 // --- running an attempt ----------------------------------------------------
 
-// startLease starts the heartbeat of a leased attempt and returns the
-// context the handler runs with: it is cancelled with ErrLeaseLost when a
-// heartbeat finds the lease taken over.
-func (a *attempt) startLease(ctx context.Context) context.Context {
-	if a.rt.atomic {
-		return ctx
-	}
-	ctx, a.cancel = context.WithCancelCause(ctx)
-	a.mu.Lock()
-	a.timer = time.AfterFunc(a.e.cfg.lease/3, a.heartbeat)
-	a.mu.Unlock()
-	return ctx
-}
-
-func (a *attempt) heartbeat() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.timer == nil { // stopped
-		return
-	}
-	until := a.e.cfg.clock().Add(a.e.cfg.lease)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.e.cfg.lease/3)
-	err := a.e.store.Extend(ctx, a.id, a.token, until)
-	cancel()
-	switch {
-	case errors.Is(err, ErrFenced):
-		a.lost = true
-		a.timer = nil
-		a.cancel(ErrLeaseLost)
-		return
-	case err != nil:
-		a.e.cfg.logger.Warn("idempotency: extending a lease failed; retrying", slog.String("id", a.id.String()), slog.String("error", err.Error()))
-	}
-	a.timer.Reset(a.e.cfg.lease / 3)
-}
-
-// stopLease stops the heartbeat; it reports whether the lease was lost.
-func (a *attempt) stopLease() (lost bool) {
-	if a.cancel == nil {
-		return false
-	}
-	a.mu.Lock()
-	if a.timer != nil {
-		a.timer.Stop()
-		a.timer = nil
-	}
-	lost = a.lost
-	a.mu.Unlock()
-	return lost
-}
-
 // verdict is how an attempt ended.
 type verdict uint8
 
@@ -447,10 +404,7 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // handler's answer.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	e := a.e
-	lost := a.stopLease()
-	if a.cancel != nil {
-		defer a.cancel(nil)
-	}
+	lost := e.unhold(a)
 	if v == vRelease {
 		var err error
 		switch {
@@ -502,10 +456,7 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 
 // abort gives up an attempt whose handler never ran (the claim is undone).
 func (a *attempt) abort() {
-	a.stopLease()
-	if a.cancel != nil {
-		a.cancel(nil)
-	}
+	a.e.unhold(a)
 	if a.tx != nil {
 		_ = a.tx.Rollback()
 		return
@@ -532,7 +483,9 @@ func attemptFrom(ctx context.Context) *attempt {
 	case *attempt:
 		return v
 	case *call:
-		return v.att
+		if v.claimed {
+			return &v.att
+		}
 	}
 	return nil
 }

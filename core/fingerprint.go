@@ -168,8 +168,13 @@ func mediaKindOf(r *http.Request) mediaKind {
 		return mediaOther
 	}
 	ct := r.Header.Get("Content-Type")
-	if ct == "" {
+	switch ct {
+	case "":
 		return mediaOther
+	case "application/json", "application/json; charset=utf-8", "application/json;charset=utf-8":
+		return mediaJSON // the common spellings, without ParseMediaType's map
+	case "application/x-www-form-urlencoded":
+		return mediaForm
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil && !errors.Is(err, mime.ErrInvalidMediaParameter) {

@@ -33,13 +33,24 @@ func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler
 	return func(next http.Handler) http.Handler { return e.Handler(next, opts...) }
 }
 
-// call is the per-request state placed in the request context.
+// call is the per-request state. It is also the request's context (the
+// parent's, plus Value(attemptKey{}) = the call), so one allocation serves
+// both.
 type call struct {
-	native any
-	att    *attempt
-	body   bodyReader
-	rec    recorder
-	resp   Response
+	context.Context
+	native  any
+	claimed bool
+	att     attempt
+	body    bodyReader
+	rec     recorder
+	resp    Response
+}
+
+func (c *call) Value(key any) any {
+	if key == (attemptKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -81,8 +92,14 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
 		return
 	}
-	c := &call{native: native}
-	ctx := context.WithValue(r.Context(), attemptKey{}, c)
+	c := &call{Context: r.Context(), native: native}
+	var cancel context.CancelCauseFunc
+	if !rt.atomic {
+		// Leased mode: the handler's context ends when the lease is lost.
+		c.Context, cancel = context.WithCancelCause(c.Context)
+		defer cancel(nil)
+	}
+	var ctx context.Context = c
 	r = r.WithContext(ctx)
 	ev := Event{Scope: scope, Key: key}
 	caller := ""
@@ -119,7 +136,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start)
+	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, cancel)
 	if ans != nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
@@ -138,11 +155,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		e.emit(ctx, ev)
 		return
 	}
-	c.att = att
+	c.claimed = true
 	ev.Attempt = att.number
-	hctx := att.startLease(att.ctx)
-	if hctx != ctx {
-		r = r.WithContext(hctx)
+	e.hold(att)
+	if att.ctx != ctx { // atomic mode: the context carries the transaction
+		r = r.WithContext(att.ctx)
 	}
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)

@@ -57,7 +57,12 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
 	id := ident.ID()
 	ev := Event{ID: id, Scope: ident.Scope, Key: m.ID}
-	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start)
+	var cancel context.CancelCauseFunc
+	if !rt.atomic {
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+	}
+	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start, nil, cancel)
 	if ans != nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		ev.Duration = e.cfg.clock().Sub(start)
@@ -73,7 +78,8 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		return Result{Value: ans.resp.Body, Replayed: true}, nil
 	}
 	ev.Attempt = att.number
-	hctx := att.startLease(context.WithValue(att.ctx, attemptKey{}, att))
+	hctx := context.WithValue(att.ctx, attemptKey{}, att)
+	e.hold(att)
 
 	var value []byte
 	var err error
