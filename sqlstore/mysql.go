@@ -165,8 +165,8 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			continue
 		case n == erLockWaitTimeout || n == erDupEntry:
 			// Another transaction inserted the id between our probe and our
-			// insert and has not committed: the insert waited for it up to
-			// innodb_lock_wait_timeout (see the README).
+			// insert and did not commit within innodb_lock_wait_timeout
+			// (see the README), or the id kept changing under us.
 			return inProgressElsewhere(req.ID), nil
 		}
 		return core.ClaimResult{}, unavailable("claim", err)

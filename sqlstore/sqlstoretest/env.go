@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
-	"strings"
 	"testing"
 )
 
@@ -21,19 +20,14 @@ const (
 )
 
 // Required reports whether a missing database must fail a test instead of
-// skipping it: under CI (CI set) or with IDEM_REQUIRE_DB set.
+// skipping it: when CI or IDEM_REQUIRE_DB is set (to anything).
 func Required() bool {
-	for _, k := range []string{"CI", EnvRequire} {
-		if v := strings.ToLower(os.Getenv(k)); v != "" && v != "0" && v != "false" {
-			return true
-		}
-	}
-	return false
+	return os.Getenv("CI") != "" || os.Getenv(EnvRequire) != ""
 }
 
 // DSN returns the value of the environment variable env. When it is empty
-// the test is skipped, or fails under CI and with IDEM_REQUIRE_DB ("under
-// CI a missing database is a failure").
+// the test is skipped only if neither CI nor IDEM_REQUIRE_DB is set;
+// otherwise it fails ("under CI a missing database is a failure").
 func DSN(t testing.TB, env string) string {
 	t.Helper()
 	dsn := os.Getenv(env)
