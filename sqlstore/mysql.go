@@ -77,9 +77,16 @@ func mysqlErrno(err error) uint16 {
 // in atomic mode holds the row, never because another leased claim is
 // between its INSERT and its COMMIT, so a leased duplicate gets the
 // winner's record instead of "in progress", and nobody polls.
+//
+// A leased claim first reads the committed row without locking: a live
+// record that cannot be claimed (a replay, a running lease) is answered by
+// that one statement.
 func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	if c, ok := s.conn(ctx); ok {
 		return s.claimMySQLIn(ctx, c, req)
+	}
+	if res, ok, err := s.readExisting(ctx, s.db, req); err != nil || ok {
+		return res, err
 	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
@@ -176,16 +183,8 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 // claimReadMySQL answers a claim whose probe found the row locked: the
 // committed row if it is final (or held by a live lease), else in progress.
 func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
-	var rec core.Record
-	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		found = false
-	case err != nil:
-		return core.ClaimResult{}, unavailable("claim read", err)
-	}
-	if found && live(rec, req.Now) && !takeable(rec, req) {
-		return core.ClaimResult{Record: rec}, nil
+	if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
+		return res, err
 	}
 	return inProgressElsewhere(req.ID), nil
 }

@@ -44,7 +44,16 @@ RETURNING ` + cols,
 }
 
 func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	c, _ := s.conn(ctx)
+	c, inTx := s.conn(ctx)
+	if !inTx {
+		// Leased mode: a replay or a running lease is answered by a read,
+		// without taking the database's write lock. (In a transaction the
+		// write comes first: a deferred transaction that read first could
+		// fail with SQLITE_BUSY when it then writes.)
+		if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
+			return res, err
+		}
+	}
 	takeover := 0
 	if req.Takeover {
 		takeover = 1
@@ -63,15 +72,8 @@ func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.Cl
 		// Not claimed: the row exists and is live. In a transaction we hold
 		// the write lock, so it cannot change before this read; outside one
 		// it may have been released or swept meanwhile: claim again.
-		found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			found = false
-		case err != nil:
-			return core.ClaimResult{}, unavailable("claim read", err)
-		}
-		if found && live(rec, req.Now) && !takeable(rec, req) {
-			return core.ClaimResult{Record: rec}, nil
+		if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
+			return res, err
 		}
 		if try+1 == maxClaimTries {
 			return inProgressElsewhere(req.ID), nil

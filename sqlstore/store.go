@@ -412,6 +412,24 @@ func takeable(rec core.Record, req core.ClaimRequest) bool {
 	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
 }
 
+// readExisting reads the committed row of req.ID without locking. ok is
+// true when that row answers the claim: it is live and cannot be claimed
+// (neither expired nor a lapsed lease that req may take over).
+func (s *Store) readExisting(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, ok bool, err error) {
+	var rec core.Record
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return core.ClaimResult{}, false, nil
+	case err != nil:
+		return core.ClaimResult{}, false, unavailable("claim read", err)
+	}
+	if found && live(rec, req.Now) && !takeable(rec, req) {
+		return core.ClaimResult{Record: rec}, true, nil
+	}
+	return core.ClaimResult{}, false, nil
+}
+
 // inProgressElsewhere is the answer when another transaction holds the
 // identity and its row is not visible.
 func inProgressElsewhere(id core.ID) core.ClaimResult {
