@@ -4,7 +4,7 @@
 //
 //	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
 //	    [-store gorm|sql] [-db sqlite|postgres|mysql] [-dsn DSN]
-//	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s]
+//	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s] [-retention 24h]
 //
 // See README.md in this directory for the HTTP interface.
 package main
@@ -35,6 +35,7 @@ type options struct {
 	workDelay  time.Duration
 	sweepEvery time.Duration
 	lease      time.Duration
+	retention  time.Duration
 }
 
 func main() {
@@ -47,6 +48,7 @@ func main() {
 	flag.DurationVar(&o.workDelay, "work-delay", 0, "simulated slow work inside each request (to try a concurrent retry by hand)")
 	flag.DurationVar(&o.sweepEvery, "sweep-every", time.Minute, "how often expired idempotency records are deleted")
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
+	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -74,6 +76,9 @@ func run(o options, logger *slog.Logger) error {
 		// store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		core.WithObserver(recordDecision),
+	}
+	if o.retention > 0 {
+		engineOpts = append(engineOpts, core.Retention(o.retention))
 	}
 	h, err := newRouter(o.framework, b.store, a, engineOpts)
 	if err != nil {
