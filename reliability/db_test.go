@@ -1,0 +1,106 @@
+package reliability
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+var (
+	long     = flag.Bool("reliability.long", false, "run the long variants (minutes per store)")
+	duration = flag.Duration("reliability.duration", 2*time.Minute, "how long each long variant runs")
+	seedFlag = flag.Uint64("reliability.seed", 0, "seed of the random schedules (0: a new one, printed)")
+)
+
+const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+var sqlDialects = []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite}
+
+// dsn returns the DSN of d's test database (a fresh file for SQLite); a
+// missing one skips t, or fails it under CI and IDEM_REQUIRE_DB.
+func dsn(t testing.TB, d sqlstore.Dialect) string {
+	t.Helper()
+	switch d {
+	case sqlstore.Postgres:
+		return sqlstoretest.DSN(t, sqlstoretest.EnvPostgres)
+	case sqlstore.MySQL:
+		return sqlstoretest.DSN(t, sqlstoretest.EnvMySQL)
+	}
+	return "file:" + filepath.Join(t.TempDir(), "idem.db") + sqliteOpts
+}
+
+// openDB opens a pool on d's test database through dial (nil: directly),
+// closed at cleanup.
+func openDB(t testing.TB, d sqlstore.Dialect, dsnStr string) *sql.DB {
+	t.Helper()
+	var db *sql.DB
+	switch d {
+	case sqlstore.Postgres:
+		cfg, err := pgx.ParseConfig(dsnStr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = stdlib.OpenDB(*cfg)
+	case sqlstore.MySQL:
+		cfg, err := mysql.ParseDSN(dsnStr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = sql.OpenDB(c)
+	default:
+		c, err := sqlite.NewConnector(dsnStr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = sql.OpenDB(c)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("%v: %v", d, err)
+	}
+	return db
+}
+
+// newSQLStore returns a store on a fresh table of db, dropped at cleanup
+// (through admin, a pool that no fault reaches; nil: db).
+func newSQLStore(t testing.TB, d sqlstore.Dialect, db, admin *sql.DB) *sqlstore.Store {
+	t.Helper()
+	if admin == nil {
+		admin = db
+	}
+	table := sqlstoretest.Table()
+	s, err := sqlstore.New(db, d, sqlstore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := sqlstore.New(admin, d, sqlstore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := as.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+	return s
+}
