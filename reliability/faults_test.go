@@ -1,0 +1,338 @@
+package reliability
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// TestDatabaseFaults hammers the HTTP middleware (core.Engine over
+// sqlstore, in atomic and in leased mode, on PostgreSQL and MariaDB) while
+// a TCP proxy between the store and the database adds latency and cuts
+// connections: all at once, after a number of bytes (mid-statement,
+// mid-transaction), just before a COMMIT reaches the server and just after
+// (the commit happens; the client never hears of it). The handler writes
+// one business row per execution. Afterwards, with the faults off:
+//
+//   - no key has more than one business row: no second execution;
+//   - every 201 a client saw (first answer or replay) has its business row:
+//     no false success;
+//   - every answer is 201, 409, 500 or 503 (and 409/503 carry Retry-After):
+//     a failure is never dressed up as anything else;
+//   - every completed record's effect exists exactly once;
+//   - atomic mode: no record is left in progress, and a retry of every key
+//     now gets its 201 (the first one, or a fresh execution).
+func TestDatabaseFaults(t *testing.T) {
+	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
+		for _, leased := range []bool{false, true} {
+			mode := "atomic"
+			if leased {
+				mode = "leased"
+			}
+			t.Run(d.String()+"/"+mode, func(t *testing.T) { runFaults(t, d, leased) })
+		}
+	}
+}
+
+// proxied opens a pool on d's test database through a new fault proxy,
+// and a direct pool (admin) that no fault reaches.
+func proxied(t *testing.T, d sqlstore.Dialect) (db, admin *sql.DB, p *faultProxy) {
+	raw := dsn(t, d)
+	admin = openDB(t, d, raw)
+	switch d {
+	case sqlstore.Postgres:
+		cfg, err := pgx.ParseConfig(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = newFaultProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+		host, port, _ := net.SplitHostPort(p.Addr())
+		u := strings.Replace(raw, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), net.JoinHostPort(host, port), 1)
+		if u == raw {
+			t.Fatalf("cannot point the Postgres DSN at the proxy")
+		}
+		db = openDB(t, d, u)
+	case sqlstore.MySQL:
+		cfg, err := mysql.ParseDSN(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = newFaultProxy(t, cfg.Addr)
+		cfg.Addr = p.Addr()
+		cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = 5*time.Second, 10*time.Second, 10*time.Second
+		db = openDB(t, d, cfg.FormatDSN())
+	}
+	db.SetMaxOpenConns(12)
+	db.SetMaxIdleConns(12)
+	return db, admin, p
+}
+
+type faultAnswer struct {
+	key      string
+	took     time.Duration
+	status   int
+	replayed bool
+	body     string
+	retry    string
+}
+
+func init() {
+	// The MySQL driver logs every cut connection; the test counts them.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
+}
+
+func runFaults(t *testing.T, d sqlstore.Dialect, leased bool) {
+	db, admin, proxy := proxied(t, d)
+	store := newSQLStore(t, d, db, admin)
+	biz := store.Table() + "_biz"
+	ctx := context.Background()
+	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+biz+" (k VARCHAR(64) NOT NULL, attempt INT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+biz) })
+	ins := "INSERT INTO " + biz + " (k, attempt) VALUES (?, ?)"
+	if d == sqlstore.Postgres {
+		ins = "INSERT INTO " + biz + " (k, attempt) VALUES ($1, $2)"
+	}
+
+	var runs atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		key, _ := core.KeyFromHeader(r.Header)
+		info, _ := core.AttemptFrom(r.Context())
+		var err error
+		if leased {
+			core.MarkEffect(r.Context()) // the row is written outside the store's transaction
+			_, err = db.ExecContext(r.Context(), ins, key, info.Attempt)
+		} else {
+			tx := sqlstore.TxFrom(r.Context())
+			if tx == nil {
+				t.Error("atomic mode without a transaction in the request context")
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			_, err = tx.ExecContext(r.Context(), ins, key, info.Attempt)
+		}
+		if err != nil {
+			http.Error(w, "business write failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%q}`, key)
+	})
+	e, err := core.New(store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []core.RouteOption{core.Scope("POST /orders")}
+	if leased {
+		opts = append(opts, core.Leased())
+	}
+	h := e.Handler(handler, opts...)
+	send := func(key string) faultAnswer {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		r := httptest.NewRequestWithContext(rctx, "POST", "/orders", strings.NewReader(`{"order":"`+key+`"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set(core.HeaderKey, key)
+		w := httptest.NewRecorder()
+		start := time.Now()
+		h.ServeHTTP(w, r)
+		return faultAnswer{key: key, took: time.Since(start), status: w.Code, replayed: w.Header().Get(core.HeaderReplayed) == "true",
+			body: w.Body.String(), retry: w.Header().Get("Retry-After")}
+	}
+
+	seed := *seedFlag
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	run := 4 * time.Second
+	if *long {
+		run = *duration
+	}
+	t.Logf("seed %d, hammering for %v", seed, run)
+	// Half the requests reuse a few hot keys (duplicates, often
+	// concurrent), half use fresh keys (first executions all along).
+	const hot, workers = 20, 8
+	stop := time.Now().Add(run)
+	var (
+		mu      sync.Mutex
+		answers []faultAnswer
+		wg      sync.WaitGroup
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for i := 0; time.Now().Before(stop); i++ {
+				key := fmt.Sprintf("hot-%d", rng.IntN(hot))
+				if rng.IntN(2) == 0 {
+					key = fmt.Sprintf("order-%d-%d", w, i)
+				}
+				a := send(key)
+				mu.Lock()
+				answers = append(answers, a)
+				mu.Unlock()
+			}
+		}()
+	}
+	faults := map[string]int{}
+	wg.Add(1)
+	go func() { // the faults
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(seed, 1<<20))
+		for time.Now().Before(stop) {
+			time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
+			switch rng.IntN(6) {
+			case 0:
+				proxy.cutAll()
+				faults["cut all connections"]++
+			case 1:
+				proxy.cutBytes.Store(1 + rng.Int64N(4000))
+				faults["cut one connection after N bytes"]++
+			case 2:
+				proxy.cutCommit.Store(1)
+				faults["cut before COMMIT"]++
+			case 3:
+				proxy.cutCommit.Store(2)
+				faults["cut after COMMIT"]++
+			case 4:
+				proxy.maxLatency.Store(int64(time.Duration(rng.IntN(5000)) * time.Microsecond))
+				faults["latency"]++
+			default:
+				proxy.maxLatency.Store(0)
+			}
+		}
+	}()
+	wg.Wait()
+	proxy.maxLatency.Store(0)
+	proxy.cutBytes.Store(0)
+	proxy.cutCommit.Store(0)
+
+	statuses := map[int]int{}
+	for _, a := range answers {
+		statuses[a.status]++
+	}
+	t.Logf("%d requests, %d handler runs, statuses %v; faults %v; connections cut %d, at COMMIT %d (of %d COMMITs)",
+		len(answers), runs.Load(), statuses, faults, proxy.cuts.Load(), proxy.commitCuts.Load(), proxy.commits.Load())
+	slowest := slices.MaxFunc(answers, func(a, b faultAnswer) int { return int(a.took - b.took) })
+	t.Logf("slowest answer: %v, %d %s", slowest.took, slowest.status, strings.TrimSpace(slowest.body))
+	if len(answers) < 50 || statuses[http.StatusCreated] == 0 {
+		t.Fatalf("the hammer did not get through (%d requests, statuses %v): the test proves nothing", len(answers), statuses)
+	}
+
+	// With the faults off: in atomic mode nothing may stay in progress
+	// (the database rolled back every cut transaction).
+	if !leased {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			var n int
+			if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+store.Table()+" WHERE state = 1").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("atomic mode: %d records still in progress 15 s after the faults stopped", n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	// A retry of every key, without faults.
+	sent := map[string]bool{}
+	for _, a := range answers {
+		sent[a.key] = true
+	}
+	for key := range sent {
+		a := send(key)
+		answers = append(answers, a)
+		if !leased && a.status != http.StatusCreated {
+			t.Errorf("atomic mode, after the faults: %s got %d %s, want 201 (replayed or executed now)", a.key, a.status, a.body)
+		}
+	}
+
+	rows := map[string]int{}
+	q, err := admin.QueryContext(ctx, "SELECT k, COUNT(*) FROM "+biz+" GROUP BY k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q.Next() {
+		var k string
+		var n int
+		if err := q.Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		rows[k] = n
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for k, n := range rows {
+		if n > 1 {
+			t.Errorf("SECOND EXECUTION: %s has %d business rows (seed %d)", k, n, seed)
+		}
+	}
+	for _, a := range answers {
+		switch a.status {
+		case http.StatusCreated:
+			if a.body != fmt.Sprintf(`{"order":%q}`, a.key) {
+				t.Errorf("%s: 201 with body %q", a.key, a.body)
+			}
+			if rows[a.key] != 1 {
+				t.Errorf("FALSE SUCCESS: %s got 201 (replayed=%v) but has %d business rows (seed %d)", a.key, a.replayed, rows[a.key], seed)
+			}
+		case http.StatusConflict, http.StatusServiceUnavailable:
+			if a.retry == "" {
+				t.Errorf("%s: %d without Retry-After: %s", a.key, a.status, a.body)
+			}
+		case http.StatusInternalServerError:
+		default:
+			t.Errorf("%s: unexpected answer %d %s", a.key, a.status, a.body)
+		}
+	}
+
+	// Every record's effect: exactly once if completed, at most once otherwise.
+	byState := map[core.State]int{}
+	for key := range sent {
+		id := core.Identity{Scope: "POST /orders", Key: key}.ID()
+		rec, err := store.Get(ctx, id, time.Now())
+		if err != nil {
+			if rows[key] != 0 && !leased {
+				t.Errorf("%s has no record but %d business rows", key, rows[key])
+			}
+			continue
+		}
+		byState[rec.State]++
+		if rec.State == core.StateCompleted && rec.Status == http.StatusCreated && rows[key] != 1 {
+			t.Errorf("%s: completed 201 record, %d business rows", key, rows[key])
+		}
+		if !leased && rec.State != core.StateCompleted {
+			t.Errorf("atomic mode: %s ends %v", key, rec.State)
+		}
+	}
+	t.Logf("records at the end: %v", byState)
+}
