@@ -127,6 +127,7 @@ type queries struct {
 	isHeld        string // MySQL: matched-row check after Complete
 	isInProgress  string // MySQL: matched-row check after Extend
 	deleteExpired string // Postgres, SQLite; MySQL: the SELECT ... SKIP LOCKED
+	lockIDs       string // MySQL: SELECT ... WHERE id IN (%s) ... FOR UPDATE SKIP LOCKED
 	deleteIDs     string // MySQL: DELETE ... WHERE id IN (%s)
 }
 

@@ -37,9 +37,17 @@ func mysqlQueries(t string) queries {
 		exists:       `SELECT 1 FROM ` + t + ` WHERE id = ?`,
 		isHeld:       `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state IN (1, 3)`,
 		isInProgress: `SELECT 1 FROM ` + t + ` WHERE id = ? AND token = ? AND state = 1`,
-		// DELETE cannot SKIP LOCKED: lock a batch first, skipping rows a
-		// live transaction holds, then delete exactly those.
-		deleteExpired: `SELECT id FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		// DELETE cannot SKIP LOCKED. The batch is picked without locking
+		// (from the expires_at index), then locked through the primary key,
+		// skipping rows a live transaction holds, then deleted. Locking
+		// through the index instead (the optimizer's choice, since the
+		// index covers the query) would take the index entry before, or
+		// instead of, the clustered record: the opposite order of every
+		// claim, completion and extension (primary key first, then the
+		// index entry they change), so sweeps and writers would deadlock.
+		// FORCE INDEX (PRIMARY) keeps the lock on the primary key.
+		deleteExpired: `SELECT id FROM ` + t + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?`,
+		lockIDs:       `SELECT id FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE id IN (%s) AND expires_at <= ? FOR UPDATE SKIP LOCKED`,
 		deleteIDs:     `DELETE FROM ` + t + ` WHERE id IN (%s)`,
 	}
 }
@@ -141,9 +149,20 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
 		switch n := mysqlErrno(err); {
 		case n == erLockNowait || n == erLockWaitTimeout:
-			// Another transaction holds the row (its uncommitted claim, or
-			// a replay holding the completed row): read what is committed.
-			return s.claimReadMySQL(ctx, c, req)
+			// Another transaction holds the row: its uncommitted claim, a
+			// replay holding the completed row, or a sweep deleting the
+			// expired row. Read what is committed.
+			res, expired, err := s.claimReadMySQL(ctx, c, req)
+			if !expired || try+1 == maxClaimTries {
+				return res, err
+			}
+			// An expired row is being deleted by a sweep (milliseconds) or
+			// replaced by another claim: look again shortly rather than
+			// answer "in progress" for a sweep.
+			if err := sleep(ctx, 2*time.Millisecond); err != nil {
+				return res, nil
+			}
+			continue
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
@@ -182,11 +201,33 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 
 // claimReadMySQL answers a claim whose probe found the row locked: the
 // committed row if it is final (or held by a live lease), else in progress.
-func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
-	if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
-		return res, err
+// expired reports that the committed row is there but claimable (expired,
+// or a lapsed lease), so whoever holds it is deleting or replacing it.
+func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, expired bool, err error) {
+	var rec core.Record
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		found = false
+	case err != nil:
+		return core.ClaimResult{}, false, unavailable("claim read", err)
 	}
-	return inProgressElsewhere(req.ID), nil
+	if found && live(rec, req.Now) && !takeable(rec, req) {
+		return core.ClaimResult{Record: rec}, false, nil
+	}
+	return inProgressElsewhere(req.ID), found, nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // newRecord is the record a claim writes, with times as the columns keep
@@ -208,31 +249,18 @@ func colTime(t time.Time) time.Time {
 }
 
 func (s *Store) deleteExpiredMySQL(ctx context.Context, now time.Time, limit int) (n int, err error) {
+	exp := s.d.timeArg(now)
+	c, _ := s.conn(ctx)
+	ids, err := queryIDs(ctx, c, s.q.deleteExpired, exp, limit) // no locks (READ COMMITTED or autocommit)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
 	err = s.inShortTx(ctx, func(c Conn) error {
-		rows, err := c.QueryContext(ctx, s.q.deleteExpired, s.d.timeArg(now), limit)
-		if err != nil {
-			return unavailable("delete expired", err)
+		locked, err := queryIDs(ctx, c, inList(s.q.lockIDs, len(ids)), append(ids, exp)...)
+		if err != nil || len(locked) == 0 {
+			return err
 		}
-		var ids []any
-		for rows.Next() {
-			var id []byte
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return unavailable("delete expired", err)
-			}
-			ids = append(ids, id)
-		}
-		if err := rows.Close(); err != nil {
-			return unavailable("delete expired", err)
-		}
-		if err := rows.Err(); err != nil {
-			return unavailable("delete expired", err)
-		}
-		if len(ids) == 0 {
-			return nil
-		}
-		q := strings.Replace(s.q.deleteIDs, "%s", strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", "), 1)
-		res, err := c.ExecContext(ctx, q, ids...)
+		res, err := c.ExecContext(ctx, inList(s.q.deleteIDs, len(locked)), locked...)
 		if err != nil {
 			return unavailable("delete expired", err)
 		}
@@ -244,4 +272,30 @@ func (s *Store) deleteExpiredMySQL(ctx context.Context, now time.Time, limit int
 		return nil
 	})
 	return n, err
+}
+
+// queryIDs runs q and returns the ids it selects.
+func queryIDs(ctx context.Context, c Conn, q string, args ...any) ([]any, error) {
+	rows, err := c.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, unavailable("delete expired", err)
+	}
+	defer rows.Close()
+	var ids []any
+	for rows.Next() {
+		var id []byte
+		if err := rows.Scan(&id); err != nil {
+			return nil, unavailable("delete expired", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("delete expired", err)
+	}
+	return ids, nil
+}
+
+// inList puts n placeholders in the "%s" of q.
+func inList(q string, n int) string {
+	return strings.Replace(q, "%s", strings.TrimSuffix(strings.Repeat("?, ", n), ", "), 1)
 }
