@@ -3,16 +3,23 @@ package reliability
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"flag"
 	"path/filepath"
 	"testing"
 	"time"
 
+	gosqlite "github.com/glebarez/go-sqlite"
+	gormsqlite "github.com/glebarez/sqlite"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"modernc.org/sqlite"
+	gormmysql "gorm.io/driver/mysql"
+	gormpostgres "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
+	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -63,11 +70,9 @@ func openDB(t testing.TB, d sqlstore.Dialect, dsnStr string) *sql.DB {
 		}
 		db = sql.OpenDB(c)
 	default:
-		c, err := sqlite.NewConnector(dsnStr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db = sql.OpenDB(c)
+		// glebarez/go-sqlite (a fork of modernc.org/sqlite that GORM's
+		// pure-Go dialector needs; the two cannot be linked together).
+		db = sql.OpenDB(sqliteConnector{dsnStr})
 	}
 	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -77,6 +82,13 @@ func openDB(t testing.TB, d sqlstore.Dialect, dsnStr string) *sql.DB {
 	}
 	return db
 }
+
+type sqliteConnector struct{ dsn string }
+
+func (c sqliteConnector) Connect(context.Context) (driver.Conn, error) {
+	return (&gosqlite.Driver{}).Open(c.dsn)
+}
+func (c sqliteConnector) Driver() driver.Driver { return &gosqlite.Driver{} }
 
 // newSQLStore returns a store on a fresh table of db, dropped at cleanup
 // (through admin, a pool that no fault reaches; nil: db).
@@ -99,6 +111,39 @@ func newSQLStore(t testing.TB, d sqlstore.Dialect, db, admin *sql.DB) *sqlstore.
 	}
 	t.Cleanup(func() {
 		if _, err := admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+	return s
+}
+
+// newGormStore returns a gormstore on a fresh table, over GORM opened on
+// the pool db (dropped at cleanup).
+func newGormStore(t testing.TB, d sqlstore.Dialect, db *sql.DB) *gormstore.Store {
+	t.Helper()
+	var dialector gorm.Dialector
+	switch d {
+	case sqlstore.Postgres:
+		dialector = gormpostgres.New(gormpostgres.Config{Conn: db})
+	case sqlstore.MySQL:
+		dialector = gormmysql.New(gormmysql.Config{Conn: db, DisableWithReturning: true})
+	default:
+		dialector = gormsqlite.Dialector{Conn: db}
+	}
+	gdb, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatalf("%v: %v", d, err)
+	}
+	table := sqlstoretest.Table()
+	s, err := gormstore.New(gdb, gormstore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AutoMigrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})

@@ -5,17 +5,18 @@
 //   - Linearizability (linearizability_test.go): concurrent Claim, Extend,
 //     Complete, Release, Get, DeleteExpired and transactional claims, with
 //     times that move past leases and expiries, are recorded against every
-//     store (memstore and its atomic view; sqlstore on PostgreSQL,
-//     MySQL/MariaDB and SQLite) and checked with porcupine against a
-//     sequential model of the contract in core/store.go.
+//     store (memstore and its atomic view; sqlstore and gormstore on
+//     PostgreSQL, MySQL/MariaDB and SQLite) and checked with porcupine
+//     against a sequential model of the contract in core/store.go.
 //   - Database faults (faults_test.go): a TCP proxy between the store and
 //     PostgreSQL or MariaDB adds latency and cuts connections mid-transaction
-//     and mid-commit while the HTTP middleware is hammered; no key may run
+//     and mid-commit while the HTTP middleware (sqlstore in atomic and
+//     leased mode, gormstore in atomic mode) is hammered; no key may run
 //     twice, no client may see a success whose effect is missing, and no
-//     record may stay in progress.
+//     record may stay in progress in atomic mode.
 //   - Lease edge cases (lease_test.go): an attempt paused past its lease is
 //     taken over; the takeover's answer wins, the stale completion is
-//     refused and reported.
+//     refused and reported (every store, in leased mode).
 //
 // The fuzzing of the HTTP boundary and the tenant isolation property test
 // need nothing but the standard library and live in package core

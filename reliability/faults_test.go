@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -49,8 +50,11 @@ func TestDatabaseFaults(t *testing.T) {
 			if leased {
 				mode = "leased"
 			}
-			t.Run(d.String()+"/"+mode, func(t *testing.T) { runFaults(t, d, leased) })
+			t.Run("sqlstore/"+d.String()+"/"+mode, func(t *testing.T) { runFaults(t, d, leased, false) })
 		}
+		// gormstore runs sqlstore's SQL; its own part is the transaction
+		// handling, which only atomic mode exercises.
+		t.Run("gormstore/"+d.String()+"/atomic", func(t *testing.T) { runFaults(t, d, false, true) })
 	}
 }
 
@@ -101,9 +105,20 @@ func init() {
 	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
 }
 
-func runFaults(t *testing.T, d sqlstore.Dialect, leased bool) {
+// faultStore is what runFaults needs of a store.
+type faultStore interface {
+	core.TxStore
+	Table() string
+}
+
+func runFaults(t *testing.T, d sqlstore.Dialect, leased, useGorm bool) {
 	db, admin, proxy := proxied(t, d)
-	store := newSQLStore(t, d, db, admin)
+	var store faultStore
+	if useGorm {
+		store = newGormStore(t, d, db)
+	} else {
+		store = newSQLStore(t, d, db, admin)
+	}
 	biz := store.Table() + "_biz"
 	ctx := context.Background()
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+biz+" (k VARCHAR(64) NOT NULL, attempt INT NOT NULL)"); err != nil {
@@ -124,6 +139,14 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool) {
 		if leased {
 			core.MarkEffect(r.Context()) // the row is written outside the store's transaction
 			_, err = db.ExecContext(r.Context(), ins, key, info.Attempt)
+		} else if useGorm {
+			gtx := gormstore.DB(r.Context())
+			if gtx == nil {
+				t.Error("atomic mode without a GORM transaction in the request context")
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			err = gtx.Exec("INSERT INTO "+biz+" (k, attempt) VALUES (?, ?)", key, info.Attempt).Error
 		} else {
 			tx := sqlstore.TxFrom(r.Context())
 			if tx == nil {

@@ -38,6 +38,10 @@ func leaseStores() []leaseStore {
 		stores = append(stores, leaseStore{name: "sqlstore " + d.String() + ", Leased route", route: []core.RouteOption{core.Leased()},
 			new: func(t *testing.T) core.Store { return newSQLStore(t, d, openDB(t, d, dsn(t, d)), nil) }})
 	}
+	for _, d := range sqlDialects {
+		stores = append(stores, leaseStore{name: "gormstore " + d.String() + ", Leased route", route: []core.RouteOption{core.Leased()},
+			new: func(t *testing.T) core.Store { return newGormStore(t, d, openDB(t, d, dsn(t, d))) }})
+	}
 	return stores
 }
 

@@ -843,6 +843,19 @@ func TestLinearizableMemstoreAtomic(t *testing.T) {
 	runLinearizability(t, "memstore atomic view", linTarget{store: s, tx: s})
 }
 
+func TestLinearizableGORM(t *testing.T) {
+	for _, d := range sqlDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			s := newGormStore(t, d, openDB(t, d, dsn(t, d)))
+			target := linTarget{store: s, tx: s}
+			if d == sqlstore.MySQL {
+				target.unavailable = "MariaDB deadlocks between DeleteExpired and writers, TestBugMariaDBSweepDeadlocksWriters"
+			}
+			runLinearizability(t, "gormstore "+d.String(), target)
+		})
+	}
+}
+
 func TestLinearizableSQL(t *testing.T) {
 	for _, d := range sqlDialects {
 		t.Run(d.String(), func(t *testing.T) {
