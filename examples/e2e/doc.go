@@ -1,0 +1,22 @@
+// Package e2e holds the end-to-end tests of the example orders service
+// (examples/orders). They build the service once (TestMain, with -race when
+// the tests run with -race), start it as separate processes listening on
+// loopback, and talk to them over TCP only, as a user would:
+//
+//   - e2e_test.go: every database (SQLite, Postgres, MariaDB) times every
+//     framework (Gin, Echo, chi), alternating the store (GORM, database/sql)
+//     so both stores run on every database: a 50-way storm on one key, a
+//     response lost between server and client (a cutting TCP proxy), SIGKILL
+//     inside the atomic transaction and inside a leased payment, two accounts
+//     on one key, a changed body under a used key, graceful SIGTERM.
+//   - replicas_test.go: three processes on one Postgres and on one MariaDB
+//     database behind a round-robin TCP balancer: the storm spread over the
+//     processes, a replay from another process, SIGKILL with the retry on a
+//     survivor (atomic and leased), and three sweepers deleting expired rows
+//     at once.
+//
+// Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
+// IDEM_TEST_MYSQL_DSN (scripts/test.sh starts both); every test creates a
+// database of its own (idem_e2e_<random>) and drops it afterwards. A missing
+// DSN skips those tests, or fails them when CI or IDEM_REQUIRE_DB is set.
+package e2e
