@@ -42,6 +42,14 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	// The tests mostly wait for service processes and timers (work delays,
+	// leases), not for the CPU: unless -parallel was given, run all of them
+	// at once instead of GOMAXPROCS at a time.
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", "16")
+	}
 	dir, err := os.MkdirTemp("", "idem-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -134,6 +142,13 @@ var listeningRE = regexp.MustCompile(`msg="orders: listening" addr=(\S+)`)
 // it reports fails the test.
 func startServer(t testing.TB, name string, c config) *server {
 	t.Helper()
+	return startServerFor(t, t, name, c)
+}
+
+// startServerFor is startServer for a process that outlives the (sub)test t
+// that starts it: owner's cleanup ends it.
+func startServerFor(t, owner testing.TB, name string, c config) *server {
+	t.Helper()
 	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", c.db.serviceDSN}
 	args = append(args, c.extra...)
 	cmd := exec.Command(binary, args...)
@@ -165,16 +180,16 @@ func startServer(t testing.TB, name string, c config) *server {
 		s.waitErr = cmd.Wait()
 		close(s.done)
 	}()
-	t.Cleanup(func() {
-		if t.Failed() {
+	owner.Cleanup(func() {
+		if owner.Failed() {
 			s.dumpGoroutines()
 		}
 		s.kill()
 		if raced := s.logs.grep(regexp.MustCompile(`WARNING: DATA RACE`)); len(raced) > 0 {
-			t.Errorf("%s reported a data race", name)
+			owner.Errorf("%s reported a data race", name)
 		}
-		if t.Failed() {
-			t.Logf("--- log of %s (%s)\n%s", name, strings.Join(args, " "), s.logs)
+		if owner.Failed() {
+			owner.Logf("--- log of %s (%s)\n%s", name, strings.Join(args, " "), s.logs)
 		}
 	})
 	select {
