@@ -132,9 +132,13 @@ type Store interface {
 	//     incremented, CreatedAt kept. Claimed is true.
 	//   - existing otherwise: Claimed is false and Record is the existing
 	//     record (whatever its state); nothing is written.
-	// Claim never blocks on another attempt: in atomic mode a store detects
-	// an uncommitted claim of the same ID by another transaction with a
-	// non-blocking lock probe and reports it as StateInProgress.
+	// Claim does not wait for another attempt: in atomic mode a store
+	// detects an uncommitted claim of the same ID by another transaction
+	// with a non-blocking lock probe and reports it as StateInProgress. A
+	// store on a database that admits one writer at a time (SQLite) may
+	// instead wait for the other transaction to end and then answer from
+	// what it committed; such a store says so in its documentation, and
+	// storetest.SerialWriters adapts the conformance suite.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// Extend, Complete and Release are given no time: the record's state
@@ -180,7 +184,9 @@ type Tx interface {
 //
 // Middleware-managed: the engine calls Begin, runs Claim, the handler and
 // Complete with the returned context, and commits before the response is
-// released. Caller-managed: the application puts its own transaction into a
+// released. The transaction a context carries belongs to the store's
+// package, not to one store value: a context that carries one database's
+// transaction must not reach a store of another database. Caller-managed: the application puts its own transaction into a
 // context with the store's helper (gormstore.WithTx, sqlstore.WithTx); the
 // engine then sees InTx(ctx) and never begins, commits or rolls back.
 type TxStore interface {
