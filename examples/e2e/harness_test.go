@@ -99,6 +99,7 @@ type server struct {
 	addr string // host:port it listens on
 	logs *logBuffer
 
+	addrc   chan string   // the address from the "listening" line
 	done    chan struct{} // closed when the process has exited
 	waitErr error
 }
@@ -149,6 +150,15 @@ func startServer(t testing.TB, name string, c config) *server {
 // that starts it: owner's cleanup ends it.
 func startServerFor(t, owner testing.TB, name string, c config) *server {
 	t.Helper()
+	s := launch(t, owner, name, c)
+	s.waitReady(t)
+	return s
+}
+
+// launch starts the process without waiting for it to listen (see
+// waitReady), so that several can start at the same moment.
+func launch(t, owner testing.TB, name string, c config) *server {
+	t.Helper()
 	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", c.db.serviceDSN}
 	args = append(args, c.extra...)
 	cmd := exec.Command(binary, args...)
@@ -158,11 +168,10 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 		t.Fatal(err)
 	}
 	cmd.Stdout = nil // the service writes nothing on stdout
-	s := &server{t: t, name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{})}
+	s := &server{t: t, name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{}), addrc: make(chan string, 1)}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: start: %v", name, err)
 	}
-	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -171,7 +180,7 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 			s.logs.add(line)
 			if m := listeningRE.FindStringSubmatch(line); m != nil {
 				select {
-				case addrc <- m[1]:
+				case s.addrc <- m[1]:
 				default:
 				}
 			}
@@ -192,14 +201,27 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 			owner.Logf("--- log of %s (%s)\n%s", name, strings.Join(args, " "), s.logs)
 		}
 	})
-	select {
-	case s.addr = <-addrc:
-	case <-s.done:
-		t.Fatalf("%s exited before listening: %v\n%s", name, s.waitErr, s.logs)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s: no listening line after 60s\n%s", name, s.logs)
-	}
 	return s
+}
+
+// waitReady waits for the process's "listening" line and sets s.addr.
+func (s *server) waitReady(t testing.TB) {
+	t.Helper()
+	if err := s.ready(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ready is waitReady returning the failure.
+func (s *server) ready(bound time.Duration) error {
+	select {
+	case s.addr = <-s.addrc:
+		return nil
+	case <-s.done:
+		return fmt.Errorf("%s exited before listening: %v\n%s", s.name, s.waitErr, s.logs)
+	case <-time.After(bound):
+		return fmt.Errorf("%s: no listening line after %s\n%s", s.name, bound, s.logs)
+	}
 }
 
 func (s *server) url(path string) string { return "http://" + s.addr + path }
