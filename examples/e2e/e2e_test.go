@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -17,6 +18,18 @@ var (
 	databases  = []string{"sqlite", "postgres", "mysql"}
 	frameworks = []string{"gin", "echo", "chi"}
 )
+
+// long selects the long variant: both stores in every cell of the matrix,
+// and storms of 200 requests.
+var long = flag.Bool("e2e.long", false, "run the long variant of the end-to-end tests (every store in every cell, storms of 200)")
+
+// stormSize is the number of concurrent requests of a storm.
+func stormSize() int {
+	if *long {
+		return 200
+	}
+	return 50
+}
 
 // stormMu lets one storm run at a time (see testStorm).
 var stormMu sync.Mutex
@@ -43,11 +56,16 @@ const (
 func TestService(t *testing.T) {
 	for di, db := range databases {
 		for fi, fw := range frameworks {
-			store := storeFor(di, fi)
-			t.Run(db+"/"+fw+"/"+store, func(t *testing.T) {
-				t.Parallel()
-				testService(t, config{framework: fw, store: store, db: newDatabase(t, db)})
-			})
+			stores := []string{storeFor(di, fi)}
+			if *long {
+				stores = []string{"gorm", "sql"}
+			}
+			for _, store := range stores {
+				t.Run(db+"/"+fw+"/"+store, func(t *testing.T) {
+					t.Parallel()
+					testService(t, config{framework: fw, store: store, db: newDatabase(t, db)})
+				})
+			}
 		}
 	}
 }
@@ -60,7 +78,7 @@ func testService(t *testing.T, c config) {
 		t.Fatalf("GET /healthz: %v", h)
 	}
 
-	t.Run("1-storm", func(t *testing.T) { testStorm(t, client, base, "storm", 50, c.db.kind == "sqlite") })
+	t.Run("1-storm", func(t *testing.T) { testStorm(t, client, base, "storm", stormSize(), c.db.kind == "sqlite") })
 	t.Run("2-lost-response", func(t *testing.T) { testLostResponse(t, a.addr) })
 	t.Run("4-two-accounts", func(t *testing.T) { testTwoAccounts(t, base) })
 	t.Run("5-changed-body", func(t *testing.T) { testChangedBody(t, c.db, base) })
@@ -392,6 +410,9 @@ func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
 	o := decodeOrder(t, a.body)
 	if list := listOrders(t, base, account); len(list) != 1 || list[0].ID != o.ID {
 		t.Errorf("GET /orders: %+v, want exactly order %d", list, o.ID)
+	}
+	if n := c.db.count(t, `SELECT COUNT(*) FROM idempotency_records WHERE caller = ?`, account); n != 1 {
+		t.Errorf("idempotency records of %s after the retry: %d, want 1", account, n)
 	}
 	again := mustDo(t, client, http.MethodPost, base+"/orders", account, key, body)
 	if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, a.body) {

@@ -21,6 +21,21 @@ var replicaSetups = []struct{ db, framework, store string }{
 	{"mysql", "echo", "gorm"},
 }
 
+// replicaSetupsToRun adds, in the long variant, the other store on each
+// database.
+func replicaSetupsToRun() []struct{ db, framework, store string } {
+	if !*long {
+		return replicaSetups
+	}
+	out := append([]struct{ db, framework, store string }(nil), replicaSetups...)
+	for _, rs := range replicaSetups {
+		rs.framework = "chi"
+		rs.store = map[string]string{"sql": "gorm", "gorm": "sql"}[rs.store]
+		out = append(out, rs)
+	}
+	return out
+}
+
 const replicas = 3
 
 // startReplicas starts n processes of c on one database behind a
@@ -93,8 +108,8 @@ var freshClient = newClient(true)
 // TestReplicas is issue 8, item 1: three processes on one database behind a
 // round-robin balancer.
 func TestReplicas(t *testing.T) {
-	for _, rs := range replicaSetups {
-		t.Run(rs.db, func(t *testing.T) {
+	for _, rs := range replicaSetupsToRun() {
+		t.Run(rs.db+"/"+rs.framework+"/"+rs.store, func(t *testing.T) {
 			t.Parallel()
 			base := config{framework: rs.framework, store: rs.store}
 			t.Run("storm-and-replay", func(t *testing.T) {
@@ -133,7 +148,7 @@ func TestReplicas(t *testing.T) {
 // replay.
 func testReplicaStorm(t *testing.T, c config) {
 	procs, b := startReplicas(t, c, replicas)
-	testStorm(t, freshClient, "http://"+b.addr(), "storm", 50, false)
+	testStorm(t, freshClient, "http://"+b.addr(), "storm", stormSize(), false)
 	counts := b.connCounts()
 	t.Logf("storm connections per process: %v", counts)
 	for i, n := range counts {
@@ -351,7 +366,7 @@ func testReplicaSweepers(t *testing.T, c config) {
 // up. Several rounds, each on a new database, because the race is narrow.
 func TestReplicasStartTogether(t *testing.T) {
 	for _, rs := range replicaSetups {
-		t.Run(rs.db, func(t *testing.T) {
+		t.Run(rs.db+"/"+rs.framework+"/"+rs.store, func(t *testing.T) {
 			t.Parallel()
 			for round := range 5 {
 				c := config{framework: rs.framework, store: rs.store, db: newDatabase(t, rs.db)}
