@@ -843,13 +843,24 @@ func TestLinearizableMemstoreAtomic(t *testing.T) {
 	runLinearizability(t, "memstore atomic view", linTarget{store: s, tx: s})
 }
 
+// mariaDBDeadlocks is why operations on MySQL/MariaDB may fail with a
+// store error: OPEN BUG, see the report of issue 7. A claim that INSERTs an
+// id whose row was just deleted takes a shared lock on the delete-marked
+// record, then an exclusive one; a fenced writer of the same id (Extend,
+// Complete, Release by primary key) queued in between makes it a deadlock
+// (Error 1213), and InnoDB kills one of the two. The outcome of the victim
+// is unknown to the model (it was in fact rolled back), so the history is
+// still checked. (A deadlock between DeleteExpired and writers, found here
+// too, is fixed: TestMariaDBSweepNeverDeadlocksWriters.)
+const mariaDBDeadlocks = "MariaDB deadlock victim (Error 1213): a claim re-inserting a just-deleted id against a fenced writer of that id, an open bug"
+
 func TestLinearizableGORM(t *testing.T) {
 	for _, d := range sqlDialects {
 		t.Run(d.String(), func(t *testing.T) {
 			s := newGormStore(t, d, openDB(t, d, dsn(t, d)))
 			target := linTarget{store: s, tx: s}
 			if d == sqlstore.MySQL {
-				target.unavailable = "MariaDB deadlocks between DeleteExpired and writers, TestBugMariaDBSweepDeadlocksWriters"
+				target.unavailable = mariaDBDeadlocks
 			}
 			runLinearizability(t, "gormstore "+d.String(), target)
 		})
@@ -863,9 +874,7 @@ func TestLinearizableSQL(t *testing.T) {
 			s := newSQLStore(t, d, db, nil)
 			target := linTarget{store: s, tx: s}
 			if d == sqlstore.MySQL {
-				// BUG (see TestBugMariaDBSweepDeadlocksWriters): on MariaDB
-				// DeleteExpired deadlocks with claims and completions.
-				target.unavailable = "MariaDB deadlocks between DeleteExpired and writers, TestBugMariaDBSweepDeadlocksWriters"
+				target.unavailable = mariaDBDeadlocks
 			}
 			runLinearizability(t, "sqlstore "+d.String(), target)
 		})
