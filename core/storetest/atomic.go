@@ -32,7 +32,7 @@ func begin(t *testing.T, s core.TxStore) (context.Context, core.Tx) {
 	return ctx, tx
 }
 
-func testAtomicRollback(t *testing.T, s core.TxStore) {
+func testAtomicRollback(t *testing.T, s core.TxStore, _ config) {
 	ctx := t.Context()
 	id := newID("atomic-rollback", 0)
 	tctx, tx := begin(t, s)
@@ -52,7 +52,7 @@ func testAtomicRollback(t *testing.T, s core.TxStore) {
 	checkRecord(t, "Claim result after the rollback of a completion", mustClaim(t, ctx, s, again), fresh(again))
 }
 
-func testAtomicCommit(t *testing.T, s core.TxStore) {
+func testAtomicCommit(t *testing.T, s core.TxStore, _ config) {
 	ctx := t.Context()
 	id := newID("atomic-commit", 0)
 	tctx, tx := begin(t, s)
@@ -91,46 +91,145 @@ func wantHeld(t *testing.T, what string, id core.ID, res core.ClaimResult, err e
 	}
 }
 
-func testAtomicConcurrentClaim(t *testing.T, s core.TxStore) {
+func testAtomicConcurrentClaim(t *testing.T, s core.TxStore, cfg config) {
 	ctx := t.Context()
 	id, other := newID("atomic-concurrent", 0), newID("atomic-concurrent", 1)
 	tctx, tx := begin(t, s)
 	mustClaim(t, tctx, s, atomicClaim(id, 101, at(0)))
 
-	what := "Claim from a second transaction"
-	res, err := within(t, what, func(ctx context.Context) (core.ClaimResult, error) {
+	fromTx := func(ctx context.Context) (core.ClaimResult, error) {
 		tctx2, tx2, err := s.Begin(ctx)
 		if err != nil {
 			return core.ClaimResult{}, fmt.Errorf("Begin: %w", err)
 		}
 		defer func() { _ = tx2.Rollback() }()
 		return s.Claim(tctx2, atomicClaim(id, 102, at(time.Millisecond)))
-	})
-	wantHeld(t, what, id, res, err)
-
-	what = "Claim outside any transaction"
-	res, err = within(t, what, func(ctx context.Context) (core.ClaimResult, error) {
+	}
+	outside := func(ctx context.Context) (core.ClaimResult, error) {
 		return s.Claim(ctx, atomicClaim(id, 103, at(2*time.Millisecond)))
-	})
-	wantHeld(t, what, id, res, err)
-
-	what = "Claim of another ID outside any transaction"
-	res, err = within(t, what, func(ctx context.Context) (core.ClaimResult, error) {
+	}
+	otherID := func(ctx context.Context) (core.ClaimResult, error) {
 		return s.Claim(ctx, atomicClaim(other, 104, at(3*time.Millisecond)))
-	})
-	if err != nil || !res.Claimed {
-		t.Errorf("%s = (Claimed %v, %v), want it claimed", what, res.Claimed, err)
+	}
+	comp := done(at(time.Second), 201, `{"id":"or_1"}`)
+	commit := func() error {
+		if err := s.Complete(tctx, id, 101, comp); err != nil {
+			return fmt.Errorf("Complete in the first transaction: %w", err)
+		}
+		return tx.Commit()
 	}
 
-	comp := done(at(time.Second), 201, `{"id":"or_1"}`)
-	wantOK(t, "Complete in the first transaction", s.Complete(tctx, id, 101, comp))
-	wantOK(t, "Commit", tx.Commit())
+	if cfg.serialWriters {
+		names := []string{"Claim from a second transaction", "Claim outside any transaction", "Claim of another ID outside any transaction"}
+		out := besideTx(t, []func(context.Context) (core.ClaimResult, error){fromTx, outside, otherID}, commit)
+		for i, o := range out[:2] {
+			wantHeldOrOutcome(t, names[i], id, o, func(res core.ClaimResult) bool {
+				return !res.Claimed && res.Record.State == core.StateCompleted && res.Record.Token == 101
+			}, "the committed record (completed, token 101)")
+		}
+		if o := out[2]; o.err != nil || !o.res.Claimed {
+			t.Errorf("%s = (Claimed %v, %v), want it claimed (after the transaction ended, at the latest)", names[2], o.res.Claimed, o.err)
+		}
+	} else {
+		what := "Claim from a second transaction"
+		res, err := within(t, what, fromTx)
+		wantHeld(t, what, id, res, err)
+
+		what = "Claim outside any transaction"
+		res, err = within(t, what, outside)
+		wantHeld(t, what, id, res, err)
+
+		what = "Claim of another ID outside any transaction"
+		res, err = within(t, what, otherID)
+		if err != nil || !res.Claimed {
+			t.Errorf("%s = (Claimed %v, %v), want it claimed", what, res.Claimed, err)
+		}
+		wantOK(t, "Commit", commit())
+	}
 	if r := mustGet(t, ctx, s, id, at(time.Second)); r.State != core.StateCompleted || r.Token != 101 {
 		t.Errorf("Get after Commit: %s, want completed with token 101", describe(r))
 	}
 }
 
-func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore) {
+// serialGrace is how long besideTx lets claims run beside an open
+// transaction before it ends it: long enough for a store that answers at
+// once to answer, so that the check of that answer is the strict one.
+const serialGrace = 300 * time.Millisecond
+
+// besideOutcome is what a claim run by besideTx returned, and whether it
+// returned before the transaction began to end.
+type besideOutcome struct {
+	res   core.ClaimResult
+	err   error
+	early bool
+}
+
+// besideTx runs claims, each in its own goroutine, beside an open
+// transaction that (SerialWriters) may make them wait. When all have
+// returned, or after serialGrace, it calls end (which commits or rolls the
+// transaction back) and then waits for the others, failing t if one has not
+// returned after the failsafe timeout.
+func besideTx(t *testing.T, claims []func(ctx context.Context) (core.ClaimResult, error), end func() error) []besideOutcome {
+	t.Helper()
+	type result struct {
+		i   int
+		res core.ClaimResult
+		err error
+	}
+	ch := make(chan result, len(claims))
+	ctx := t.Context()
+	for i, f := range claims {
+		go func() {
+			res, err := f(ctx)
+			ch <- result{i, res, err}
+		}()
+	}
+	out := make([]besideOutcome, len(claims))
+	got := 0
+	grace := time.NewTimer(serialGrace)
+	defer grace.Stop()
+wait:
+	for got < len(claims) {
+		select {
+		case r := <-ch:
+			out[r.i] = besideOutcome{r.res, r.err, true}
+			got++
+		case <-grace.C:
+			break wait
+		}
+	}
+	wantOK(t, "ending the transaction", end())
+	failsafeT := time.NewTimer(failsafe)
+	defer failsafeT.Stop()
+	for got < len(claims) {
+		select {
+		case r := <-ch:
+			out[r.i] = besideOutcome{r.res, r.err, false}
+			got++
+		case <-failsafeT.C:
+			t.Fatalf("%d claims have not returned %v after the transaction ended: the store blocks", len(claims)-got, failsafe)
+		}
+	}
+	return out
+}
+
+// wantHeldOrOutcome checks a claim of id run by besideTx (SerialWriters):
+// answered while the transaction was open, it must report id in progress
+// (wantHeld); answered later, either that or the outcome of the
+// transaction, which outcome checks (want describes it).
+func wantHeldOrOutcome(t *testing.T, what string, id core.ID, o besideOutcome, outcome func(core.ClaimResult) bool, want string) {
+	t.Helper()
+	if o.early || o.err != nil || (!o.res.Claimed && o.res.Record.State == core.StateInProgress) {
+		wantHeld(t, what, id, o.res, o.err)
+		return
+	}
+	if !outcome(o.res) {
+		t.Errorf("%s, answered after the transaction ended: Claimed %v, record %s; want in progress or %s",
+			what, o.res.Claimed, describe(o.res.Record), want)
+	}
+}
+
+func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore, cfg config) {
 	ctx := t.Context()
 	id := newID("atomic-invisible", 0)
 	tctx, tx := begin(t, s)
@@ -151,16 +250,27 @@ func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore) {
 	}
 
 	what = "Claim outside the transaction"
-	res, err := within(t, what, func(ctx context.Context) (core.ClaimResult, error) {
-		return s.Claim(ctx, claimAt(id, 102, at(time.Second)))
-	})
-	wantHeld(t, what, id, res, err)
-
-	wantOK(t, "Rollback", tx.Rollback())
+	again := claimAt(id, 102, at(time.Second))
+	outside := func(ctx context.Context) (core.ClaimResult, error) { return s.Claim(ctx, again) }
+	if !cfg.serialWriters {
+		res, err := within(t, what, outside)
+		wantHeld(t, what, id, res, err)
+		wantOK(t, "Rollback", tx.Rollback())
+		wantAbsent(t, ctx, s, id, at(time.Second))
+		return
+	}
+	o := besideTx(t, []func(context.Context) (core.ClaimResult, error){outside}, tx.Rollback)[0]
+	claimedAfter := func(res core.ClaimResult) bool { return res.Claimed }
+	wantHeldOrOutcome(t, what, id, o, claimedAfter, "a new claim (the transaction rolled back)")
+	if o.err == nil && o.res.Claimed {
+		checkRecord(t, what+", claimed after the rollback", o.res.Record, fresh(again))
+		checkRecord(t, "Get after the rollback and the new claim", mustGet(t, ctx, s, id, at(time.Second)), fresh(again))
+		return
+	}
 	wantAbsent(t, ctx, s, id, at(time.Second))
 }
 
-func testAtomicClaimRace(t *testing.T, s core.TxStore) {
+func testAtomicClaimRace(t *testing.T, s core.TxStore, _ config) {
 	ctx := t.Context()
 	type outcome struct {
 		res core.ClaimResult
@@ -218,7 +328,7 @@ func testAtomicClaimRace(t *testing.T, s core.TxStore) {
 
 type otherKey struct{}
 
-func testAtomicInTx(t *testing.T, s core.TxStore) {
+func testAtomicInTx(t *testing.T, s core.TxStore, _ config) {
 	ctx := t.Context()
 	if s.InTx(ctx) {
 		t.Error("InTx(test context) = true, want false")

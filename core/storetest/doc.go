@@ -32,6 +32,12 @@
 // used only for failsafe timeouts, so that a store that blocks fails a case
 // instead of hanging the run.
 //
+// A store on a database that admits one writer at a time (SQLite) passes
+// [SerialWriters] to Run: while a transaction holds a claim, other claims
+// may then wait for it to end instead of answering at once, and the atomic
+// cases check the answer they get afterwards (the committed record, or a
+// new claim after a rollback) instead of failing on the wait.
+//
 // The package's own tests run the suite against stores broken on purpose
 // (no fencing, a non-atomic claim, second precision, ...) and check that
 // the cases guarding those rules fail.

@@ -16,57 +16,97 @@ import (
 
 // Run runs every conformance case as a subtest of t, each with a fresh
 // store from newStore. newStore must return an empty store; it may register
-// its own cleanup with t.Cleanup.
-func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
+// its own cleanup with t.Cleanup. opts declare what the store documents
+// about itself (SerialWriters).
+func Run(t *testing.T, newStore func(t *testing.T) core.Store, opts ...Option) {
+	var cfg config
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("rule: %s", c.rule)
+					if cfg.serialWriters {
+						t.Logf("(run with SerialWriters: %s)", serialRule)
+					}
 				}
 			})
 			s := newStore(t)
 			if s == nil {
 				t.Fatal("newStore returned a nil store")
 			}
-			c.fn(t, s)
+			c.fn(t, s, cfg)
 		})
 	}
 }
+
+// Option declares a documented property of the store under test that
+// changes what some cases check. See SerialWriters.
+type Option interface{ apply(*config) }
+
+type config struct {
+	serialWriters bool
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// serialRule is what SerialWriters relaxes, printed with a failing case's
+// rule.
+const serialRule = "a claim of another identity may wait for the open transaction to end; " +
+	"a duplicate claim may answer in progress at once, or wait and then answer from the outcome: " +
+	"the committed record, or a new claim after a rollback"
+
+// SerialWriters declares a store on a database that admits one writer at
+// a time (SQLite), as core.Store's documentation allows: while a
+// transaction holds a claim, a claim of another identity may wait for that
+// transaction to end, and a duplicate claim of the held identity may,
+// instead of answering in progress at once, wait for it to end and then
+// answer from its outcome (the committed record, or a new claim after a
+// rollback). The atomic-mode cases then run each such claim beside the open
+// transaction, end the transaction, and check whichever answer came:
+// never a second claim of a committed identity, never a response that was
+// not committed. Every other rule stays as it is.
+func SerialWriters() Option { return optionFunc(func(c *config) { c.serialWriters = true }) }
 
 // testCase is one rule of the contract and the check of it.
 type testCase struct {
 	name string // subtest name, CamelCase, names the behaviour
 	rule string // one sentence, printed when the case fails
-	fn   func(t *testing.T, s core.Store)
+	fn   func(t *testing.T, s core.Store, cfg config)
 }
 
 // cases is the suite, in the order it runs.
 var cases = []testCase{
-	{"ClaimAbsent", "Claiming an absent identity creates an in-progress record (Attempt 1, CreatedAt = Now, no response) that Claim returns and Get reads back with every field as requested.", testClaimAbsent},
-	{"ClaimExisting", "Claiming an identity that has a live record writes nothing and returns that record, whatever the new request carries (token, fingerprint, Takeover of a live lease).", testClaimExisting},
-	{"IndependentIDs", "Records with different IDs never affect each other.", testIndependentIDs},
-	{"ClaimRace", "Of concurrent claims of one absent identity exactly one wins, and every other returns the winner's record.", testClaimRace},
-	{"ClaimRaceExpired", "Of concurrent claims of one expired identity exactly one replaces the record, and every other returns the winner's record.", testClaimRaceExpired},
-	{"ClaimRaceTakeover", "Of concurrent takeovers of one lapsed lease exactly one wins (Attempt 2), and every other returns the winner's record.", testClaimRaceTakeover},
-	{"Fencing", "Complete, Extend and Release with a token other than the holder's fail with ErrFenced and change nothing; the holder's token succeeds.", testFencing},
-	{"Takeover", "With Takeover, a claim of an in-progress record whose lease lapsed (LeaseUntil <= Now) takes it over (token, lease, expiry and fingerprint from the request, Attempt+1, CreatedAt kept) and fences the old token everywhere.", testTakeover},
-	{"TakeoverNotRequested", "Without Takeover, a claim of a lapsed lease returns the record unchanged and writes nothing.", testTakeoverNotRequested},
-	{"LiveLeaseKept", "A lease that has not lapsed (LeaseUntil > Now) or a zero lease (atomic mode) is never taken over.", testLiveLeaseKept},
-	{"Extend", "Extend moves LeaseUntil, raises ExpiresAt to at least the new lease and never lowers it, and refuses a record that is not in progress with ErrFenced.", testExtend},
-	{"ExpiredIsAbsent", "Get reports ErrNotFound for a record with ExpiresAt <= now, whatever its state, even before a sweep deletes it.", testExpiredIsAbsent},
-	{"ClaimExpired", "Claiming an expired record, in any state, replaces it with a fresh one (Attempt 1, CreatedAt = Now, no response, the new fingerprint) and fences the old token.", testClaimExpired},
-	{"DeletedRecord", "Once a record is deleted (swept or released), Complete and Extend with its token fail with ErrFenced and Release with it returns nil.", testDeletedRecord},
-	{"Fingerprint", "A fingerprint round-trips byte for byte; nil and empty both mean no fingerprint and read back with length 0.", testFingerprint},
-	{"ResponseBytes", "Complete keeps Status and Response byte for byte (every byte value, 1 MiB of random bytes; nil and empty read back with length 0) and clears LeaseUntil.", testResponseBytes},
-	{"NoAliasing", "A store keeps its own copy of byte slices: changing a slice after passing it in, or one the store returned, never changes the record.", testNoAliasing},
-	{"Indeterminate", "An indeterminate record is returned to claims (never taken over, it has no lease) and cannot be extended; its token settles it with Complete or Release.", testIndeterminate},
-	{"CompletedIsFinal", "A completed record cannot be released, completed again or extended (ErrFenced) and stays as it was.", testCompletedIsFinal},
-	{"Release", "Release with the holder's token deletes an in-progress record, so the next claim starts afresh at Attempt 1; releasing an absent record returns nil.", testRelease},
-	{"DebugFields", "Caller, Scope and Key of MaxDebugLen bytes of multi-byte UTF-8 round-trip exactly.", testDebugFields},
-	{"DeleteExpiredBatches", "DeleteExpired deletes at most limit records with ExpiresAt <= now per call, reports how many, and leaves live records alone.", testDeleteExpiredBatches},
-	{"DeleteExpiredConcurrent", "Concurrent DeleteExpired calls delete each expired record exactly once.", testDeleteExpiredConcurrent},
-	{"CancelledContext", "With a cancelled context every method fails with an error that is not ErrNotFound or ErrFenced (those would be read as answers) and writes nothing.", testCancelledContext},
+	{"ClaimAbsent", "Claiming an absent identity creates an in-progress record (Attempt 1, CreatedAt = Now, no response) that Claim returns and Get reads back with every field as requested.", plain(testClaimAbsent)},
+	{"ClaimExisting", "Claiming an identity that has a live record writes nothing and returns that record, whatever the new request carries (token, fingerprint, Takeover of a live lease).", plain(testClaimExisting)},
+	{"IndependentIDs", "Records with different IDs never affect each other.", plain(testIndependentIDs)},
+	{"ClaimRace", "Of concurrent claims of one absent identity exactly one wins, and every other returns the winner's record.", plain(testClaimRace)},
+	{"ClaimRaceExpired", "Of concurrent claims of one expired identity exactly one replaces the record, and every other returns the winner's record.", plain(testClaimRaceExpired)},
+	{"ClaimRaceTakeover", "Of concurrent takeovers of one lapsed lease exactly one wins (Attempt 2), and every other returns the winner's record.", plain(testClaimRaceTakeover)},
+	{"Fencing", "Complete, Extend and Release with a token other than the holder's fail with ErrFenced and change nothing; the holder's token succeeds.", plain(testFencing)},
+	{"Takeover", "With Takeover, a claim of an in-progress record whose lease lapsed (LeaseUntil <= Now) takes it over (token, lease, expiry and fingerprint from the request, Attempt+1, CreatedAt kept) and fences the old token everywhere.", plain(testTakeover)},
+	{"TakeoverNotRequested", "Without Takeover, a claim of a lapsed lease returns the record unchanged and writes nothing.", plain(testTakeoverNotRequested)},
+	{"LiveLeaseKept", "A lease that has not lapsed (LeaseUntil > Now) or a zero lease (atomic mode) is never taken over.", plain(testLiveLeaseKept)},
+	{"Extend", "Extend moves LeaseUntil, raises ExpiresAt to at least the new lease and never lowers it, and refuses a record that is not in progress with ErrFenced.", plain(testExtend)},
+	{"ExpiredIsAbsent", "Get reports ErrNotFound for a record with ExpiresAt <= now, whatever its state, even before a sweep deletes it.", plain(testExpiredIsAbsent)},
+	{"ClaimExpired", "Claiming an expired record, in any state, replaces it with a fresh one (Attempt 1, CreatedAt = Now, no response, the new fingerprint) and fences the old token.", plain(testClaimExpired)},
+	{"DeletedRecord", "Once a record is deleted (swept or released), Complete and Extend with its token fail with ErrFenced and Release with it returns nil.", plain(testDeletedRecord)},
+	{"Fingerprint", "A fingerprint round-trips byte for byte; nil and empty both mean no fingerprint and read back with length 0.", plain(testFingerprint)},
+	{"ResponseBytes", "Complete keeps Status and Response byte for byte (every byte value, 1 MiB of random bytes; nil and empty read back with length 0) and clears LeaseUntil.", plain(testResponseBytes)},
+	{"NoAliasing", "A store keeps its own copy of byte slices: changing a slice after passing it in, or one the store returned, never changes the record.", plain(testNoAliasing)},
+	{"Indeterminate", "An indeterminate record is returned to claims (never taken over, it has no lease) and cannot be extended; its token settles it with Complete or Release.", plain(testIndeterminate)},
+	{"CompletedIsFinal", "A completed record cannot be released, completed again or extended (ErrFenced) and stays as it was.", plain(testCompletedIsFinal)},
+	{"Release", "Release with the holder's token deletes an in-progress record, so the next claim starts afresh at Attempt 1; releasing an absent record returns nil.", plain(testRelease)},
+	{"DebugFields", "Caller, Scope and Key of MaxDebugLen bytes of multi-byte UTF-8 round-trip exactly.", plain(testDebugFields)},
+	{"DeleteExpiredBatches", "DeleteExpired deletes at most limit records with ExpiresAt <= now per call, reports how many, and leaves live records alone.", plain(testDeleteExpiredBatches)},
+	{"DeleteExpiredConcurrent", "Concurrent DeleteExpired calls delete each expired record exactly once.", plain(testDeleteExpiredConcurrent)},
+	{"CancelledContext", "With a cancelled context every method fails with an error that is not ErrNotFound or ErrFenced (those would be read as answers) and writes nothing.", plain(testCancelledContext)},
 	{"AtomicRollback", "A claim whose transaction rolls back leaves the identity absent, even if the transaction also completed it.", atomicCase(testAtomicRollback)},
 	{"AtomicCommit", "A transaction sees its own claim and completion, and once it commits everyone sees the completed record.", atomicCase(testAtomicCommit)},
 	{"AtomicConcurrentClaim", "While a transaction holds a claim, a claim of the same ID from another transaction or from outside any returns at once with Claimed false and StateInProgress, and claims of other IDs proceed.", atomicCase(testAtomicConcurrentClaim)},
@@ -75,15 +115,20 @@ var cases = []testCase{
 	{"AtomicInTx", "InTx reports true for the context from Begin and contexts derived from it, false for any other.", atomicCase(testAtomicInTx)},
 }
 
+// plain adapts a case that every store passes alike.
+func plain(fn func(t *testing.T, s core.Store)) func(t *testing.T, s core.Store, cfg config) {
+	return func(t *testing.T, s core.Store, _ config) { fn(t, s) }
+}
+
 // atomicCase adapts a case of atomic mode; it is skipped for stores that
 // do not implement core.TxStore.
-func atomicCase(fn func(t *testing.T, s core.TxStore)) func(t *testing.T, s core.Store) {
-	return func(t *testing.T, s core.Store) {
+func atomicCase(fn func(t *testing.T, s core.TxStore, cfg config)) func(t *testing.T, s core.Store, cfg config) {
+	return func(t *testing.T, s core.Store, cfg config) {
 		ts, ok := s.(core.TxStore)
 		if !ok {
 			t.Skipf("%T does not implement core.TxStore: atomic mode does not apply", s)
 		}
-		fn(t, ts)
+		fn(t, ts, cfg)
 	}
 }
 

@@ -3,6 +3,7 @@ package storetest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -26,33 +27,53 @@ type mutant struct {
 	name  string
 	fails []string // cases that must fail
 	build func() core.Store
+	opts  []storetest.Option // what the store declares about itself
 }
 
 var mutants = []mutant{
 	{"CompleteIgnoresToken", []string{"Fencing", "Takeover", "ClaimExpired"}, func() core.Store {
 		return &ignoreToken{Store: memstore.New()}
-	}},
+	}, nil},
 	{"ClaimCheckThenAct", []string{"ClaimRace"}, func() core.Store {
 		return &checkThenAct{Store: memstore.New()}
-	}},
+	}, nil},
 	{"GetIgnoresExpiry", []string{"ExpiredIsAbsent"}, func() core.Store {
 		return &ignoreExpiry{Store: memstore.New()}
-	}},
+	}, nil},
 	{"DeleteExpiredIgnoresLimit", []string{"DeleteExpiredBatches", "DeleteExpiredConcurrent"}, func() core.Store {
 		return &ignoreLimit{Store: memstore.New()}
-	}},
+	}, nil},
 	{"SecondPrecision", []string{"ResponseBytes", "DeleteExpiredBatches"}, func() core.Store {
 		return &seconds{Store: memstore.New()}
-	}},
+	}, nil},
 	{"ResponseAliased", []string{"NoAliasing"}, func() core.Store {
 		return &aliasing{Store: memstore.New(), kept: make(map[core.ID][]byte)}
-	}},
+	}, nil},
 	{"IgnoresCancellation", []string{"CancelledContext"}, func() core.Store {
 		return &ignoreCancel{Store: memstore.New()}
-	}},
+	}, nil},
 	{"RollbackCommits", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() core.Store {
 		return &rollbackCommits{AtomicStore: memstore.New().Atomic()}
-	}},
+	}, nil},
+	// SerialWriters relaxes when an answer may come, not what it is.
+	{"RollbackCommitsSerial", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() core.Store {
+		return &rollbackCommits{AtomicStore: memstore.New().Atomic()}
+	}, []storetest.Option{storetest.SerialWriters()}},
+	{"SerialClaimsAfterWait", []string{"AtomicConcurrentClaim"}, func() core.Store {
+		return newSerial(true)
+	}, []storetest.Option{storetest.SerialWriters()}},
+}
+
+// A store that makes claims wait for an open transaction, as SQLite does,
+// passes the suite when it declares SerialWriters; so does a store that
+// answers at once.
+func TestSerialWriters(t *testing.T) {
+	t.Run("serial", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) core.Store { return newSerial(false) }, storetest.SerialWriters())
+	})
+	t.Run("memstore", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) core.Store { return memstore.New().Atomic() }, storetest.SerialWriters())
+	})
 }
 
 // TestSuiteCatchesMutants runs the suite against each mutant in a child
@@ -95,7 +116,7 @@ func TestMutantProcess(t *testing.T) {
 	}
 	for _, m := range mutants {
 		if m.name == name {
-			storetest.Run(t, func(t *testing.T) core.Store { return m.build() })
+			storetest.Run(t, func(t *testing.T) core.Store { return m.build() }, m.opts...)
 			return
 		}
 	}
@@ -213,4 +234,111 @@ func (tx commitOnly) Rollback() error {
 		return err
 	}
 	return nil
+}
+
+// serial admits one writer at a time, as SQLite does: a transaction takes
+// the write lock at Begin and keeps it until it ends, a write outside any
+// transaction takes it for its own duration, and reads never wait. A
+// duplicate claim therefore waits for an open transaction and then answers
+// from its outcome; with claimsAfterWait (broken) a claim that had to wait
+// reports that it claimed.
+type serial struct {
+	*memstore.AtomicStore
+	lock            chan struct{}
+	claimsAfterWait bool
+}
+
+func newSerial(claimsAfterWait bool) *serial {
+	return &serial{AtomicStore: memstore.New().Atomic(), lock: make(chan struct{}, 1), claimsAfterWait: claimsAfterWait}
+}
+
+// acquire takes the write lock; waited reports that it was taken.
+func (s *serial) acquire(ctx context.Context) (waited bool, err error) {
+	select {
+	case s.lock <- struct{}{}:
+		return false, nil
+	default:
+	}
+	select {
+	case s.lock <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return true, fmt.Errorf("%w: %w", core.ErrStoreUnavailable, ctx.Err())
+	}
+}
+
+func (s *serial) release() { <-s.lock }
+
+// write runs fn under the write lock unless ctx carries a transaction,
+// which holds it already.
+func (s *serial) write(ctx context.Context, fn func() error) (waited bool, err error) {
+	if s.InTx(ctx) {
+		return false, fn()
+	}
+	if waited, err = s.acquire(ctx); err != nil {
+		return waited, err
+	}
+	defer s.release()
+	return waited, fn()
+}
+
+func (s *serial) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+	if _, err := s.acquire(ctx); err != nil {
+		return ctx, nil, err
+	}
+	tctx, tx, err := s.AtomicStore.Begin(ctx)
+	if err != nil {
+		s.release()
+		return ctx, nil, err
+	}
+	return tctx, &serialTx{Tx: tx, release: sync.OnceFunc(s.release)}, nil
+}
+
+type serialTx struct {
+	core.Tx
+	release func()
+}
+
+func (tx *serialTx) Commit() error {
+	defer tx.release()
+	return tx.Tx.Commit()
+}
+
+func (tx *serialTx) Rollback() error {
+	defer tx.release()
+	return tx.Tx.Rollback()
+}
+
+func (s *serial) Claim(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, err error) {
+	waited, err := s.write(ctx, func() error {
+		res, err = s.AtomicStore.Claim(ctx, req)
+		return err
+	})
+	if waited && err == nil && s.claimsAfterWait {
+		res.Claimed = true
+	}
+	return res, err
+}
+
+func (s *serial) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+	_, err := s.write(ctx, func() error { return s.AtomicStore.Complete(ctx, id, token, c) })
+	return err
+}
+
+func (s *serial) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+	_, err := s.write(ctx, func() error { return s.AtomicStore.Extend(ctx, id, token, leaseUntil) })
+	return err
+}
+
+func (s *serial) Release(ctx context.Context, id core.ID, token int64) error {
+	_, err := s.write(ctx, func() error { return s.AtomicStore.Release(ctx, id, token) })
+	return err
+}
+
+func (s *serial) DeleteExpired(ctx context.Context, now time.Time, limit int) (n int, err error) {
+	_, err = s.write(ctx, func() error {
+		n, err = s.AtomicStore.DeleteExpired(ctx, now, limit)
+		return err
+	})
+	return n, err
 }
