@@ -46,8 +46,10 @@ func storeFor(db, framework int) string {
 // Timing of the crash scenarios: a request sleeps workDelay inside its
 // transaction (or, leased, after calling the provider); a payment's lease
 // is lease.
+// The work outlasts the lease, so a living attempt must extend its lease
+// to keep it.
 const (
-	workDelay = 2 * time.Second
+	workDelay = 3 * time.Second
 	lease     = 2 * time.Second
 )
 
@@ -440,7 +442,7 @@ func testCrashLeased(t *testing.T, owner testing.TB, c config, s *server, orderI
 	waitFor(t, "the provider charge", 15*time.Second, func() bool {
 		return c.db.count(t, `SELECT COUNT(*) FROM provider_charges`) > 0
 	})
-	time.Sleep(100 * time.Millisecond) // well inside the 2 s sleep after the provider call
+	time.Sleep(100 * time.Millisecond) // well inside the sleep after the provider call
 	s.kill()
 	killedAt := time.Now()
 	if r := <-res; r.err == nil {

@@ -199,6 +199,8 @@ func launch(t, owner testing.TB, name string, c config) *server {
 		}
 		if owner.Failed() {
 			owner.Logf("--- log of %s (%s)\n%s", name, strings.Join(args, " "), s.logs)
+		} else if warned := s.logs.grep(regexp.MustCompile(`level=(WARN|ERROR)`)); len(warned) > 0 {
+			owner.Logf("%s logged warnings:\n%s", name, strings.Join(warned, "\n"))
 		}
 	})
 	return s

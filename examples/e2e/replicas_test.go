@@ -157,12 +157,17 @@ func testReplicaStorm(t *testing.T, c config) {
 		}
 	}
 	executedRE := regexp.MustCompile(`path=/orders status=201 .*idempotency=executed`)
-	total := 0
-	for _, p := range procs {
-		waitFor(t, "access log lines", 5*time.Second, func() bool { return len(p.logs.grep(regexp.MustCompile(`msg=request`))) > 0 })
-		total += len(p.logs.grep(executedRE))
+	executedLines := func() int {
+		total := 0
+		for _, p := range procs {
+			total += len(p.logs.grep(executedRE))
+		}
+		return total
 	}
-	if total != 1 {
+	// The access log line follows the answer.
+	waitFor(t, "the executed request's log line", 10*time.Second, func() bool { return executedLines() > 0 })
+	time.Sleep(200 * time.Millisecond)
+	if total := executedLines(); total != 1 {
 		t.Errorf("executed POST /orders over the three logs: %d, want 1", total)
 	}
 
