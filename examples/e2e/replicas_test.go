@@ -319,9 +319,9 @@ func testReplicaKillLeased(t *testing.T, c config) {
 const sweepRetention = 4 * time.Second
 
 // testReplicaSweepers: three processes sweep one table every 200 ms; the
-// records of many requests expire together; every one is deleted, no sweep
-// fails, no deadlock, the business rows stay, and an expired key runs
-// again.
+// records of many requests expire together; every one is deleted while
+// live requests go on, no sweep and no request fails, no deadlock, the
+// business rows stay, and an expired key runs again.
 func testReplicaSweepers(t *testing.T, c config) {
 	procs, b := startReplicas(t, c, replicas)
 	const n = 150
@@ -346,12 +346,46 @@ func testReplicaSweepers(t *testing.T, c config) {
 	if took < sweepRetention/2 && records != n {
 		t.Errorf("idempotency records right after: %d, want %d (nothing expired yet)", records, n)
 	}
+	// Live traffic with new keys goes on while the sweepers delete: it
+	// must never wait for them or fail.
+	stop := make(chan struct{})
+	var live sync.WaitGroup
+	var liveMu sync.Mutex
+	liveN, liveSlowest := 0, time.Duration(0)
+	for w := range 2 {
+		live.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				a, _, err := b.send(http.MethodPost, "/orders", account, fmt.Sprintf("live-%d-%04d", w, i), body)
+				d := time.Since(t0)
+				if err != nil || a.status != http.StatusCreated || a.replayed() {
+					t.Errorf("live request during the sweeps: %v %v, want an executed 201", a, err)
+				}
+				liveMu.Lock()
+				liveN++
+				liveSlowest = max(liveSlowest, d)
+				liveMu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	waitFor(t, "the sweepers deleting the expired records", sweepRetention+20*time.Second, func() bool {
+		return c.db.count(t, `SELECT COUNT(*) FROM idempotency_records WHERE idem_key LIKE 'sweep-%'`) == 0
+	})
+	close(stop)
+	live.Wait()
+	t.Logf("expired records gone %s after the first one was written; %d live requests meanwhile (slowest %s)",
+		time.Since(created).Round(time.Millisecond), liveN, liveSlowest.Round(time.Millisecond))
 	waitFor(t, "the sweepers emptying the table", sweepRetention+20*time.Second, func() bool {
 		return c.db.count(t, `SELECT COUNT(*) FROM idempotency_records`) == 0
 	})
-	t.Logf("table empty %s after the first record", time.Since(created).Round(time.Millisecond))
-	if got := c.db.count(t, `SELECT COUNT(*) FROM orders`); got != n {
-		t.Errorf("orders: %d, want %d (the sweep deletes idempotency records only)", got, n)
+	if got := c.db.count(t, `SELECT COUNT(*) FROM orders`); got != n+liveN {
+		t.Errorf("orders: %d, want %d (the sweep deletes idempotency records only)", got, n+liveN)
 	}
 	bad := regexp.MustCompile(`(?i)sweep failed|deadlock|level=ERROR`)
 	for i, p := range procs {
