@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	gosqlite "github.com/glebarez/go-sqlite"
@@ -44,6 +43,14 @@ func (c driverConnector) Driver() driver.Driver                        { return 
 // test database, closed at cleanup. SQLite gets a new file per call.
 func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter) {
 	t.Helper()
+	db, c, _ := openGormAt(t, d, "")
+	return db, c
+}
+
+// openGormAt is openGorm on the SQLite file path ("": a new file), which
+// it returns.
+func openGormAt(t testing.TB, d sqlstore.Dialect, path string) (*gorm.DB, *sqlstoretest.Counter, string) {
+	t.Helper()
 	c := new(sqlstoretest.Counter)
 	var dialector gorm.Dialector
 	switch d {
@@ -67,7 +74,10 @@ func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter
 		// statement builder.
 		dialector = mysql.New(mysql.Config{Conn: sql.OpenDB(c.Connector(conn)), DisableWithReturning: true})
 	case sqlstore.SQLite:
-		dsn := "file:" + filepath.Join(t.TempDir(), "idem.db") + sqliteOpts
+		if path == "" {
+			path = filepath.Join(t.TempDir(), "idem.db")
+		}
+		dsn := "file:" + path + sqliteOpts
 		dialector = sqlite.Dialector{Conn: sql.OpenDB(c.Connector(driverConnector{&gosqlite.Driver{}, dsn}))}
 	}
 	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
@@ -79,7 +89,7 @@ func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sqlDB.Close() })
-	return db, c
+	return db, c, path
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
@@ -90,8 +100,15 @@ func newStore(t testing.TB, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sq
 // newStoreOn is newStore on the *gorm.DB that session returns (nil: as
 // opened).
 func newStoreOn(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
+	s, db, c, _ := newStoreTwin(t, d, session)
+	return s, db, c
+}
+
+// newStoreTwin is newStoreOn that also returns a function opening another
+// store on the same table through a pool of its own (another process).
+func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter, func(t testing.TB) *gormstore.Store) {
 	t.Helper()
-	db, c := openGorm(t, d)
+	db, c, path := openGormAt(t, d, "")
 	if session != nil {
 		db = session(db)
 	}
@@ -108,7 +125,18 @@ func newStoreOn(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.D
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
-	return s, db, c
+	twin := func(t testing.TB) *gormstore.Store {
+		db2, _, _ := openGormAt(t, d, path)
+		if session != nil {
+			db2 = session(db2)
+		}
+		s2, err := gormstore.New(db2, gormstore.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s2
+	}
+	return s, db, c, twin
 }
 
 // order is the business row of the atomic-mode tests.
@@ -120,7 +148,11 @@ type order struct {
 func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture { return fixtureOn(t, d, nil) }
 
 func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) sqlstoretest.Fixture {
-	s, db, c := newStoreOn(t, d, session)
+	s, db, c, twin := newStoreTwin(t, d, session)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
 	orders := s.Table() + "_orders"
 	if err := db.Table(orders).AutoMigrate(&order{}); err != nil {
 		t.Fatal(err)
@@ -151,6 +183,8 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 			})
 		},
 		Counter: c,
+		DB:      sqlDB,
+		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
 	}
 }
 
@@ -165,13 +199,15 @@ func TestAtomic(t *testing.T) {
 func TestConformance(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
+			var opts []storetest.Option
+			if d == sqlstore.SQLite {
+				// One writer at a time: see sqlstore's TestConformance.
+				opts = append(opts, storetest.SerialWriters())
+			}
 			storetest.Run(t, func(t *testing.T) core.Store {
-				if d == sqlstore.SQLite && (strings.HasSuffix(t.Name(), "/AtomicConcurrentClaim") || strings.HasSuffix(t.Name(), "/AtomicUncommittedInvisible")) {
-					t.Skip("SQLite serialises writers: a claim waits for another open write transaction (see sqlstore's README)")
-				}
 				s, _, _ := newStore(t, d)
 				return s
-			})
+			}, opts...)
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -95,12 +96,27 @@ func WithTx(ctx context.Context, tx *gorm.DB) context.Context {
 // Begin or WithTx), or nil. In middleware-managed atomic mode handlers call
 // it with the request's context (c.Request.Context(),
 // c.Request().Context(), r.Context()) and run their business writes on it.
+// On SQLite, where Begin defers BEGIN to the first statement (normally the
+// claim, so the handler's transaction has begun), DB begins it if it has
+// not begun; if that fails, the returned *gorm.DB carries the error.
 func DB(ctx context.Context) *gorm.DB {
-	tx, _ := ctx.Value(txKey{}).(*gorm.DB)
-	if !inTransaction(tx) {
-		return nil
+	switch v := ctx.Value(txKey{}).(type) {
+	case *gorm.DB:
+		if inTransaction(v) {
+			return v
+		}
+	case *deferred:
+		if tx := v.get(); tx != nil {
+			return tx
+		}
+		if _, err := sqlstore.ConnFrom(ctx); err != nil {
+			tx := v.base.WithContext(ctx)
+			_ = tx.AddError(err)
+			return tx
+		}
+		return v.get()
 	}
-	return tx
+	return nil
 }
 
 func inTransaction(tx *gorm.DB) bool {
@@ -112,17 +128,54 @@ func inTransaction(tx *gorm.DB) bool {
 }
 
 // InTx reports whether ctx carries a GORM transaction (Begin, WithTx).
-func (s *Store) InTx(ctx context.Context) bool { return DB(ctx) != nil }
+func (s *Store) InTx(ctx context.Context) bool {
+	switch v := ctx.Value(txKey{}).(type) {
+	case *gorm.DB:
+		return inTransaction(v)
+	case *deferred:
+		return true
+	}
+	return false
+}
 
 // Begin starts a transaction with db.WithContext(ctx).Begin and returns a
 // context carrying the *gorm.DB bound to it (see DB). The transaction is
-// bound to ctx: cancelling ctx rolls it back.
+// bound to ctx: cancelling ctx rolls it back. On SQLite the GORM
+// transaction begins at its first statement, as sqlstore's Begin does
+// (see sqlstore.Store.Begin and its README).
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
-	tx := s.db.WithContext(ctx).Begin(s.inner.TxOptions())
-	if tx.Error != nil {
-		return ctx, nil, fmt.Errorf("%w: gormstore: begin: %w", core.ErrStoreUnavailable, tx.Error)
+	d := &deferred{base: s.db}
+	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, core.Tx, error) {
+		tx := s.db.WithContext(ctx).Begin(s.inner.TxOptions())
+		if tx.Error != nil {
+			return nil, nil, tx.Error
+		}
+		d.set(tx)
+		return tx.Statement.ConnPool, gormTx{tx}, nil
+	})
+	if err != nil {
+		return ctx, nil, err
 	}
-	return WithTx(ctx, tx), gormTx{tx}, nil
+	return context.WithValue(ctx, txKey{}, d), tx, nil
+}
+
+// deferred is the GORM transaction of a context from Begin, once begun.
+type deferred struct {
+	base *gorm.DB
+	mu   sync.Mutex
+	tx   *gorm.DB
+}
+
+func (d *deferred) set(tx *gorm.DB) {
+	d.mu.Lock()
+	d.tx = tx
+	d.mu.Unlock()
+}
+
+func (d *deferred) get() *gorm.DB {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.tx
 }
 
 type gormTx struct{ tx *gorm.DB }
@@ -130,10 +183,11 @@ type gormTx struct{ tx *gorm.DB }
 func (t gormTx) Commit() error   { return t.tx.Commit().Error }
 func (t gormTx) Rollback() error { return t.tx.Rollback().Error }
 
-// ctx hands the GORM transaction in ctx, if any, to sqlstore as the
-// connection to run on.
+// ctx hands the GORM transaction of WithTx, if ctx carries one, to
+// sqlstore as the connection to run on. (Begin's context already carries
+// sqlstore's transaction.)
 func (s *Store) ctx(ctx context.Context) context.Context {
-	if tx := DB(ctx); tx != nil {
+	if tx, ok := ctx.Value(txKey{}).(*gorm.DB); ok && inTransaction(tx) {
 		return sqlstore.WithConn(ctx, tx.Statement.ConnPool)
 	}
 	return ctx

@@ -1,7 +1,6 @@
 package sqlstore_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/core"
@@ -9,34 +8,26 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// sqliteSerialWriters names the conformance cases SQLite cannot pass: they
-// need a claim (a write) to proceed while another transaction holds an
-// uncommitted claim, and SQLite has one writer at a time. There the second
-// claim waits for the first transaction (up to busy_timeout) instead; the
-// README says so, and TestAtomic checks that it then replays.
-var sqliteSerialWriters = []string{"/AtomicConcurrentClaim", "/AtomicUncommittedInvisible"}
-
-// SkipSerialWriters skips t when it is one of the cases a database with a
-// single writer cannot pass.
-func skipSerialWriters(t *testing.T, d sqlstore.Dialect) {
-	if d != sqlstore.SQLite {
-		return
+// conformanceOptions is what each database declares to the conformance
+// suite. SQLite has one writer at a time: while a transaction holds a
+// claim, a claim of another id waits for it (SerialWriters). Duplicates of
+// the held id answer in progress at once through the store's registry;
+// TestAtomic checks that strictly, and that another store on the same file
+// (another process) waits and then replays.
+func conformanceOptions(d sqlstore.Dialect) []storetest.Option {
+	if d == sqlstore.SQLite {
+		return []storetest.Option{storetest.SerialWriters()}
 	}
-	for _, name := range sqliteSerialWriters {
-		if strings.HasSuffix(t.Name(), name) {
-			t.Skip("SQLite serialises writers: a claim waits for another open write transaction (see the README)")
-		}
-	}
+	return nil
 }
 
 func TestConformance(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			storetest.Run(t, func(t *testing.T) core.Store {
-				skipSerialWriters(t, d)
 				s, _, _ := newStore(t, d)
 				return s
-			})
+			}, conformanceOptions(d)...)
 		})
 	}
 }

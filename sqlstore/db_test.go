@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
 
+	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -25,6 +26,14 @@ const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragm
 // openDB opens a fresh pool on the dialect's test database, counting its
 // statements, and closes it at cleanup. SQLite gets a new file per call.
 func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
+	t.Helper()
+	db, c, _ := openDBAt(t, d, "")
+	return db, c
+}
+
+// openDBAt is openDB on the SQLite file path ("": a new file), which it
+// returns.
+func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlstoretest.Counter, string) {
 	t.Helper()
 	var (
 		conn driver.Connector
@@ -44,7 +53,10 @@ func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 		}
 		conn, err = mysql.NewConnector(cfg)
 	case sqlstore.SQLite:
-		conn, err = sqlite.NewConnector("file:" + filepath.Join(t.TempDir(), "idem.db") + sqliteOpts)
+		if path == "" {
+			path = filepath.Join(t.TempDir(), "idem.db")
+		}
+		conn, err = sqlite.NewConnector("file:" + path + sqliteOpts)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -55,13 +67,21 @@ func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 	if err := db.PingContext(context.Background()); err != nil {
 		t.Fatalf("%v: %v", d, err)
 	}
-	return db, c
+	return db, c, path
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
 func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
 	t.Helper()
-	db, c := openDB(t, d)
+	s, db, c, _ := newStoreAt(t, d, opts...)
+	return s, db, c
+}
+
+// newStoreAt is newStore that also returns a function opening another
+// store on the same table through a pool of its own (another process).
+func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter, func(t testing.TB) *sqlstore.Store) {
+	t.Helper()
+	db, c, path := openDBAt(t, d, "")
 	table := sqlstoretest.Table()
 	s, err := sqlstore.New(db, d, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...)
 	if err != nil {
@@ -76,7 +96,15 @@ func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlst
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
-	return s, db, c
+	twin := func(t testing.TB) *sqlstore.Store {
+		db2, _, _ := openDBAt(t, d, path)
+		s2, err := sqlstore.New(db2, d, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s2
+	}
+	return s, db, c, twin
 }
 
 func ph(d sqlstore.Dialect) string {
@@ -87,7 +115,7 @@ func ph(d sqlstore.Dialect) string {
 }
 
 func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
-	s, db, c := newStore(t, d)
+	s, db, c, twin := newStoreAt(t, d)
 	orders := s.Table() + "_orders"
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+orders+" (name VARCHAR(100) NOT NULL)"); err != nil {
@@ -123,6 +151,8 @@ func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
 			return tx.Commit()
 		},
 		Counter: c,
+		DB:      db,
+		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
 	}
 }
 

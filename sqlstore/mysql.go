@@ -105,7 +105,10 @@ func mysqlErrno(err error) uint16 {
 // record that cannot be claimed (a replay, a running lease) is answered by
 // that one statement.
 func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	if c, ok := s.conn(ctx); ok {
+	if c, ok, err := s.conn(ctx); err != nil || ok {
+		if err != nil {
+			return core.ClaimResult{}, err
+		}
 		return s.claimMySQLIn(ctx, c, req)
 	}
 	if res, ok, err := s.readExisting(ctx, s.db, req); err != nil || ok {
@@ -265,7 +268,10 @@ func colTime(t time.Time) time.Time {
 
 func (s *Store) deleteExpiredMySQL(ctx context.Context, now time.Time, limit int) (n int, err error) {
 	exp := s.d.timeArg(now)
-	c, inTx := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
 	ids, err := queryIDs(ctx, c, s.q.deleteExpired, exp, limit) // no locks (READ COMMITTED or autocommit)
 	if err != nil || len(ids) == 0 {
 		return 0, err

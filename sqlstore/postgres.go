@@ -75,7 +75,10 @@ func (s *Store) lockKey(id core.ID) int64 {
 }
 
 func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	c, inTx := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return core.ClaimResult{}, err
+	}
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool

@@ -9,14 +9,16 @@ import (
 )
 
 // SQLite serialises writers: a transaction that has written holds the
-// database's write lock until it ends, and the claim is a write, so a second
-// claim (of any id) waits for the first transaction to end, up to the
-// connection's busy_timeout, and then sees its committed row. SQLite cannot
-// answer "in progress" while another transaction is open; a duplicate waits
-// and then replays, and a claim that waits longer than busy_timeout fails
-// with ErrStoreUnavailable (SQLITE_BUSY). The claim is one upsert with
-// RETURNING, which returns a row only when it inserted or took over; when it
-// returns none, a SELECT reads the existing row.
+// database's write lock until it ends, and the claim is a write, so a claim
+// (of any id) waits for every open write transaction, up to the
+// connection's busy_timeout, and then sees what it committed; a claim that
+// waits longer fails with ErrStoreUnavailable (SQLITE_BUSY). SQLite cannot
+// probe for another transaction's uncommitted claim. Within one process,
+// the store's registry (registry.go) answers a duplicate of an id held by
+// one of its own open transactions at once, before it reaches the
+// database. The claim is one upsert with RETURNING, which returns a row only
+// when it inserted or took over; when it returns none, a SELECT reads the
+// existing row.
 func sqliteQueries(t string) queries {
 	return queries{
 		claim: `INSERT INTO ` + t + ` (` + cols + `)
@@ -44,7 +46,32 @@ RETURNING ` + cols,
 }
 
 func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	c, inTx := s.conn(ctx)
+	// The registry first. A claim may wait there for another claim of the
+	// same id only while it holds no lock: outside any transaction, or in
+	// a transaction Begin deferred that has not begun. Only such a
+	// transaction registers: the store sees it end.
+	v := ctx.Value(connKey{})
+	l, _ := v.(*lazyTx)
+	wait := v == nil || (l != nil && !l.started())
+	cl, held, err := s.reg.enter(ctx, req.ID, l, wait)
+	switch {
+	case err != nil:
+		return core.ClaimResult{}, unavailable("claim", err)
+	case held:
+		return inProgressElsewhere(req.ID), nil
+	}
+	res, err := s.claimSQLiteDB(ctx, req)
+	if cl != nil {
+		s.reg.settle(cl, req.ID, err == nil && res.Claimed && l.hold(req.ID))
+	}
+	return res, err
+}
+
+func (s *Store) claimSQLiteDB(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return core.ClaimResult{}, err
+	}
 	if !inTx {
 		// Leased mode: a replay or a running lease is answered by a read,
 		// without taking the database's write lock. (In a transaction the

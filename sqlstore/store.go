@@ -34,7 +34,8 @@ type Store struct {
 	table  string
 	txOpts *sql.TxOptions
 	q      queries
-	lock   uint64 // mixed into Postgres advisory lock keys (per table)
+	lock   uint64   // mixed into Postgres advisory lock keys (per table)
+	reg    registry // SQLite: ids held by this store's open transactions
 }
 
 var (
@@ -142,7 +143,10 @@ func (s *Store) Table() string { return s.table }
 // statements of Schema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
 func (s *Store) Migrate(ctx context.Context) error {
-	c, _ := s.conn(ctx)
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
 	for _, stmt := range s.d.schema(s.table) {
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
 			return unavailable("migrate", err)
@@ -180,42 +184,94 @@ func WithConn(ctx context.Context, c Conn) context.Context {
 // TxFrom returns the *sql.Tx that ctx carries (set by Begin or WithTx), or
 // nil. In middleware-managed atomic mode handlers call it with the request's
 // context (r.Context(), c.Request.Context(), c.Request().Context()) and run
-// their business writes on it.
+// their business writes on it. On SQLite, where Begin defers BEGIN to the
+// first statement (normally the claim, so the handler's transaction has
+// begun), TxFrom begins it if it has not begun; it returns nil if that
+// fails (ConnFrom returns the error).
 func TxFrom(ctx context.Context) *sql.Tx {
-	tx, _ := ctx.Value(connKey{}).(*sql.Tx)
+	c, _ := ConnFrom(ctx)
+	tx, _ := c.(*sql.Tx)
 	return tx
+}
+
+// ConnFrom returns the connection of the transaction ctx carries (Begin,
+// BeginWith, WithTx, WithConn), beginning it if Begin deferred it (SQLite),
+// or nil and no error when ctx carries none.
+func ConnFrom(ctx context.Context) (Conn, error) {
+	switch v := ctx.Value(connKey{}).(type) {
+	case *lazyTx:
+		return v.connection()
+	case Conn:
+		return v, nil
+	}
+	return nil, nil
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
 func (s *Store) InTx(ctx context.Context) bool {
-	_, ok := ctx.Value(connKey{}).(Conn)
-	return ok
+	return ctx.Value(connKey{}) != nil
 }
 
 // Begin starts a transaction (with the WithTxOptions options) and returns a
-// context carrying it; *sql.Tx is the returned core.Tx. The transaction is
-// bound to ctx: cancelling ctx rolls it back.
+// context carrying it. The transaction is bound to ctx: cancelling ctx rolls
+// it back.
+//
+// On Postgres and MySQL/MariaDB the transaction begins at once and
+// *sql.Tx is the returned core.Tx. On SQLite, BEGIN is deferred to the
+// transaction's first statement, normally the claim, so that a duplicate
+// of a request whose transaction (begun by this store) holds the key answers
+// in progress at once, without waiting for SQLite's write lock; see the
+// README. TxFrom gives the *sql.Tx either way.
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
-	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	return s.BeginWith(ctx, func(ctx context.Context) (Conn, core.Tx, error) {
+		tx, err := s.db.BeginTx(ctx, s.txOpts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return tx, tx, nil
+	})
+}
+
+// BeginWith is Begin for a layer that begins transactions its own way
+// (gormstore begins GORM transactions): begin, called with ctx, returns the
+// connection the store runs on in the transaction and the transaction the
+// engine commits or rolls back. On SQLite, begin runs at the transaction's
+// first statement, as Begin's BEGIN does.
+func (s *Store) BeginWith(ctx context.Context, begin BeginFunc) (context.Context, core.Tx, error) {
+	if s.d == SQLite {
+		l := &lazyTx{s: s, ctx: ctx, begin: begin}
+		return context.WithValue(ctx, connKey{}, l), l, nil
+	}
+	c, tx, err := begin(ctx)
 	if err != nil {
 		return ctx, nil, unavailable("begin", err)
 	}
-	return WithTx(ctx, tx), tx, nil
+	return WithConn(ctx, c), tx, nil
 }
 
-// conn returns the connection for ctx: the transaction it carries, or the
-// pool (autocommit).
-func (s *Store) conn(ctx context.Context) (Conn, bool) {
-	if c, ok := ctx.Value(connKey{}).(Conn); ok && c != nil {
-		return c, true
+// conn returns the connection for ctx: the transaction it carries (begun
+// now if Begin deferred it), or the pool (autocommit).
+func (s *Store) conn(ctx context.Context) (c Conn, inTx bool, err error) {
+	switch v := ctx.Value(connKey{}).(type) {
+	case *lazyTx:
+		c, err := v.connection()
+		if err != nil {
+			return nil, true, unavailable("begin", err)
+		}
+		return c, true, nil
+	case Conn:
+		return v, true, nil
 	}
-	return s.db, false
+	return s.db, false, nil
 }
 
 // inShortTx runs fn in ctx's transaction, or in a short transaction of its
 // own that commits when fn returns nil.
 func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
-	if c, ok := s.conn(ctx); ok {
+	if c, ok, err := s.conn(ctx); err != nil || ok {
+		if err != nil {
+			return err
+		}
 		return fn(c)
 	}
 	tx, err := s.db.BeginTx(ctx, s.txOpts)
@@ -252,7 +308,10 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 // Extend implements core.Store. The store cannot tell an expired record
 // from a live one here (no time is passed in): the token decides.
 func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
-	c, _ := s.conn(ctx)
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
 	lu := s.d.timeArg(leaseUntil)
 	res, err := c.ExecContext(ctx, s.q.extend, lu, lu, id[:], token)
 	if err != nil {
@@ -266,7 +325,10 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
 		return fmt.Errorf("%w: sqlstore: Complete with state %v", core.ErrConfig, cp.State)
 	}
-	c, _ := s.conn(ctx)
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
 	res, err := c.ExecContext(ctx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
 	if err != nil {
 		return unavailable("complete", err)
@@ -300,7 +362,10 @@ func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string
 
 // Release implements core.Store.
 func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
-	c, _ := s.conn(ctx)
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
 	res, err := c.ExecContext(ctx, s.q.release, id[:], token)
 	if err != nil {
 		return unavailable("release", err)
@@ -324,9 +389,12 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 
 // Get implements core.Store.
 func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
-	c, _ := s.conn(ctx)
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return core.Record{}, err
+	}
 	var rec core.Record
-	_, err := scanRecord(c.QueryRowContext(ctx, s.q.get, id[:], s.d.timeArg(now)), &rec)
+	_, err = scanRecord(c.QueryRowContext(ctx, s.q.get, id[:], s.d.timeArg(now)), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return core.Record{}, core.ErrNotFound
@@ -344,7 +412,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 		return 0, nil
 	}
 	if s.d != MySQL {
-		c, _ := s.conn(ctx)
+		c, _, err := s.conn(ctx)
+		if err != nil {
+			return 0, err
+		}
 		res, err := c.ExecContext(ctx, s.q.deleteExpired, s.d.timeArg(now), limit)
 		if err != nil {
 			return 0, unavailable("delete expired", err)

@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,6 +31,11 @@ type Fixture struct {
 	// Counter counts the statements sent on the store's database; nil
 	// skips the statement counts.
 	Counter *Counter
+	// DB is the pool the store runs on (RunPool limits it).
+	DB *sql.DB
+	// Twin returns another store on the same table through a pool of its
+	// own, as another process would see the database.
+	Twin func(t *testing.T) core.TxStore
 }
 
 // Config describes the store under test.
@@ -71,7 +77,8 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, middleware-managed: a rollback removes the claim and the business row", h.middlewareRollback},
 		{"ok, caller-managed: the claim joins the application's transaction and commits with it", h.callerCommit},
 		{"ok, caller-managed: the application's rollback removes the claim and the business row", h.callerRollback},
-		{"ok, an uncommitted claim is reported in progress without waiting (SQLite: waits, then replays)", h.inFlight},
+		{"ok, an uncommitted claim is reported in progress without waiting", h.inFlight},
+		{"ok, another process's duplicate is reported in progress without waiting (SQLite: waits, then replays)", h.twin},
 		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
 		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
 	} {
@@ -233,10 +240,11 @@ func (h *harness) callerRollback(t *testing.T) {
 	}
 }
 
-// inFlight: transaction A claims and stays open. On Postgres and MySQL a
-// duplicate claim (atomic, and leased) answers in progress at once. SQLite
-// serialises writers: the duplicate waits for A (up to busy_timeout) and
-// then replays A's committed record.
+// inFlight: transaction A claims and stays open; a duplicate claim in
+// another transaction of the same store (atomic mode), and one outside any
+// (leased mode), answer in progress without waiting for A. Postgres and
+// MySQL probe the database; SQLite, which cannot, answers from the store's
+// registry of its own open transactions.
 func (h *harness) inFlight(t *testing.T) {
 	f, ctx := h.cfg.New(t), ctxT(t)
 	req := h.req("inflight", 41)
@@ -254,42 +262,9 @@ func (h *harness) inFlight(t *testing.T) {
 	dup := req
 	dup.Token = 42
 
-	if h.cfg.Dialect == sqlstore.SQLite {
-		type out struct {
-			res core.ClaimResult
-			err error
-			d   time.Duration
-		}
-		done := make(chan out, 1)
-		go func() {
-			start := time.Now()
-			bctx, btx, err := f.Store.Begin(ctx)
-			if err != nil {
-				done <- out{err: err}
-				return
-			}
-			res, err := f.Store.Claim(bctx, dup)
-			_ = btx.Rollback()
-			done <- out{res, err, time.Since(start)}
-		}()
-		const hold = 300 * time.Millisecond
-		time.Sleep(hold) // A's business transaction runs on while B waits
-		if err := f.Store.Complete(actx, req.ID, req.Token, h.completion("inflight")); err != nil {
-			t.Fatal(err)
-		}
-		if err := atx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		o := <-done
-		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
-			t.Fatalf("duplicate after A committed: %+v, %v", o.res, o.err)
-		}
-		t.Logf("sqlite: the duplicate waited %v for A's transaction (held open %v), then replayed", o.d, hold)
-		return
-	}
-
 	// Several samples each, so the log shows the steady state (the first
-	// Begin may open a connection).
+	// Begin may open a connection). A is open throughout: a duplicate that
+	// waited for it would never return.
 	const samples = 10
 	var atomicLat, leasedLat []time.Duration
 	for range samples {
@@ -299,8 +274,8 @@ func (h *harness) inFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		res, err := f.Store.Claim(bctx, dup)
-		atomicLat = append(atomicLat, time.Since(start))
 		_ = btx.Rollback()
+		atomicLat = append(atomicLat, time.Since(start))
 		if err != nil || res.Claimed || res.Record.State != core.StateInProgress || res.Record.ID != req.ID {
 			t.Fatalf("atomic duplicate while A is open: %+v, %v", res, err)
 		}
@@ -347,6 +322,77 @@ func (h *harness) inFlight(t *testing.T) {
 	if res, err := execute(ctx, f, req2, h.completion("inflight-rb")); err != nil || !res.Claimed {
 		t.Fatalf("claim after A2 rolled back: %+v, %v", res, err)
 	}
+}
+
+// twin: transaction A of one store claims and stays open; a duplicate
+// comes through another store on the same table with its own pool, as
+// another process would. Postgres and MySQL answer in progress at once.
+// SQLite serialises writers and the other store's registry does not know
+// A: the duplicate waits for A's transaction (up to busy_timeout), then
+// replays what A committed.
+func (h *harness) twin(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	if f.Twin == nil {
+		t.Skip("no twin store")
+	}
+	other := f.Twin(t)
+	req := h.req("twin", 61)
+	actx, atx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = atx.Rollback() }()
+	if res, err := f.Store.Claim(actx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim A: %+v, %v", res, err)
+	}
+	if err := f.Insert(actx, "twin"); err != nil {
+		t.Fatal(err)
+	}
+	dup := req
+	dup.Token = 62
+	type out struct {
+		res core.ClaimResult
+		err error
+		d   time.Duration
+	}
+	done := make(chan out, 1)
+	go func() {
+		start := time.Now()
+		bctx, btx, err := other.Begin(ctx)
+		if err != nil {
+			done <- out{err: err}
+			return
+		}
+		res, err := other.Claim(bctx, dup)
+		_ = btx.Rollback()
+		done <- out{res, err, time.Since(start)}
+	}()
+	if h.cfg.Dialect != sqlstore.SQLite {
+		o := <-done
+		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateInProgress {
+			t.Fatalf("the other store's duplicate while A is open: %+v, %v", o.res, o.err)
+		}
+		t.Logf("%v: the other store's duplicate answered in progress in %v", h.cfg.Dialect, o.d.Round(10*time.Microsecond))
+		return
+	}
+	const hold = 300 * time.Millisecond
+	time.Sleep(hold) // A's business transaction runs on while the duplicate waits
+	select {
+	case o := <-done:
+		t.Fatalf("the other store's duplicate answered while A is open (%+v, %v): SQLite should make it wait", o.res, o.err)
+	default:
+	}
+	if err := f.Store.Complete(actx, req.ID, req.Token, h.completion("twin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := atx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+		t.Fatalf("the other store's duplicate after A committed: %+v, %v", o.res, o.err)
+	}
+	t.Logf("sqlite: the other store's duplicate waited %v for A's transaction (held open %v), then replayed", o.d.Round(time.Millisecond), hold)
 }
 
 func (h *harness) statementCounts(t *testing.T) {
@@ -454,6 +500,6 @@ func (h *harness) concurrent(t *testing.T) {
 func spread(ds []time.Duration) string {
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Nanosecond) }
 	return fmt.Sprintf("min %v, median %v, max %v over %d", r(s[0]), r(s[len(s)/2]), r(s[len(s)-1]), len(s))
 }

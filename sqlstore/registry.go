@@ -1,0 +1,228 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+
+	"github.com/idemkit/idem/core"
+)
+
+// SQLite has one writer at a time, so it cannot probe for another
+// transaction's uncommitted claim the way Postgres and MySQL do: a claim is
+// a write, and it waits for every open write transaction. Within one
+// process the store can still answer a duplicate at once: it keeps a
+// registry of the ids that its own open transactions have claimed, and a
+// claim of such an id answers "in progress" without touching the database.
+// For that to help, a transaction must not take the write lock before its
+// claim has looked at the registry, so on SQLite Begin defers BEGIN to the
+// transaction's first statement (lazyTx).
+//
+// The registry is an optimisation of latency only. Without it (another
+// process, another Store value on the same file, a caller-managed
+// transaction) a duplicate waits for the first transaction and then answers
+// from what it committed: the replay, or a claim after a rollback.
+//
+// The registry never answers "in progress" for an id whose row is not held
+// by an open transaction: an id enters it only after its claim statement
+// succeeded, and leaves it before its transaction commits or rolls back (or
+// when the context the transaction is bound to ends, which rolls it back).
+
+// registry holds the ids claimed by open transactions of this store.
+type registry struct {
+	mu sync.Mutex
+	m  map[core.ID]*claimant
+}
+
+// claimant is a transaction claiming (held false) or holding (held true)
+// an id.
+type claimant struct {
+	tx   *lazyTx
+	held bool
+	done chan struct{} // closed when the claim statement has run
+}
+
+// enter decides what a claim of id by tx (nil: outside any transaction, or
+// in a caller-managed one) does before it reaches the database:
+//   - held: another open transaction of this store holds id: the claim
+//     answers in progress;
+//   - c != nil: tx is now id's claimant; the caller runs the claim and then
+//     calls settle.
+//
+// Otherwise the claim goes to the database. When another transaction's
+// claim statement of id is running, a claim that may wait (it holds no
+// database lock: outside any transaction, or in a transaction that has not
+// begun) waits for that statement; one that may not (its transaction may
+// hold the write lock the other claim waits for) goes to the database.
+func (r *registry) enter(ctx context.Context, id core.ID, tx *lazyTx, wait bool) (c *claimant, held bool, err error) {
+	for {
+		r.mu.Lock()
+		cur := r.m[id]
+		switch {
+		case cur == nil:
+			if tx != nil {
+				if r.m == nil {
+					r.m = make(map[core.ID]*claimant)
+				}
+				c = &claimant{tx: tx, done: make(chan struct{})}
+				r.m[id] = c
+			}
+			r.mu.Unlock()
+			return c, false, nil
+		case cur.tx == tx:
+			// This transaction claimed id before: the database answers
+			// with its own row.
+			r.mu.Unlock()
+			return nil, false, nil
+		case cur.held:
+			r.mu.Unlock()
+			return nil, true, nil
+		case !wait:
+			r.mu.Unlock()
+			return nil, false, nil
+		}
+		done := cur.done
+		r.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+// settle ends c's claim statement of id: held records that c's transaction
+// now holds id, else c leaves the registry.
+func (r *registry) settle(c *claimant, id core.ID, held bool) {
+	r.mu.Lock()
+	if r.m[id] == c { // not forgotten meanwhile (the transaction ended)
+		if held {
+			c.held = true
+		} else {
+			delete(r.m, id)
+		}
+	}
+	r.mu.Unlock()
+	close(c.done)
+}
+
+// forget removes ids of tx from the registry.
+func (r *registry) forget(tx *lazyTx, ids []core.ID) {
+	r.mu.Lock()
+	for _, id := range ids {
+		if c := r.m[id]; c != nil && c.tx == tx {
+			delete(r.m, id)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// BeginFunc begins a transaction: it returns the connection the store runs
+// its statements on and the transaction that commits or rolls them back.
+// See Store.BeginWith.
+type BeginFunc func(ctx context.Context) (Conn, core.Tx, error)
+
+// lazyTx is the core.Tx that Begin returns on SQLite: BEGIN runs at the
+// transaction's first statement (normally the claim, after the registry),
+// with the context given to Begin.
+type lazyTx struct {
+	s     *Store
+	ctx   context.Context
+	begin BeginFunc
+
+	mu        sync.Mutex
+	conn      Conn
+	tx        core.Tx
+	err       error     // BEGIN failed
+	closed    bool      // Commit or Rollback was called
+	forgotten bool      // its ids left the registry for good
+	ids       []core.ID // held in the registry
+	stop      func() bool
+}
+
+// started reports whether BEGIN has run.
+func (l *lazyTx) started() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn != nil || l.err != nil
+}
+
+// connection begins the transaction if it has not begun, and returns its
+// connection.
+func (l *lazyTx) connection() (Conn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		return nil, sql.ErrTxDone
+	case l.conn != nil:
+		return l.conn, nil
+	case l.err != nil:
+		return nil, l.err
+	}
+	c, tx, err := l.begin(l.ctx)
+	if err != nil {
+		l.err = err
+		return nil, err
+	}
+	l.conn, l.tx = c, tx
+	return c, nil
+}
+
+// hold records that the transaction's claim of id succeeded, unless the
+// transaction has ended meanwhile; it reports whether id is now held.
+func (l *lazyTx) hold(id core.ID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.forgotten {
+		return false
+	}
+	if l.stop == nil {
+		// The database rolls the transaction back when its context ends;
+		// its ids leave the registry then, even if nobody calls Rollback.
+		l.stop = context.AfterFunc(l.ctx, l.forget)
+	}
+	l.ids = append(l.ids, id)
+	return true
+}
+
+// forget takes the transaction's ids out of the registry for good. It runs
+// before COMMIT and ROLLBACK: while they run, a duplicate goes to the
+// database, which makes it wait for the write lock and then answer from
+// the outcome.
+func (l *lazyTx) forget() {
+	l.mu.Lock()
+	ids := l.ids
+	l.ids, l.forgotten = nil, true
+	l.mu.Unlock()
+	l.s.reg.forget(l, ids)
+}
+
+// end forgets the transaction's ids, then commits or rolls back.
+func (l *lazyTx) end(commit bool) error {
+	l.forget()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return sql.ErrTxDone
+	}
+	l.closed = true
+	if l.stop != nil {
+		l.stop()
+	}
+	switch {
+	case l.tx != nil && commit:
+		return l.tx.Commit()
+	case l.tx != nil:
+		return l.tx.Rollback()
+	case l.err != nil && commit:
+		return l.err
+	}
+	return nil // never begun: nothing to end
+}
+
+// Commit implements core.Tx.
+func (l *lazyTx) Commit() error { return l.end(true) }
+
+// Rollback implements core.Tx.
+func (l *lazyTx) Rollback() error { return l.end(false) }
