@@ -76,6 +76,7 @@ type Route struct {
 	p       policy
 	methods uint16 // bit set of covered methods (see methodBit); 0 = by name
 	atomic  bool
+	scopes  atomic.Pointer[map[scopeKey]string] // see scopeFor
 }
 
 // Route compiles route options over the engine's defaults. Invalid route

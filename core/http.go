@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -219,9 +220,42 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 		}
 	}
 	if pattern == "" {
-		pattern = r.URL.Path
+		return r.Method + " " + r.URL.Path // concrete paths are not cached
 	}
-	return r.Method + " " + pattern
+	return rt.joinScope(r.Method, pattern)
+}
+
+// scopeKey is a (method, route pattern) pair whose scope a Route caches.
+type scopeKey struct{ method, pattern string }
+
+// maxCachedScopes bounds a Route's scope cache: a middleware installed on
+// one route sees one pattern, a global one as many as the router has.
+const maxCachedScopes = 256
+
+// joinScope returns method + " " + pattern, built once per pair: the cache
+// is a copy-on-write map read without locks, so a request allocates no
+// scope string once its route has been seen.
+func (rt *Route) joinScope(method, pattern string) string {
+	old := rt.scopes.Load()
+	if old != nil {
+		if s, ok := (*old)[scopeKey{method, pattern}]; ok {
+			return s
+		}
+	}
+	s := method + " " + pattern
+	n := 0
+	if old != nil {
+		n = len(*old)
+	}
+	if n < maxCachedScopes {
+		m := make(map[scopeKey]string, n+1)
+		if old != nil {
+			maps.Copy(m, *old)
+		}
+		m[scopeKey{method, pattern}] = s
+		rt.scopes.CompareAndSwap(old, &m) // a lost race only drops this entry
+	}
+	return s
 }
 
 func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
