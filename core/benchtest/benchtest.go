@@ -25,7 +25,10 @@
 //
 // Both sides build their request with httptest.NewRequest and write to a
 // fresh writer, so the ratio idem/bare is the cost of the middleware plus
-// the same request construction. Compare ratios from one run; never assert
+// the same request construction. Besides ns/op (wall time) each benchmark
+// reports cpu-ns/op: the CPU time of the whole process (GC workers
+// included) per request, which a machine shared with other work disturbs
+// much less than wall time. Compare ratios from one run; never assert
 // times, these machines are shared.
 package benchtest
 
@@ -107,6 +110,7 @@ func Run(b *testing.B, build Build) {
 	}
 	serve := func(b *testing.B, h http.Handler, key func(i int) string, rebuild func() http.Handler) {
 		b.ReportAllocs()
+		cpu0, cpuOK := cpuTime()
 		for i := 0; b.Loop(); i++ {
 			if i%keys == 0 && i > 0 && rebuild != nil {
 				b.StopTimer()
@@ -115,6 +119,9 @@ func Run(b *testing.B, build Build) {
 			}
 			w := NewWriter()
 			h.ServeHTTP(w, Request(key(i)))
+		}
+		if cpu1, ok := cpuTime(); ok && cpuOK {
+			b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
 		}
 	}
 	check := func(b *testing.B, h http.Handler, key string, want string) {
