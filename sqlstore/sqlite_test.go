@@ -1,0 +1,163 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// The SQLite registry of in-flight ids and the lazy Begin (registry.go).
+
+// failsafe bounds a wait that must end.
+const failsafe = 5 * time.Second
+
+func sqliteClaim(key string, token int64) core.ClaimRequest {
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	return core.ClaimRequest{ID: core.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
+		Token: token, Now: now, ExpiresAt: now.Add(time.Hour)}
+}
+
+func TestSQLiteLazyBegin(t *testing.T) {
+	ctx := t.Context()
+	t.Run("ok, Begin takes no connection; the claim does; commit and rollback of a transaction that never began are no-ops", func(t *testing.T) {
+		s, db, _ := newStore(t, sqlstore.SQLite)
+		db.SetMaxIdleConns(0)
+		tctx, tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := db.Stats().InUse; n != 0 {
+			t.Fatalf("%d connections in use after Begin, want 0", n)
+		}
+		if !s.InTx(tctx) {
+			t.Fatal("InTx is false for Begin's context")
+		}
+		if res, err := s.Claim(tctx, sqliteClaim("lazy", 1)); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v, %v", res, err)
+		}
+		if n := db.Stats().InUse; n != 1 {
+			t.Fatalf("%d connections in use after the claim, want 1", n)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Rollback after Commit: %v, want sql.ErrTxDone", err)
+		}
+		_, tx, err = s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatalf("Rollback of a transaction that never began: %v", err)
+		}
+		if err := tx.Commit(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Commit after Rollback: %v, want sql.ErrTxDone", err)
+		}
+	})
+	t.Run("ok, TxFrom begins a transaction Begin deferred", func(t *testing.T) {
+		s, _, _ := newStore(t, sqlstore.SQLite)
+		tctx, tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		sqlTx := sqlstore.TxFrom(tctx)
+		if sqlTx == nil {
+			t.Fatal("TxFrom: nil")
+		}
+		if again := sqlstore.TxFrom(tctx); again != sqlTx {
+			t.Fatal("TxFrom returned another transaction the second time")
+		}
+		if res, err := s.Claim(tctx, sqliteClaim("txfrom", 1)); err != nil || !res.Claimed {
+			t.Fatalf("claim in the begun transaction: %+v, %v", res, err)
+		}
+	})
+}
+
+func TestSQLiteRegistry(t *testing.T) {
+	ctx := t.Context()
+	t.Run("ok, duplicates that arrive together: one claims, the others answer in progress without a statement", func(t *testing.T) {
+		s, _, counter := newStore(t, sqlstore.SQLite)
+		const n = 20
+		before := counter.Statements()
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			claimed  int
+			inFlight int
+			txs      []core.Tx
+		)
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				tctx, tx, err := s.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				res, err := s.Claim(tctx, sqliteClaim("together", int64(i+1)))
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					t.Error(err)
+				case res.Claimed:
+					claimed++
+					txs = append(txs, tx) // held open until every claim returned
+					return
+				case res.Record.State == core.StateInProgress:
+					inFlight++
+				default:
+					t.Errorf("claim %d: %+v", i, res)
+				}
+				_ = tx.Rollback()
+			})
+		}
+		close(start)
+		wg.Wait()
+		stmts := counter.Statements() - before
+		for _, tx := range txs {
+			_ = tx.Rollback()
+		}
+		if claimed != 1 || inFlight != n-1 {
+			t.Fatalf("%d claimed, %d in progress; want 1 and %d", claimed, inFlight, n-1)
+		}
+		if stmts != 1 {
+			t.Errorf("%d statements for %d claims of one id, want 1 (the winner's)", stmts, n)
+		}
+	})
+	t.Run("ok, an id leaves the registry when its transaction's context ends", func(t *testing.T) {
+		s, _, _ := newStore(t, sqlstore.SQLite)
+		actx, cancel := context.WithCancel(ctx)
+		tctx, _, err := s.Begin(actx) // never committed nor rolled back
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.Claim(tctx, sqliteClaim("cancelled", 1)); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v, %v", res, err)
+		}
+		if res, err := s.Claim(ctx, sqliteClaim("cancelled", 2)); err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+			t.Fatalf("duplicate while the transaction is open: %+v, %v", res, err)
+		}
+		cancel() // database/sql rolls the transaction back, the registry forgets (both asynchronously)
+		deadline := time.Now().Add(failsafe)
+		for {
+			res, err := s.Claim(ctx, sqliteClaim("cancelled", 3))
+			if err == nil && res.Claimed {
+				break
+			}
+			if err != nil || res.Record.State != core.StateInProgress || time.Now().After(deadline) {
+				t.Fatalf("claim after the context ended: %+v, %v", res, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
