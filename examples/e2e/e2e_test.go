@@ -87,7 +87,7 @@ func testService(t *testing.T, c config) {
 
 	// The order the payment scenario pays for.
 	payOrder := decodeOrder(t, mustDo(t, client, http.MethodPost, base+"/orders", "payer", "payer-order", orderBody("bike", 1)).body)
-	if code := a.terminate(); code != 0 {
+	if code := a.terminate(t); code != 0 {
 		t.Errorf("exit code after SIGTERM (idle): %d, want 0", code)
 	}
 
@@ -365,7 +365,7 @@ func testGracefulShutdown(t *testing.T, c config, s *server) {
 	res := postAsync(base, "/orders", account, key, body)
 	c.db.waitInTransaction(t, 15*time.Second)
 	t0 := time.Now()
-	code := s.terminate()
+	code := s.terminate(t)
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("in-flight request during SIGTERM: %v", r.err)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -93,7 +92,6 @@ func (c config) String() string { return c.db.kind + "/" + c.framework + "/" + c
 
 // server is one running service process.
 type server struct {
-	t    testing.TB
 	name string
 	cmd  *exec.Cmd
 	addr string // host:port it listens on
@@ -168,7 +166,7 @@ func launch(t, owner testing.TB, name string, c config) *server {
 		t.Fatal(err)
 	}
 	cmd.Stdout = nil // the service writes nothing on stdout
-	s := &server{t: t, name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{}), addrc: make(chan string, 1)}
+	s := &server{name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{}), addrc: make(chan string, 1)}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: start: %v", name, err)
 	}
@@ -226,8 +224,6 @@ func (s *server) ready(bound time.Duration) error {
 	}
 }
 
-func (s *server) url(path string) string { return "http://" + s.addr + path }
-
 // kill sends SIGKILL and waits for the process to be gone.
 func (s *server) kill() {
 	select {
@@ -256,13 +252,13 @@ func (s *server) dumpGoroutines() {
 
 // terminate sends SIGTERM and returns the exit code (or fails the test after
 // 30 s).
-func (s *server) terminate() int {
-	s.t.Helper()
+func (s *server) terminate(t testing.TB) int {
+	t.Helper()
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
 	case <-time.After(30 * time.Second):
-		s.t.Fatalf("%s: still running 30s after SIGTERM", s.name)
+		t.Fatalf("%s: still running 30s after SIGTERM", s.name)
 	}
 	return s.cmd.ProcessState.ExitCode()
 }
@@ -662,6 +658,3 @@ func decodeOrder(t testing.TB, b []byte) order {
 func orderBody(item string, qty int) string {
 	return fmt.Sprintf(`{"item":%q,"quantity":%d}`, item, qty)
 }
-
-// trimmed compares bodies without the encoder's final newline.
-func trimmed(b []byte) []byte { return bytes.TrimSpace(b) }
