@@ -229,3 +229,15 @@ func TestAtomicWithPrepareStmt(t *testing.T) {
 		return fixtureOn(t, sqlstore.SQLite, func(db *gorm.DB) *gorm.DB { return db.Session(&gorm.Session{PrepareStmt: true}) })
 	}})
 }
+
+// TestExactlyOnce: the same HTTP request 50 times concurrently and 50 times
+// sequentially, in middleware-managed atomic mode with the business row
+// written through gormstore.DB, on every database: one business row, one
+// answer.
+func TestExactlyOnce(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}

@@ -163,3 +163,14 @@ func TestAtomic(t *testing.T) {
 		})
 	}
 }
+
+// TestExactlyOnce: the same HTTP request 50 times concurrently and 50 times
+// sequentially, in middleware-managed atomic mode, on every database: one
+// business row, one answer.
+func TestExactlyOnce(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}

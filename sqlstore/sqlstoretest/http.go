@@ -1,0 +1,264 @@
+package sqlstoretest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// answer is what a client received.
+type answer struct {
+	status      int
+	body        []byte
+	contentType string
+	replayed    bool
+	retryAfter  string
+	latency     time.Duration
+	err         error
+}
+
+func (a answer) String() string {
+	if a.err != nil {
+		return a.err.Error()
+	}
+	return fmt.Sprintf("%d %q (replayed %v, %v)", a.status, a.body, a.replayed, a.latency.Round(time.Millisecond))
+}
+
+// post sends one POST with an Idempotency-Key and reads the whole answer.
+func post(ctx context.Context, c *http.Client, url, key, body string) answer {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return answer{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{
+		status: resp.StatusCode, body: b, contentType: resp.Header.Get("Content-Type"),
+		replayed:   resp.Header.Get(core.HeaderReplayed) == "true",
+		retryAfter: resp.Header.Get("Retry-After"), latency: time.Since(start), err: err,
+	}
+}
+
+// orderServer is a real HTTP service in middleware-managed atomic mode:
+// core.Engine's handler on net/http, whose handler inserts one business row
+// named by the request's "item" through the transaction of the request's
+// context (Fixture.Insert) and answers 201 with a body no second execution
+// could repeat (a random order id).
+type orderServer struct {
+	*httptest.Server
+	client *http.Client
+	runs   atomic.Int64 // handler executions
+}
+
+type orderRequest struct {
+	Item string `json:"item"`
+	// HoldMS keeps the transaction open that long after the insert, so
+	// that duplicates arrive while it runs.
+	HoldMS int `json:"hold_ms"`
+}
+
+func newOrderServer(t *testing.T, f Fixture, opts ...core.RouteOption) *orderServer {
+	t.Helper()
+	e, err := core.New(f.Store, core.WithSingleCaller())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &orderServer{}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.runs.Add(1)
+		var in orderRequest
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		ctx := r.Context()
+		if err := f.Insert(ctx, in.Item); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError) // rolled back, released
+			return
+		}
+		if in.HoldMS > 0 {
+			time.Sleep(time.Duration(in.HoldMS) * time.Millisecond)
+		}
+		var id [8]byte
+		_, _ = rand.Read(id[:])
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":"or_%s","item":%q}`, hex.EncodeToString(id[:]), in.Item)
+	}), opts...))
+	s.Server = httptest.NewServer(mux)
+	t.Cleanup(s.Close)
+	s.client = &http.Client{
+		Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256},
+		Timeout:   failsafe + 5*time.Second,
+	}
+	t.Cleanup(s.client.CloseIdleConnections)
+	return s
+}
+
+func orderBody(item string, holdMS int) string {
+	b, _ := json.Marshal(orderRequest{Item: item, HoldMS: holdMS})
+	return string(b)
+}
+
+// RunExactlyOnce is the acceptance test of CONTRACT section 3 over real
+// HTTP: one request (same key, same body) is sent 50 times concurrently,
+// then 50 times sequentially, to a handler in middleware-managed atomic
+// mode that inserts a business row through the shared transaction. Exactly
+// one business row exists and the handler ran once; every 201 carries the
+// same body and content type (one execution, the rest replays); an
+// in-flight duplicate may get 409 with Retry-After (reject policy, the
+// default) and nothing else; with core.WaitInFlight every answer is the
+// 201. Every sequential request, after the storm, gets the 201 replay.
+func RunExactlyOnce(t *testing.T, cfg Config) {
+	for _, p := range []struct {
+		name string
+		opts []core.RouteOption
+	}{
+		{"reject", nil},
+		{"wait", []core.RouteOption{core.WaitInFlight(failsafe)}},
+	} {
+		t.Run(p.name, func(t *testing.T) { exactlyOnce(t, cfg, p.opts) })
+	}
+}
+
+func exactlyOnce(t *testing.T, cfg Config, opts []core.RouteOption) {
+	const (
+		concurrent = 50
+		sequential = 50
+		holdMS     = 100
+	)
+	f := cfg.New(t)
+	srv := newOrderServer(t, f, opts...)
+	waits := len(opts) > 0
+	ctx := ctxT(t)
+	warm(t, f.DB, concurrent)
+	key, body := "exactly-once-"+Table(), orderBody("exactly-once", holdMS)
+	url := srv.URL + "/orders"
+
+	answers := make([]answer, concurrent)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range answers {
+		wg.Go(func() {
+			<-gate
+			answers[i] = post(ctx, srv.client, url, key, body)
+		})
+	}
+	start := time.Now()
+	close(gate)
+	wg.Wait()
+	storm := time.Since(start)
+
+	var (
+		first                        *answer
+		executed, replayed, conflict int
+		slowest409                   time.Duration
+	)
+	check201 := func(what string, a answer) {
+		if first == nil {
+			first = &a
+			return
+		}
+		if !bytes.Equal(a.body, first.body) || a.contentType != first.contentType {
+			t.Errorf("%s: 201 %q (%s), but another 201 was %q (%s)", what, a.body, a.contentType, first.body, first.contentType)
+		}
+	}
+	for i, a := range answers {
+		what := fmt.Sprintf("concurrent request %d", i)
+		switch {
+		case a.err != nil:
+			t.Errorf("%s: %v", what, a.err)
+		case a.status == http.StatusCreated:
+			check201(what, a)
+			if a.replayed {
+				replayed++
+			} else {
+				executed++
+			}
+		case a.status == http.StatusConflict && !waits:
+			conflict++
+			slowest409 = max(slowest409, a.latency)
+			if a.retryAfter == "" || !strings.HasPrefix(a.contentType, "application/problem+json") {
+				t.Errorf("%s: 409 without Retry-After or problem document: %v", what, a)
+			}
+		default:
+			t.Errorf("%s: %v, want 201%s", what, a, map[bool]string{false: " or 409", true: ""}[waits])
+		}
+	}
+	if first == nil {
+		t.Fatalf("no 201 among %d concurrent requests", concurrent)
+	}
+	if executed != 1 {
+		t.Errorf("%d concurrent answers executed the handler (201 without %s), want 1", executed, core.HeaderReplayed)
+	}
+	seqLat := make([]time.Duration, 0, sequential)
+	for i := range sequential {
+		a := post(ctx, srv.client, url, key, body)
+		what := fmt.Sprintf("sequential request %d", i)
+		if a.err != nil || a.status != http.StatusCreated || !a.replayed {
+			t.Errorf("%s: %v, want the 201 replay", what, a)
+			continue
+		}
+		check201(what, a)
+		seqLat = append(seqLat, a.latency)
+	}
+	if n := f.Count(t, "exactly-once"); n != 1 {
+		t.Errorf("%d business rows, want exactly 1", n)
+	}
+	if n := srv.runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+	t.Logf("%v: %d concurrent in %v: 1 executed, %d replayed, %d in progress (409, slowest %v); %d sequential replays: %s",
+		cfg.Dialect, concurrent, storm.Round(time.Millisecond), replayed, conflict, slowest409.Round(time.Millisecond), len(seqLat), spread(seqLat))
+}
+
+// warm opens n connections of db at once and keeps them idle, so that a
+// storm of n requests measures the store, not the opening of connections
+// (slow for Postgres under -race on a small machine).
+func warm(t testing.TB, db *sql.DB, n int) {
+	t.Helper()
+	if db == nil {
+		return
+	}
+	db.SetMaxIdleConns(n)
+	conns := make([]*sql.Conn, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			c, err := db.Conn(context.Background())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conns[i] = c
+		})
+	}
+	wg.Wait()
+	for _, c := range conns {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+}
