@@ -94,18 +94,21 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		return
 	}
 	c := &call{Context: r.Context(), native: native}
-	var cancel context.CancelCauseFunc
-	if !rt.atomic {
-		// Leased mode: the handler's context ends when the lease is lost.
-		c.Context, cancel = context.WithCancelCause(c.Context)
-		defer cancel(nil)
-	}
 	var ctx context.Context = c
-	r = r.WithContext(ctx)
+	// Until the record is claimed, the caller function and the fingerprinter
+	// see the request as it came, or, when the adapter passed its framework's
+	// context, a copy whose context is the call (NativeFrom finds it there).
+	// The handler's request is made once the record is claimed, so a replay
+	// or a rejection makes neither it nor the leased mode's cancellable
+	// context.
+	rc := r
+	if native != nil {
+		rc = r.WithContext(ctx)
+	}
 	ev := Event{Scope: scope, Key: key}
 	caller := ""
 	if e.cfg.caller != nil {
-		caller, err = e.cfg.caller(r)
+		caller, err = e.cfg.caller(rc)
 		if err == nil && caller == "" {
 			err = ErrNoCaller
 		} else if err != nil && !errors.Is(err, ErrNoCaller) {
@@ -113,7 +116,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		}
 		if err != nil {
 			ev.Decision, ev.Err = Invalid, err
-			rt.reject(w, r, ev, start)
+			rt.reject(w, rc, ev, start)
 			return
 		}
 	}
@@ -122,46 +125,57 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	defer c.body.free()
 	if err != nil {
 		ev.Decision, ev.Err = Invalid, err
-		rt.reject(w, r, ev, start)
+		rt.reject(w, rc, ev, start)
 		return
 	}
-	r.Body = &c.body
+	if rc != r {
+		rc.Body = &c.body
+	}
 	var fp []byte
 	if f := rt.p.fingerprint; f != nil {
-		if fp, err = f(r, scope, body); err != nil {
+		if fp, err = f(rc, scope, body); err != nil {
 			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
-			rt.reject(w, r, ev, start)
+			rt.reject(w, rc, ev, start)
 			return
 		}
 		fp = normalFingerprint(fp)
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, cancel)
+	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if ans != nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
 			ev.Duration = e.cfg.clock().Sub(start)
 			e.emit(ctx, ev)
+			r = r.WithContext(ctx)
+			r.Body = &c.body
 			next(w, r)
 			return
 		}
 		if ans.err != nil {
-			rt.reject(w, r, ev, start)
+			rt.reject(w, rc, ev, start)
 			return
 		}
-		ev.Status = rt.writeReplay(w, r, ans.resp)
+		ev.Status = rt.writeReplay(w, rc, ans.resp)
 		ev.Duration = e.cfg.clock().Sub(start)
 		e.emit(ctx, ev)
 		return
 	}
 	c.claimed = true
 	ev.Attempt = att.number
-	e.hold(att)
-	if att.ctx != ctx { // atomic mode: the context carries the transaction
-		r = r.WithContext(att.ctx)
+	hctx := att.ctx // atomic mode: carries the transaction
+	if !rt.atomic {
+		// Leased mode: the handler's context ends when the lease is lost.
+		var cancel context.CancelCauseFunc
+		hctx, cancel = context.WithCancelCause(hctx)
+		defer cancel(nil)
+		att.cancel = cancel
 	}
+	e.hold(att)
+	r = r.WithContext(hctx)
+	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
 	defer rec.free()
