@@ -142,12 +142,30 @@ func (s *Store) Table() string { return s.table }
 // Migrate creates the table and its index if they do not exist (the
 // statements of Schema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
+//
+// Several processes may migrate at once: on Postgres, where two concurrent
+// CREATE TABLE IF NOT EXISTS can fail on the catalog's unique indexes, the
+// statements run in one transaction behind an advisory lock derived from
+// the table name; MySQL/MariaDB and SQLite need no lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	c, _, err := s.conn(ctx)
+	stmts := s.d.schema(s.table)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	for _, stmt := range s.d.schema(s.table) {
+	if s.d == Postgres && !inTx {
+		return s.inShortTx(ctx, func(c Conn) error {
+			if _, err := c.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(fnv64("idem/migrate/"+s.table))); err != nil {
+				return unavailable("migrate lock", err)
+			}
+			return execAll(ctx, c, stmts)
+		})
+	}
+	return execAll(ctx, c, stmts)
+}
+
+func execAll(ctx context.Context, c Conn, stmts []string) error {
+	for _, stmt := range stmts {
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
 			return unavailable("migrate", err)
 		}

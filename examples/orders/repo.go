@@ -70,13 +70,28 @@ func (r *sqlRepo) q(query string) string {
 	return b.String()
 }
 
-func (r *sqlRepo) migrate(ctx context.Context) error {
-	for _, stmt := range schema(r.dialect) {
-		if _, err := r.db.ExecContext(ctx, stmt); err != nil {
+func (r *sqlRepo) migrate(ctx context.Context) error { return migrate(ctx, r.db, r.dialect) }
+
+// migrate creates the business tables. Replicas may start at once: on
+// Postgres, concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog,
+// so the statements run in one transaction behind an advisory lock.
+func migrate(ctx context.Context, db *sql.DB, dialect string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if dialect == "postgres" {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(7308150817447313517)`); err != nil {
 			return err
 		}
 	}
-	return nil
+	for _, stmt := range schema(dialect) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 func (r *sqlRepo) insertOrder(ctx context.Context, o *Order) error {
@@ -177,12 +192,11 @@ func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
 }
 
 func (r *gormRepo) migrate(ctx context.Context) error {
-	for _, stmt := range schema(r.dialect) {
-		if err := r.db.WithContext(ctx).Exec(stmt).Error; err != nil {
-			return err
-		}
+	db, err := r.db.DB()
+	if err != nil {
+		return err
 	}
-	return nil
+	return migrate(ctx, db, r.dialect)
 }
 
 func (r *gormRepo) insertOrder(ctx context.Context, o *Order) error {
