@@ -3,6 +3,7 @@ package echoidem
 import (
 	"fmt"
 	"net/http"
+	"sync"
 
 	"github.com/idemkit/idem/core"
 	"github.com/labstack/echo/v4"
@@ -77,10 +78,15 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 					err = next(c)
 					return
 				}
-				inner := echo.NewResponse(w, c.Echo())
+				inner := responses.Get().(*echo.Response)
+				*inner = *echo.NewResponse(w, c.Echo())
 				inner.Status = http.StatusOK // as a fresh Echo response
 				c.SetResponse(inner)
-				defer c.SetResponse(res)
+				defer func() {
+					c.SetResponse(res)
+					*inner = echo.Response{}
+					responses.Put(inner)
+				}()
 				if herr := next(c); herr != nil {
 					c.Error(herr) // the answer Echo would send, captured
 				}
@@ -89,6 +95,11 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 		}
 	}, nil
 }
+
+// responses recycles the Echo responses that write into the engine's
+// capture. Like Echo's own, which are recycled with its pooled Context, one
+// must not be used once the chain has returned.
+var responses = sync.Pool{New: func() any { return new(echo.Response) }}
 
 // Caller adapts a function reading the caller from the Echo context
 // (typically a value an authentication middleware stored with c.Set) to a
