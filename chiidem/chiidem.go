@@ -35,6 +35,10 @@ func New(e *core.Engine, opts ...core.RouteOption) func(http.Handler) http.Handl
 	rt := e.Route(opts...)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !rt.Protects(r) { // passes through: no need to look the route up
+				next.ServeHTTP(w, r)
+				return
+			}
 			pattern, ok := routePattern(r)
 			if !ok {
 				next.ServeHTTP(w, r)

@@ -117,6 +117,18 @@ func methodBit(m string) uint16 {
 	return 1 << 15 // other methods: compared by name
 }
 
+// Protects reports whether Serve would run r through the state machine:
+// false when r's method is not covered, or when the route takes requests
+// without a key (KeyOptional) and r has none; Serve then calls next with r
+// untouched. Adapters that must work to find a route's pattern ask first,
+// so requests that pass through cost nothing.
+func (rt *Route) Protects(r *http.Request) bool {
+	if !rt.covers(r.Method) {
+		return false
+	}
+	return !rt.p.optionalKey || len(r.Header[HeaderKey]) > 0
+}
+
 // covers reports whether method is protected by the route.
 func (rt *Route) covers(method string) bool {
 	b := methodBit(method)
