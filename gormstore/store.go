@@ -96,9 +96,9 @@ func WithTx(ctx context.Context, tx *gorm.DB) context.Context {
 // Begin or WithTx), or nil. In middleware-managed atomic mode handlers call
 // it with the request's context (c.Request.Context(),
 // c.Request().Context(), r.Context()) and run their business writes on it.
-// On SQLite, where Begin defers BEGIN to the first statement (normally the
-// claim, so the handler's transaction has begun), DB begins it if it has
-// not begun; if that fails, the returned *gorm.DB carries the error.
+// Begin defers BEGIN to the transaction's first statement (the claim, so a
+// handler's transaction has begun); DB begins it if nothing has, and if
+// that fails, the returned *gorm.DB carries the error.
 func DB(ctx context.Context) *gorm.DB {
 	switch v := ctx.Value(txKey{}).(type) {
 	case *gorm.DB:
@@ -140,9 +140,10 @@ func (s *Store) InTx(ctx context.Context) bool {
 
 // Begin starts a transaction with db.WithContext(ctx).Begin and returns a
 // context carrying the *gorm.DB bound to it (see DB). The transaction is
-// bound to ctx: cancelling ctx rolls it back. On SQLite the GORM
-// transaction begins at its first statement, as sqlstore's Begin does
-// (see sqlstore.Store.Begin and its README).
+// bound to ctx: cancelling ctx rolls it back. The GORM transaction begins
+// at its first statement, the claim, as sqlstore's Begin does: a duplicate
+// of a request this process is running answers in progress without a
+// connection (see sqlstore.Store.Begin and sqlstore's README).
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 	d := &deferred{base: s.db}
 	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, core.Tx, error) {
@@ -224,3 +225,8 @@ func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.inner.DeleteExpired(s.ctx(ctx), now, limit)
 }
+
+// Now reads the database's clock (core.TimeSource); see sqlstore.Store.Now.
+func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.inner.Now(s.ctx(ctx)) }
+
+var _ core.TimeSource = (*Store)(nil)

@@ -68,8 +68,21 @@ func run(o options, logger *slog.Logger) error {
 	}
 	defer b.close()
 
+	// Leases and expiry follow the database's clock, so replicas whose wall
+	// clocks drift still agree on who owns a key.
+	src, ok := b.store.(core.TimeSource)
+	if !ok {
+		return fmt.Errorf("store %T cannot read the database clock", b.store)
+	}
+	clock, err := core.NewSyncedClock(ctx, src, 0)
+	if err != nil {
+		return err
+	}
+	defer clock.Stop()
+
 	a := &app{repo: b.repo, workDelay: o.workDelay}
 	engineOpts := []core.Option{
+		core.WithClock(clock.Now),
 		core.WithLease(o.lease),
 		// The access log writes the one line per request; the engine's own
 		// log only adds warnings (indeterminate outcomes, lost leases,
@@ -85,7 +98,7 @@ func run(o options, logger *slog.Logger) error {
 		return err
 	}
 
-	sweeper := &core.Sweeper{Store: b.store, Every: o.sweepEvery, Logger: logger}
+	sweeper := &core.Sweeper{Store: b.store, Every: o.sweepEvery, Clock: clock.Now, Logger: logger}
 	sweeper.Start(ctx)
 	defer sweeper.Stop()
 
