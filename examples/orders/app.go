@@ -56,6 +56,7 @@ var errNotFound = errors.New("not found")
 type app struct {
 	repo      repo
 	workDelay time.Duration
+	begin     txBeginner // set: serve POST /orders-unprotected (-unprotected-route)
 }
 
 type accountKey struct{}

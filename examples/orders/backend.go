@@ -26,6 +26,7 @@ import (
 type backend struct {
 	store core.Store
 	repo  repo
+	begin txBeginner // the business transaction of -unprotected-route
 	close func()
 }
 
@@ -104,7 +105,7 @@ func openSQL(ctx context.Context, db, dsn string) (*backend, error) {
 		sdb.Close()
 		return nil, err
 	}
-	return &backend{store: st, repo: r, close: func() { sdb.Close() }}, nil
+	return &backend{store: st, repo: r, begin: sqlTx(sdb, db), close: func() { sdb.Close() }}, nil
 }
 
 func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
@@ -139,5 +140,5 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 		sdb.Close()
 		return nil, err
 	}
-	return &backend{store: st, repo: r, close: func() { sdb.Close() }}, nil
+	return &backend{store: st, repo: r, begin: gormTx(gdb, db), close: func() { sdb.Close() }}, nil
 }

@@ -36,6 +36,9 @@ type options struct {
 	sweepEvery time.Duration
 	lease      time.Duration
 	retention  time.Duration
+	// unprotected registers POST /orders-unprotected (hidden: the
+	// end-to-end benchmark's baseline, see unprotected.go).
+	unprotected bool
 }
 
 func main() {
@@ -49,6 +52,7 @@ func main() {
 	flag.DurationVar(&o.sweepEvery, "sweep-every", time.Minute, "how often expired idempotency records are deleted")
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
 	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
+	flag.BoolVar(&o.unprotected, "unprotected-route", false, "")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -81,6 +85,9 @@ func run(o options, logger *slog.Logger) error {
 	defer clock.Stop()
 
 	a := &app{repo: b.repo, workDelay: o.workDelay}
+	if o.unprotected {
+		a.begin = b.begin
+	}
 	engineOpts := []core.Option{
 		core.WithClock(clock.Now),
 		core.WithLease(o.lease),
