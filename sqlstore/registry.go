@@ -8,20 +8,29 @@ import (
 	"github.com/idemkit/idem/core"
 )
 
-// SQLite has one writer at a time, so it cannot probe for another
-// transaction's uncommitted claim the way Postgres and MySQL do: a claim is
-// a write, and it waits for every open write transaction. Within one
-// process the store can still answer a duplicate at once: it keeps a
-// registry of the ids that its own open transactions have claimed, and a
-// claim of such an id answers "in progress" without touching the database.
-// For that to help, a transaction must not take the write lock before its
-// claim has looked at the registry, so on SQLite Begin defers BEGIN to the
-// transaction's first statement (lazyTx).
+// The registry of in-flight ids. The store remembers the ids that its own
+// open transactions (begun by Begin) have claimed, and a claim of such an
+// id answers "in progress" before it reaches the database. For that to
+// help, a transaction must not take a connection (nor, on SQLite, the write
+// lock) before its claim has looked at the registry, so Begin defers BEGIN
+// to the transaction's first statement (lazyTx). Then a duplicate of a
+// request that this process is running costs no connection and no round
+// trip: the reject policy answers at once even when the pool is busy, and
+// the wait policy's polls do not compete for the pool with other requests.
+// Claims of one id that arrive together queue here (while the first one's
+// claim statement runs), not on the database: on MySQL/MariaDB that also
+// avoids the INSERT that waits for another transaction's uncommitted row of
+// the same id.
+//
+// SQLite, which has one writer at a time, cannot probe for another
+// transaction's uncommitted claim at all: without the registry a duplicate
+// waits for the first transaction to end.
 //
 // The registry is an optimisation of latency only. Without it (another
-// process, another Store value on the same file, a caller-managed
-// transaction) a duplicate waits for the first transaction and then answers
-// from what it committed: the replay, or a claim after a rollback.
+// process, another Store value on the same table, a caller-managed
+// transaction) Postgres and MySQL probe the database, and on SQLite a
+// duplicate waits for the first transaction and then answers from what it
+// committed: the replay, or a claim after a rollback.
 //
 // The registry never answers "in progress" for an id whose row is not held
 // by an open transaction: an id enters it only after its claim statement
@@ -122,9 +131,9 @@ func (r *registry) forget(tx *lazyTx, ids []core.ID) {
 // See Store.BeginWith.
 type BeginFunc func(ctx context.Context) (Conn, core.Tx, error)
 
-// lazyTx is the core.Tx that Begin returns on SQLite: BEGIN runs at the
-// transaction's first statement (normally the claim, after the registry),
-// with the context given to Begin.
+// lazyTx is the core.Tx that Begin returns: BEGIN runs at the transaction's
+// first statement (normally the claim, after the registry), with the
+// context given to Begin.
 type lazyTx struct {
 	s     *Store
 	ctx   context.Context

@@ -12,21 +12,28 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// The SQLite registry of in-flight ids and the lazy Begin (registry.go).
+// The registry of in-flight ids and the lazy Begin (registry.go), on every
+// database.
 
 // failsafe bounds a wait that must end.
 const failsafe = 5 * time.Second
 
-func sqliteClaim(key string, token int64) core.ClaimRequest {
+func regClaim(key string, token int64) core.ClaimRequest {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	return core.ClaimRequest{ID: core.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
 		Token: token, Now: now, ExpiresAt: now.Add(time.Hour)}
 }
 
-func TestSQLiteLazyBegin(t *testing.T) {
+func TestLazyBegin(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) { testLazyBegin(t, d) })
+	}
+}
+
+func testLazyBegin(t *testing.T, d sqlstore.Dialect) {
 	ctx := t.Context()
 	t.Run("ok, Begin takes no connection; the claim does; commit and rollback of a transaction that never began are no-ops", func(t *testing.T) {
-		s, db, _ := newStore(t, sqlstore.SQLite)
+		s, db, _ := newStore(t, d)
 		db.SetMaxIdleConns(0)
 		tctx, tx, err := s.Begin(ctx)
 		if err != nil {
@@ -38,7 +45,7 @@ func TestSQLiteLazyBegin(t *testing.T) {
 		if !s.InTx(tctx) {
 			t.Fatal("InTx is false for Begin's context")
 		}
-		if res, err := s.Claim(tctx, sqliteClaim("lazy", 1)); err != nil || !res.Claimed {
+		if res, err := s.Claim(tctx, regClaim("lazy", 1)); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
 		if n := db.Stats().InUse; n != 1 {
@@ -62,7 +69,7 @@ func TestSQLiteLazyBegin(t *testing.T) {
 		}
 	})
 	t.Run("ok, TxFrom begins a transaction Begin deferred", func(t *testing.T) {
-		s, _, _ := newStore(t, sqlstore.SQLite)
+		s, _, _ := newStore(t, d)
 		tctx, tx, err := s.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -75,16 +82,22 @@ func TestSQLiteLazyBegin(t *testing.T) {
 		if again := sqlstore.TxFrom(tctx); again != sqlTx {
 			t.Fatal("TxFrom returned another transaction the second time")
 		}
-		if res, err := s.Claim(tctx, sqliteClaim("txfrom", 1)); err != nil || !res.Claimed {
+		if res, err := s.Claim(tctx, regClaim("txfrom", 1)); err != nil || !res.Claimed {
 			t.Fatalf("claim in the begun transaction: %+v, %v", res, err)
 		}
 	})
 }
 
-func TestSQLiteRegistry(t *testing.T) {
+func TestRegistry(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) { testRegistry(t, d) })
+	}
+}
+
+func testRegistry(t *testing.T, d sqlstore.Dialect) {
 	ctx := t.Context()
 	t.Run("ok, duplicates that arrive together: one claims, the others answer in progress without a statement", func(t *testing.T) {
-		s, _, counter := newStore(t, sqlstore.SQLite)
+		s, _, counter := newStore(t, d)
 		const n = 20
 		before := counter.Statements()
 		var (
@@ -103,7 +116,7 @@ func TestSQLiteRegistry(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				res, err := s.Claim(tctx, sqliteClaim("together", int64(i+1)))
+				res, err := s.Claim(tctx, regClaim("together", int64(i+1)))
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -130,27 +143,29 @@ func TestSQLiteRegistry(t *testing.T) {
 		if claimed != 1 || inFlight != n-1 {
 			t.Fatalf("%d claimed, %d in progress; want 1 and %d", claimed, inFlight, n-1)
 		}
-		if stmts != 1 {
-			t.Errorf("%d statements for %d claims of one id, want 1 (the winner's)", stmts, n)
+		// The winner's claim: Postgres and SQLite one statement, MySQL
+		// two (probe, insert).
+		if want := map[sqlstore.Dialect]int64{sqlstore.Postgres: 1, sqlstore.MySQL: 2, sqlstore.SQLite: 1}[d]; stmts != want {
+			t.Errorf("%d statements for %d claims of one id, want %d (the winner's claim)", stmts, n, want)
 		}
 	})
 	t.Run("ok, an id leaves the registry when its transaction's context ends", func(t *testing.T) {
-		s, _, _ := newStore(t, sqlstore.SQLite)
+		s, _, _ := newStore(t, d)
 		actx, cancel := context.WithCancel(ctx)
 		tctx, _, err := s.Begin(actx) // never committed nor rolled back
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res, err := s.Claim(tctx, sqliteClaim("cancelled", 1)); err != nil || !res.Claimed {
+		if res, err := s.Claim(tctx, regClaim("cancelled", 1)); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
-		if res, err := s.Claim(ctx, sqliteClaim("cancelled", 2)); err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+		if res, err := s.Claim(ctx, regClaim("cancelled", 2)); err != nil || res.Claimed || res.Record.State != core.StateInProgress {
 			t.Fatalf("duplicate while the transaction is open: %+v, %v", res, err)
 		}
 		cancel() // database/sql rolls the transaction back, the registry forgets (both asynchronously)
 		deadline := time.Now().Add(failsafe)
 		for {
-			res, err := s.Claim(ctx, sqliteClaim("cancelled", 3))
+			res, err := s.Claim(ctx, regClaim("cancelled", 3))
 			if err == nil && res.Claimed {
 				break
 			}
@@ -158,6 +173,29 @@ func TestSQLiteRegistry(t *testing.T) {
 				t.Fatalf("claim after the context ended: %+v, %v", res, err)
 			}
 			time.Sleep(time.Millisecond)
+		}
+	})
+	t.Run("ok, a transaction of one store claimed through another store leaves no trace in either registry", func(t *testing.T) {
+		a, _, _, twin := newStoreAt(t, d)
+		b := twin(t)
+		actx, atx, err := a.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := b.Claim(actx, regClaim("across", 1)); err != nil || !res.Claimed {
+			t.Fatalf("claim through the other store: %+v, %v", res, err)
+		}
+		if err := b.Complete(actx, regClaim("across", 1).ID, 1, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: regClaim("", 0).ExpiresAt}); err != nil {
+			t.Fatal(err)
+		}
+		if err := atx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*sqlstore.Store{a, b} {
+			res, err := s.Claim(ctx, regClaim("across", 2))
+			if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+				t.Fatalf("duplicate after the commit: %+v, %v; want the completed record", res, err)
+			}
 		}
 	})
 }

@@ -14,9 +14,9 @@ import (
 // connection's busy_timeout, and then sees what it committed; a claim that
 // waits longer fails with ErrStoreUnavailable (SQLITE_BUSY). SQLite cannot
 // probe for another transaction's uncommitted claim. Within one process,
-// the store's registry (registry.go) answers a duplicate of an id held by
-// one of its own open transactions at once, before it reaches the
-// database. The claim is one upsert with RETURNING, which returns a row only
+// the store's registry (registry.go, consulted by Claim) answers a
+// duplicate of an id held by one of its own open transactions at once,
+// before it reaches the database. The claim is one upsert with RETURNING, which returns a row only
 // when it inserted or took over; when it returns none, a SELECT reads the
 // existing row.
 func sqliteQueries(t string) queries {
@@ -46,28 +46,6 @@ RETURNING ` + cols,
 }
 
 func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	// The registry first. A claim may wait there for another claim of the
-	// same id only while it holds no lock: outside any transaction, or in
-	// a transaction Begin deferred that has not begun. Only such a
-	// transaction registers: the store sees it end.
-	v := ctx.Value(connKey{})
-	l, _ := v.(*lazyTx)
-	wait := v == nil || (l != nil && !l.started())
-	cl, held, err := s.reg.enter(ctx, req.ID, l, wait)
-	switch {
-	case err != nil:
-		return core.ClaimResult{}, unavailable("claim", err)
-	case held:
-		return inProgressElsewhere(req.ID), nil
-	}
-	res, err := s.claimSQLiteDB(ctx, req)
-	if cl != nil {
-		s.reg.settle(cl, req.ID, err == nil && res.Claimed && l.hold(req.ID))
-	}
-	return res, err
-}
-
-func (s *Store) claimSQLiteDB(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return core.ClaimResult{}, err

@@ -35,7 +35,10 @@ type Store struct {
 	txOpts *sql.TxOptions
 	q      queries
 	lock   uint64   // mixed into Postgres advisory lock keys (per table)
-	reg    registry // SQLite: ids held by this store's open transactions
+	reg    registry // ids held by this store's open transactions
+	// noRegistry (tests only) makes every claim ask the database, as a
+	// claim from another process does.
+	noRegistry bool
 }
 
 var (
@@ -202,10 +205,10 @@ func WithConn(ctx context.Context, c Conn) context.Context {
 // TxFrom returns the *sql.Tx that ctx carries (set by Begin or WithTx), or
 // nil. In middleware-managed atomic mode handlers call it with the request's
 // context (r.Context(), c.Request.Context(), c.Request().Context()) and run
-// their business writes on it. On SQLite, where Begin defers BEGIN to the
-// first statement (normally the claim, so the handler's transaction has
-// begun), TxFrom begins it if it has not begun; it returns nil if that
-// fails (ConnFrom returns the error).
+// their business writes on it. Begin defers BEGIN to the transaction's
+// first statement (the claim, so a handler's transaction has begun); TxFrom
+// begins it if nothing has, and returns nil if that fails (ConnFrom
+// returns the error).
 func TxFrom(ctx context.Context) *sql.Tx {
 	c, _ := ConnFrom(ctx)
 	tx, _ := c.(*sql.Tx)
@@ -213,8 +216,8 @@ func TxFrom(ctx context.Context) *sql.Tx {
 }
 
 // ConnFrom returns the connection of the transaction ctx carries (Begin,
-// BeginWith, WithTx, WithConn), beginning it if Begin deferred it (SQLite),
-// or nil and no error when ctx carries none.
+// BeginWith, WithTx, WithConn), beginning it if it has not begun, or nil
+// and no error when ctx carries none.
 func ConnFrom(ctx context.Context) (Conn, error) {
 	switch v := ctx.Value(connKey{}).(type) {
 	case *lazyTx:
@@ -234,12 +237,12 @@ func (s *Store) InTx(ctx context.Context) bool {
 // context carrying it. The transaction is bound to ctx: cancelling ctx rolls
 // it back.
 //
-// On Postgres and MySQL/MariaDB the transaction begins at once and
-// *sql.Tx is the returned core.Tx. On SQLite, BEGIN is deferred to the
-// transaction's first statement, normally the claim, so that a duplicate
-// of a request whose transaction (begun by this store) holds the key answers
-// in progress at once, without waiting for SQLite's write lock; see the
-// README. TxFrom gives the *sql.Tx either way.
+// BEGIN is deferred to the transaction's first statement, normally the
+// claim, which first asks the store's registry of in-flight ids: a
+// duplicate of a request that this process is running answers in progress
+// at once, without taking a connection from the pool (nor, on SQLite,
+// waiting for the write lock); see the README. TxFrom gives the handler
+// the *sql.Tx.
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 	return s.BeginWith(ctx, func(ctx context.Context) (Conn, core.Tx, error) {
 		tx, err := s.db.BeginTx(ctx, s.txOpts)
@@ -251,20 +254,14 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 }
 
 // BeginWith is Begin for a layer that begins transactions its own way
-// (gormstore begins GORM transactions): begin, called with ctx, returns the
-// connection the store runs on in the transaction and the transaction the
-// engine commits or rolls back. On SQLite, begin runs at the transaction's
-// first statement, as Begin's BEGIN does.
+// (gormstore begins GORM transactions): begin, called with ctx at the
+// transaction's first statement, returns the connection the store runs on
+// in the transaction and the transaction the engine commits or rolls back.
+// BeginWith itself does not fail; an error of begin is the first
+// statement's.
 func (s *Store) BeginWith(ctx context.Context, begin BeginFunc) (context.Context, core.Tx, error) {
-	if s.d == SQLite {
-		l := &lazyTx{s: s, ctx: ctx, begin: begin}
-		return context.WithValue(ctx, connKey{}, l), l, nil
-	}
-	c, tx, err := begin(ctx)
-	if err != nil {
-		return ctx, nil, unavailable("begin", err)
-	}
-	return WithConn(ctx, c), tx, nil
+	l := &lazyTx{s: s, ctx: ctx, begin: begin}
+	return context.WithValue(ctx, connKey{}, l), l, nil
 }
 
 // conn returns the connection for ctx: the transaction it carries (begun
@@ -311,16 +308,54 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // Claim implements core.Store. See the dialect notes in the README for the
 // statements it runs and how it detects another transaction's uncommitted
 // claim without waiting for it.
+//
+// Before any statement, Claim asks the store's registry of ids held by its
+// own open transactions (registry.go): a duplicate of a request that this
+// process is running answers in progress without a connection or a round
+// trip, on every dialect; on SQLite, which cannot probe, that is the only
+// way to answer without waiting.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	// A claim may wait in the registry for another claim of the same id
+	// only while it holds no lock and no connection: outside any
+	// transaction, or in a transaction of Begin that has not begun. Only
+	// Begin's transactions register: the store sees them end.
+	// A transaction begun by another Store value (with a context handed
+	// across stores) is treated like a caller-managed one: its end would
+	// clear the other store's registry, not this one's.
+	v := ctx.Value(connKey{})
+	l, _ := v.(*lazyTx)
+	wait := v == nil || (l != nil && !l.started())
+	if l != nil && l.s != s {
+		l = nil
+	}
+	var (
+		cl   *claimant
+		held bool
+		err  error
+	)
+	if !s.noRegistry {
+		cl, held, err = s.reg.enter(ctx, req.ID, l, wait)
+	}
+	switch {
+	case err != nil:
+		return core.ClaimResult{}, unavailable("claim", err)
+	case held:
+		return inProgressElsewhere(req.ID), nil
+	}
+	var res core.ClaimResult
 	switch s.d {
 	case Postgres:
-		return s.claimPostgres(ctx, req)
+		res, err = s.claimPostgres(ctx, req)
 	case MySQL:
-		return s.claimMySQL(ctx, req)
+		res, err = s.claimMySQL(ctx, req)
 	default:
-		return s.claimSQLite(ctx, req)
+		res, err = s.claimSQLite(ctx, req)
 	}
+	if cl != nil {
+		s.reg.settle(cl, req.ID, err == nil && res.Claimed && l.hold(req.ID))
+	}
+	return res, err
 }
 
 // Extend implements core.Store. The store cannot tell an expired record

@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,7 +82,9 @@ type orderRequest struct {
 
 func newOrderServer(t *testing.T, f Fixture, opts ...core.RouteOption) *orderServer {
 	t.Helper()
-	e, err := core.New(f.Store, core.WithSingleCaller())
+	// Decisions are logged at Info (every 409 of a storm): keep warnings.
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
 	}
