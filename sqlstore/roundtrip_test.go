@@ -100,7 +100,7 @@ func TestRoundTrips(t *testing.T) {
 				// in-flight ids answers) and from the other one (the database's
 				// lock probe answers; SQLite waits for the writer instead).
 				dup := func(h http.Handler, counter *sqlstoretest.Counter, key string) string {
-					if d == sqlstore.SQLite && !leased && h != nil && counter == counter2 {
+					if d == sqlstore.SQLite && !leased && counter == counter2 {
 						return "waits for the first transaction (one writer at a time), then replays"
 					}
 					done := make(chan struct{})
