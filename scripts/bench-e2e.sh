@@ -6,7 +6,8 @@
 # (POST /orders-unprotected, the hidden -unprotected-route flag), measured
 # alternately in one run on SQLite, Postgres and MariaDB.
 #
-#   scripts/bench-e2e.sh [-rounds N] [-duration 10s] [-conns 8] [-framework gin] [-store sql] [-dbs "sqlite postgres mysql"]
+#   scripts/bench-e2e.sh [-rounds N] [-duration 10s] [-conns 8] [-framework gin] [-store sql]
+#       [-dbs "sqlite postgres mysql"] [-out DIR] [-bin path/to/orders (default: built from examples/orders)]
 #
 # Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
 # IDEM_TEST_MYSQL_DSN (see scripts/dbs.sh); the script creates and drops a
@@ -25,6 +26,7 @@ framework=gin
 store=sql
 dbs="sqlite postgres mysql"
 out=""
+bin=""
 while (($#)); do
 	case "$1" in
 	-rounds) rounds=$2; shift 2 ;;
@@ -34,6 +36,7 @@ while (($#)); do
 	-store) store=$2; shift 2 ;;
 	-dbs) dbs=$2; shift 2 ;;
 	-out) out=$2; shift 2 ;;
+	-bin) bin=$2; shift 2 ;;
 	*) echo "bench-e2e.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -45,8 +48,10 @@ if ! command -v wrk >/dev/null; then
 	apt-get install -y wrk >/dev/null
 fi
 
-bin="$out/orders"
-(cd examples && go build -o "$bin" ./orders)
+if [[ -z $bin ]]; then
+	bin="$out/orders"
+	(cd examples && go build -o "$bin" ./orders)
+fi
 
 freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
