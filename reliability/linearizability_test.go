@@ -844,15 +844,17 @@ func TestLinearizableMemstoreAtomic(t *testing.T) {
 }
 
 // mariaDBDeadlocks is why operations on MySQL/MariaDB may fail with a
-// store error: OPEN BUG, see the report of issue 7. A claim that INSERTs an
-// id whose row was just deleted takes a shared lock on the delete-marked
-// record, then an exclusive one; a fenced writer of the same id (Extend,
-// Complete, Release by primary key) queued in between makes it a deadlock
-// (Error 1213), and InnoDB kills one of the two. The outcome of the victim
-// is unknown to the model (it was in fact rolled back), so the history is
-// still checked. (A deadlock between DeleteExpired and writers, found here
-// too, is fixed: TestMariaDBSweepNeverDeadlocksWriters.)
-const mariaDBDeadlocks = "MariaDB deadlock victim (Error 1213): a claim re-inserting a just-deleted id against a fenced writer of that id, an open bug"
+// store error. A claim that INSERTs an id whose row was just deleted takes
+// a shared lock on the delete-marked record, then an exclusive one; a
+// fenced writer of the same id queued in between makes it a deadlock
+// (Error 1213), and InnoDB kills one of the two. Outside a transaction the
+// store now retries the victim (TestMariaDBClaimOverDeletedRowRetries);
+// inside one (atomic mode) the whole transaction was rolled back and the
+// error is reported. The outcome of such a victim is unknown to the model
+// (it was in fact rolled back), so the history is still checked. (A
+// deadlock between DeleteExpired and writers is fixed:
+// TestMariaDBSweepNeverDeadlocksWriters.)
+const mariaDBDeadlocks = "MariaDB deadlock victim (Error 1213) inside a transaction: rolled back and reported"
 
 func TestLinearizableGORM(t *testing.T) {
 	for _, d := range sqlDialects {

@@ -135,6 +135,21 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 	}()
+	for try := 1; ; try++ {
+		res, err := s.claimLeasedMySQL(ctx, conn, req)
+		// A deadlock victim's short transaction was rolled back: claim again
+		// (see exec).
+		if err == nil || try == maxClaimTries || mysqlErrno(err) != erDeadlock {
+			return res, err
+		}
+		if err := sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
+			return core.ClaimResult{}, err
+		}
+	}
+}
+
+// claimLeasedMySQL runs one leased claim in a short transaction on conn.
+func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req core.ClaimRequest) (core.ClaimResult, error) {
 	tx, err := conn.BeginTx(ctx, s.txOpts)
 	if err != nil {
 		return core.ClaimResult{}, unavailable("begin", err)
@@ -148,6 +163,25 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 		return core.ClaimResult{}, unavailable("commit", err)
 	}
 	return res, nil
+}
+
+// exec runs a fenced write (Extend, Complete, Release). On MySQL/MariaDB,
+// outside a caller's transaction, a deadlock victim (1213) is retried: the
+// statement ran alone and was rolled back, so running it again is safe.
+// InnoDB picks such victims when a claim re-inserts a just-deleted id while
+// a stale owner writes the same id (found by reliability's
+// TestBugMariaDBClaimOverDeletedRowDeadlocks). Inside a transaction the
+// whole transaction was rolled back, so the error is returned.
+func (s *Store) exec(ctx context.Context, c Conn, inTx bool, q string, args ...any) (sql.Result, error) {
+	for try := 1; ; try++ {
+		res, err := c.ExecContext(ctx, q, args...)
+		if err == nil || s.d != MySQL || inTx || try == maxClaimTries || mysqlErrno(err) != erDeadlock {
+			return res, err
+		}
+		if err := sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // leasedLockWait bounds how long a leased claim on MySQL/MariaDB queues

@@ -361,12 +361,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 // Extend implements core.Store. The store cannot tell an expired record
 // from a live one here (no time is passed in): the token decides.
 func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
-	c, _, err := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
 	lu := s.d.timeArg(leaseUntil)
-	res, err := c.ExecContext(ctx, s.q.extend, lu, lu, id[:], token)
+	res, err := s.exec(ctx, c, inTx, s.q.extend, lu, lu, id[:], token)
 	if err != nil {
 		return unavailable("extend", err)
 	}
@@ -378,11 +378,11 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
 		return fmt.Errorf("%w: sqlstore: Complete with state %v", core.ErrConfig, cp.State)
 	}
-	c, _, err := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	res, err := c.ExecContext(ctx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
+	res, err := s.exec(ctx, c, inTx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
 	if err != nil {
 		return unavailable("complete", err)
 	}
@@ -415,11 +415,11 @@ func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string
 
 // Release implements core.Store.
 func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
-	c, _, err := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	res, err := c.ExecContext(ctx, s.q.release, id[:], token)
+	res, err := s.exec(ctx, c, inTx, s.q.release, id[:], token)
 	if err != nil {
 		return unavailable("release", err)
 	}
