@@ -117,8 +117,8 @@ func ph(d sqlstore.Dialect) string {
 	return "?"
 }
 
-func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
-	s, db, c, twin := newStoreAt(t, d)
+func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstoretest.Fixture {
+	s, db, c, twin := newStoreAt(t, d, opts...)
 	orders := s.Table() + "_orders"
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+orders+" (name VARCHAR(100) NOT NULL)"); err != nil {
@@ -179,12 +179,21 @@ func TestExactlyOnce(t *testing.T) {
 }
 
 // TestPool: a storm of duplicates of one long request, with a pool of 5,
-// does not starve unrelated requests (latencies logged with -v; more
-// samples with -stores.measure).
+// does not starve unrelated requests (latencies logged with -v). With
+// -stores.measure: more samples, and the same storms without the registry
+// of in-flight ids, so every duplicate asks the database (as duplicates
+// from other processes do).
 func TestPool(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			sqlstoretest.RunPool(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+			if sqlstoretest.Measure() {
+				t.Run("without-registry", func(t *testing.T) {
+					sqlstoretest.RunPool(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture {
+						return fixture(t, d, sqlstore.WithoutRegistry())
+					}})
+				})
+			}
 		})
 	}
 }

@@ -126,9 +126,10 @@ type queries struct {
 	exists        string
 	isHeld        string // MySQL: matched-row check after Complete
 	isInProgress  string // MySQL: matched-row check after Extend
-	deleteExpired string // Postgres, SQLite; MySQL: the SELECT ... SKIP LOCKED
-	lockIDs       string // MySQL: SELECT ... WHERE id IN (%s) ... FOR UPDATE SKIP LOCKED
-	deleteIDs     string // MySQL: DELETE ... WHERE id IN (%s)
+	deleteExpired string // Postgres, SQLite; MySQL: the pick of a window of expired rows
+	pickAfter     string // MySQL: the pick of the next window
+	lockIDs       string // MySQL: SELECT ... FOR UPDATE SKIP LOCKED of the ids of a JSON array
+	deleteIDs     string // MySQL: DELETE of the ids of a JSON array
 }
 
 func (d Dialect) queries(t string) queries {

@@ -64,9 +64,15 @@ SELECT lk.ok, FALSE, r.id, r.caller, r.scope, r.idem_key, r.fingerprint, r.state
 		extend:      `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
 		release:     `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
 		exists:      `SELECT 1 FROM ` + t + ` WHERE id = $1`,
-		deleteExpired: `DELETE FROM ` + t + ` WHERE id IN (
-    SELECT id FROM ` + t + ` WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
-) AND expires_at <= $1`,
+		// The batch is locked through the expires_at index and deleted by
+		// ctid (a TID scan of the locked rows). The earlier form,
+		// "WHERE id IN (SELECT id ... FOR UPDATE SKIP LOCKED)", got a generic
+		// plan after five executions of the cached statement (pgx caches
+		// them), a hash semi-join that read every expired row for each
+		// batch: 1,000 rows/s on a table of a million expired records.
+		deleteExpired: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + t + ` WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+)) AND expires_at <= $1`,
 	}
 }
 
