@@ -35,7 +35,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: store}
 	e.tx, _ = store.(TxStore)
 	e.cfg = config{
-		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, fingerprint: DefaultFingerprint},
+		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}},
 		clock:       time.Now,
 		lease:       DefaultLease,
 		takeover:    true,
@@ -174,7 +174,7 @@ type attempt struct {
 // either a recorded response to replay or an error to reject with.
 type answer struct {
 	rec      Record
-	resp     *Response
+	resp     recorded // the response to replay
 	err      error
 	decision Decision
 }
@@ -209,7 +209,7 @@ func newToken() int64 {
 // A claimed attempt is written to dst (so a caller can embed it) and
 // returned; cancel, when not nil, cancels the context the handler will run
 // with (leased mode: on a lost lease).
-func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, *answer) {
+func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, answer) {
 	e := rt.e
 	joined := rt.atomic && e.tx.InTx(ctx)
 	deadline := start.Add(rt.p.wait)
@@ -227,7 +227,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			var err error
 			cctx, tx, err = e.tx.Begin(ctx)
 			if err != nil {
-				return nil, &answer{err: storeErr(err), decision: StoreError}
+				return nil, answer{err: storeErr(err), decision: StoreError}
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
@@ -237,17 +237,17 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, cancel: cancel}
-			return dst, nil
+			return dst, answer{}
 		}
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
 		}
 		if err != nil {
-			return nil, &answer{err: storeErr(err), decision: StoreError}
+			return nil, answer{err: storeErr(err), decision: StoreError}
 		}
 		rec := res.Record
 		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {
-			return nil, &answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+			return nil, answer{rec: rec, err: ErrMismatch, decision: Mismatch}
 		}
 		switch rec.State {
 		case StateCompleted:
@@ -272,7 +272,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
 			retry := e.cfg.retryAfter
-			return nil, &answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: RejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
 		backoff = min(2*backoff, 100*time.Millisecond)
@@ -280,7 +280,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, &answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
 		case <-t.C:
 		}
 	}
@@ -294,12 +294,12 @@ func storeErr(err error) error {
 }
 
 // replay answers from a recorded response.
-func (rt *Route) replay(_ context.Context, rec Record) *answer {
+func (rt *Route) replay(_ context.Context, rec Record) answer {
 	resp, err := rt.e.openResponse(rec.ID, rec.Response)
 	if err != nil {
-		return &answer{rec: rec, err: storeErr(err), decision: StoreError}
+		return answer{rec: rec, err: storeErr(err), decision: StoreError}
 	}
-	return &answer{rec: rec, resp: resp, decision: Replayed}
+	return answer{rec: rec, resp: resp, decision: Replayed}
 }
 
 // Resolution is a Resolver's verdict on an indeterminate record.
@@ -331,7 +331,7 @@ type Resolver func(ctx context.Context, rec Record) (Resolution, error)
 
 // resolve handles an indeterminate record. retry reports that the record
 // was released and the caller should claim again.
-func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool) {
+func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool) {
 	e := rt.e
 	if e.cfg.resolver != nil {
 		res, err := e.cfg.resolver(ctx, rec)
@@ -340,9 +340,9 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool
 			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))
 		case res.Outcome == NotApplied:
 			if err := e.store.Release(ctx, rec.ID, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
-				return &answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
 			}
-			return nil, true
+			return answer{}, true
 		case res.Outcome == Applied && res.Response != nil:
 			blob, err := e.sealResponse(rec.ID, res.Response, e.cfg.recorded)
 			if err == nil {
@@ -350,12 +350,15 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a *answer, retry bool
 					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
 			}
 			if err != nil && !errors.Is(err, ErrFenced) {
-				return &answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
 			}
 			// Settled (by us, or concurrently by another resolver): read back.
 			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
+			if errors.Is(err, ErrNotFound) {
+				return answer{}, true // expired or released meanwhile: claim again
+			}
 			if err != nil {
-				return nil, errors.Is(err, ErrNotFound)
+				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
 			}
 			a := rt.replay(ctx, got)
 			a.decision = Resolved

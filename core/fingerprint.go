@@ -124,7 +124,7 @@ func CanonicalJSON(dst, src []byte) ([]byte, error) {
 // A nil r counts as a request without a Content-Type. It never returns an
 // error, and it does not retain body.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
-	return fingerprint(r, scope, body, nil), nil
+	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
 }
 
 // FingerprintFields returns a Fingerprinter that works like
@@ -141,7 +141,7 @@ func FingerprintFields(fields ...string) Fingerprinter {
 		sel[f] = struct{}{}
 	}
 	return func(r *http.Request, scope string, body []byte) ([]byte, error) {
-		return fingerprint(r, scope, body, sel), nil
+		return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, sel), nil
 	}
 }
 
@@ -191,7 +191,7 @@ func mediaKindOf(r *http.Request) mediaKind {
 
 // fingerprint implements DefaultFingerprint (sel == nil) and
 // FingerprintFields (sel lists the fields kept).
-func fingerprint(r *http.Request, scope string, body []byte, sel map[string]struct{}) []byte {
+func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel map[string]struct{}) []byte {
 	s := getScratch()
 	defer s.release()
 	if s.h == nil {
@@ -244,7 +244,7 @@ func fingerprint(r *http.Request, scope string, body []byte, sel map[string]stru
 	s.hdr = append(s.hdr, kind)
 	h.Write(s.hdr)
 	h.Write(form)
-	return h.Sum(make([]byte, 0, sha256.Size))
+	return h.Sum(dst)
 }
 
 // scratch is the pooled working memory of CanonicalJSON and the

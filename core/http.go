@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -45,6 +46,7 @@ type call struct {
 	body    bodyReader
 	rec     recorder
 	resp    Response
+	fp      [sha256.Size]byte // the request's fingerprint
 }
 
 func (c *call) Value(key any) any {
@@ -132,7 +134,9 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		rc.Body = &c.body
 	}
 	var fp []byte
-	if f := rt.p.fingerprint; f != nil {
+	if f := rt.p.fingerprint; f == nil {
+		fp = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
+	} else {
 		if fp, err = f(rc, scope, body); err != nil {
 			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
 			rt.reject(w, rc, ev, start)
@@ -143,7 +147,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
-	if ans != nil {
+	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
@@ -158,7 +162,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			rt.reject(w, rc, ev, start)
 			return
 		}
-		ev.Status = rt.writeReplay(w, rc, ans.resp)
+		ev.Status = rt.writeReplay(w, rc, &ans.resp)
 		ev.Duration = e.cfg.clock().Sub(start)
 		e.emit(ctx, ev)
 		return
@@ -285,23 +289,20 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 }
 
 // writeReplay writes a recorded response and returns the status sent.
-func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *Response) int {
+func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded) int {
 	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
-	}
-	h.Set(HeaderReplayed, "true")
-	if !resp.BodyKept {
+	resp.writeHeader(h, rt.e.cfg.recorded, HeaderReplayed)
+	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
-		p.Status = resp.Status
+		p.Status = resp.status
 		p.Detail = "the first response was too large or streamed, so only its status was recorded"
 		delete(h, "Content-Encoding")
 		rt.e.cfg.errorWriter(w, r, p)
 		return p.Status
 	}
-	w.WriteHeader(resp.Status)
-	_, _ = w.Write(resp.Body)
-	return resp.Status
+	w.WriteHeader(resp.status)
+	_, _ = w.Write(resp.body)
+	return resp.status
 }
 
 // problemResponse renders p as a recordable response.

@@ -63,7 +63,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		defer cancel(nil)
 	}
 	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start, nil, cancel)
-	if ans != nil {
+	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		ev.Duration = e.cfg.clock().Sub(start)
 		e.emit(ctx, ev)
@@ -72,10 +72,10 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 			return Result{}, ans.err
 		case ans.decision == Indeterminate:
 			return Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, id)
-		case !ans.resp.BodyKept:
+		case !ans.resp.kept:
 			return Result{Replayed: true}, ErrNotKept
 		}
-		return Result{Value: ans.resp.Body, Replayed: true}, nil
+		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
 	ev.Attempt = att.number
 	hctx := context.WithValue(att.ctx, attemptKey{}, att)

@@ -90,7 +90,7 @@ type policy struct {
 	retention   time.Duration
 	wait        time.Duration // 0 = reject in-flight duplicates at once
 	leased      bool          // force leased mode on a TxStore
-	fingerprint Fingerprinter
+	fingerprint Fingerprinter // nil: DefaultFingerprint
 	optionalKey bool
 	methods     []string
 }

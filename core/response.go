@@ -1,10 +1,12 @@
 package core
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Response is a recorded response.
@@ -66,53 +68,164 @@ func encodeResponse(dst []byte, resp *Response, allow []string) []byte {
 	return append(dst, resp.Body...)
 }
 
-// decodeResponse decodes a plain encoding. The body aliases b.
-func decodeResponse(b []byte) (*Response, error) {
+// recorded is a validated plain encoding of a recorded response, read
+// without copying: the header section and the body alias the encoding.
+type recorded struct {
+	status  int
+	kept    bool
+	headers int    // number of (name, value) pairs
+	hdr     []byte // the pairs, length-prefixed
+	body    []byte // the body; nil when kept is false
+}
+
+// uvarintField reads a length-prefixed field from b and returns it and the
+// rest of b; ok is false when b is too short.
+func uvarintField(b []byte) (field, rest []byte, ok bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, nil, false
+	}
+	return b[k : k+int(n)], b[k+int(n):], true
+}
+
+// parseResponse validates a plain encoding, without allocating.
+func parseResponse(b []byte) (recorded, error) {
 	if len(b) < 4 || b[0] != encPlain {
-		return nil, errCorrupt
+		return recorded{}, errCorrupt
 	}
-	resp := &Response{BodyKept: b[1]&flagKept != 0, Status: int(binary.BigEndian.Uint16(b[2:4]))}
+	r := recorded{kept: b[1]&flagKept != 0, status: int(binary.BigEndian.Uint16(b[2:4]))}
 	b = b[4:]
-	next := func() ([]byte, error) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return nil, errCorrupt
-		}
-		s := b[k : k+int(n)]
-		b = b[k+int(n):]
-		return s, nil
-	}
 	count, k := binary.Uvarint(b)
 	if k <= 0 || count > uint64(len(b)) {
-		return nil, errCorrupt
+		return recorded{}, errCorrupt
 	}
 	b = b[k:]
-	if count > 0 {
-		resp.Header = make(http.Header, count)
-	}
-	for i := uint64(0); i < count; i++ {
-		name, err := next()
-		if err != nil {
-			return nil, err
+	hdr := b
+	var prev []byte
+	for range count {
+		var (
+			name []byte
+			ok   bool
+		)
+		if name, b, ok = uvarintField(b); !ok {
+			return recorded{}, errCorrupt
 		}
-		v, err := next()
-		if err != nil {
-			return nil, err
+		if _, b, ok = uvarintField(b); !ok {
+			return recorded{}, errCorrupt
 		}
-		key := string(name)
-		resp.Header[key] = append(resp.Header[key], string(v))
+		// The values of a name are consecutive (encodeResponse writes
+		// them so, and writeHeader relies on it).
+		if prev != nil && !bytes.Equal(name, prev) && seenBefore(hdr[:len(hdr)-len(b)], name) {
+			return recorded{}, errCorrupt
+		}
+		prev = name
 	}
-	body, err := next()
+	r.headers, r.hdr = int(count), hdr[:len(hdr)-len(b)]
+	body, rest, ok := uvarintField(b)
+	if !ok || len(rest) != 0 {
+		return recorded{}, errCorrupt
+	}
+	if r.kept {
+		r.body = body
+	}
+	return r, nil
+}
+
+// seenBefore reports whether name is the name of a pair in hdr other than
+// the last one.
+func seenBefore(hdr, name []byte) bool {
+	for {
+		n, rest, _ := uvarintField(hdr)
+		_, rest, _ = uvarintField(rest)
+		if len(rest) == 0 {
+			return false // n is the last pair's name: name itself
+		}
+		if bytes.Equal(n, name) {
+			return true
+		}
+		hdr = rest
+	}
+}
+
+// eachHeader calls f with every recorded (name, value) pair, in order.
+func (r *recorded) eachHeader(f func(name, value []byte)) {
+	b := r.hdr
+	for range r.headers {
+		name, rest, _ := uvarintField(b)
+		value, rest, _ := uvarintField(rest)
+		f(name, value)
+		b = rest
+	}
+}
+
+// response returns r as a Response (the body aliases the encoding).
+func (r *recorded) response() *Response {
+	resp := &Response{Status: r.status, Body: r.body, BodyKept: r.kept}
+	if r.headers > 0 {
+		resp.Header = make(http.Header, r.headers)
+		r.eachHeader(func(name, value []byte) {
+			key := string(name)
+			resp.Header[key] = append(resp.Header[key], string(value))
+		})
+	}
+	return resp
+}
+
+// decodeResponse decodes a plain encoding. The body aliases b.
+func decodeResponse(b []byte) (*Response, error) {
+	r, err := parseResponse(b)
 	if err != nil {
 		return nil, err
 	}
-	if len(b) != 0 {
-		return nil, errCorrupt
+	return r.response(), nil
+}
+
+// writeHeader sets the recorded headers in h, replacing values h holds
+// under those names, and sets extra (canonical name) to "true". It
+// allocates twice at most, whatever the number of headers: one string
+// holding every value and one slice backing every value list (header
+// names come from names, the allowlist, when they are in it).
+func (r *recorded) writeHeader(h http.Header, names []string, extra string) {
+	var sb strings.Builder
+	if r.headers > 0 {
+		n := 0
+		r.eachHeader(func(_, value []byte) { n += len(value) })
+		sb.Grow(n)
+		r.eachHeader(func(_, value []byte) { sb.Write(value) })
 	}
-	if resp.BodyKept {
-		resp.Body = body
+	all := sb.String()
+	vals := make([]string, r.headers+1)
+	var (
+		name  string
+		first int // index in vals of the first value of name
+		i     int
+	)
+	flush := func() {
+		if i > first {
+			h[name] = vals[first:i:i]
+		}
 	}
-	return resp, nil
+	r.eachHeader(func(n, value []byte) {
+		if i == 0 || string(n) != name {
+			flush()
+			name, first = intern(n, names), i
+		}
+		vals[i], all = all[:len(value)], all[len(value):]
+		i++
+	})
+	flush()
+	vals[i] = "true"
+	h[extra] = vals[i : i+1 : i+1]
+}
+
+// intern returns b as a string, one of names when it is there.
+func intern(b []byte, names []string) string {
+	for _, n := range names {
+		if string(b) == n {
+			return n
+		}
+	}
+	return string(b)
 }
 
 // recordedHeader copies the allowlisted headers of h.
@@ -146,16 +259,16 @@ func (e *Engine) sealResponse(id ID, resp *Response, allow []string) ([]byte, er
 }
 
 // openResponse reverses sealResponse.
-func (e *Engine) openResponse(id ID, b []byte) (*Response, error) {
+func (e *Engine) openResponse(id ID, b []byte) (recorded, error) {
 	if len(b) > 0 && b[0] == encSealed {
 		if e.cfg.sealer == nil {
-			return nil, errors.New("idem: the recorded response is sealed and no sealer is configured")
+			return recorded{}, errors.New("idem: the recorded response is sealed and no sealer is configured")
 		}
 		plain, err := e.cfg.sealer.Open(id, b)
 		if err != nil {
-			return nil, err
+			return recorded{}, err
 		}
 		b = plain
 	}
-	return decodeResponse(b)
+	return parseResponse(b)
 }

@@ -72,6 +72,17 @@ func FuzzDecodeResponse(f *testing.F) {
 		if err != nil || again.Status != resp.Status || !bytes.Equal(again.Body, resp.Body) {
 			t.Fatalf("re-encoding changed the response: %v", err)
 		}
+		// A replay writes the same headers as the decoded response holds.
+		rec, _ := parseResponse(b)
+		h := http.Header{}
+		rec.writeHeader(h, DefaultRecordedHeaders, HeaderReplayed)
+		if h.Get(HeaderReplayed) != "true" {
+			t.Fatalf("replay marker missing: %v", h)
+		}
+		delete(h, HeaderReplayed)
+		if len(h) != len(resp.Header) || (len(h) > 0 && !reflect.DeepEqual(h, resp.Header)) {
+			t.Fatalf("writeHeader %v, decoded %v", h, resp.Header)
+		}
 	})
 }
 
@@ -163,5 +174,53 @@ func TestRecorderFlushesThroughUnwrap(t *testing.T) {
 	rec.Flush()
 	if !under.Flushed || under.Body.String() != "chunk" {
 		t.Fatalf("Flush must reach a Flusher behind Unwrap: flushed=%v body=%q", under.Flushed, under.Body)
+	}
+}
+
+// A replay sets the recorded headers straight into the writer's header
+// map: values in order, replacing what the map held under those names,
+// every list capped (appending to one never changes another), and with at
+// most two allocations whatever the number of headers.
+func TestRecordedWriteHeader(t *testing.T) {
+	resp := &Response{Status: 201, BodyKept: true, Body: []byte("{}"), Header: http.Header{
+		"Content-Type": {"application/json"}, "Content-Language": {"de", "en"}, "X-Custom": {"1"}}}
+	b := encodeResponse(nil, resp, []string{"Content-Type", "Content-Language", "X-Custom"})
+	rec, err := parseResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"Content-Type": {"text/plain"}, "Vary": {"Origin"}}
+	rec.writeHeader(h, DefaultRecordedHeaders, HeaderReplayed)
+	want := http.Header{"Content-Type": {"application/json"}, "Content-Language": {"de", "en"}, "X-Custom": {"1"},
+		"Vary": {"Origin"}, HeaderReplayed: {"true"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("header %v, want %v", h, want)
+	}
+	h["Content-Language"] = append(h["Content-Language"], "fr")
+	if got := h["X-Custom"]; len(got) != 1 || got[0] != "1" {
+		t.Fatalf("appending to one list changed another: X-Custom %q", got)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		h := make(http.Header, 8)
+		rec.writeHeader(h, DefaultRecordedHeaders, HeaderReplayed)
+	})
+	if allocs > 3 { // the map (1), the values (1), the value lists (1)
+		t.Errorf("writeHeader allocates %v times, want at most 2 besides the map", allocs)
+	}
+}
+
+// An encoding whose values of one name are not consecutive is corrupt
+// (encodeResponse never writes one).
+func TestParseResponseRejectsSplitNames(t *testing.T) {
+	b := []byte{encPlain, flagKept, 0, 200, 3}
+	for _, p := range [][2]string{{"A", "1"}, {"B", "2"}, {"A", "3"}} {
+		b = append(b, byte(len(p[0])))
+		b = append(b, p[0]...)
+		b = append(b, byte(len(p[1])))
+		b = append(b, p[1]...)
+	}
+	b = append(b, 0)
+	if _, err := parseResponse(b); err != errCorrupt {
+		t.Fatalf("got %v, want errCorrupt", err)
 	}
 }

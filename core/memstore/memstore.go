@@ -134,7 +134,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	if err := sh.put(req.ID, sl, tx, r); err != nil {
 		return core.ClaimResult{}, err
 	}
-	return core.ClaimResult{Claimed: true, Record: clone(r)}, nil
+	// The claimed record's fingerprint is the request's: hand the caller
+	// its own slice back rather than a second copy of the store's.
+	out := *r
+	out.Fingerprint = req.Fingerprint
+	if len(out.Fingerprint) == 0 {
+		out.Fingerprint = nil
+	}
+	return core.ClaimResult{Claimed: true, Record: out}, nil
 }
 
 // Extend implements [core.Store]. It cannot tell whether the record has
@@ -328,8 +335,20 @@ func live(r *core.Record, now time.Time) bool { return r.ExpiresAt.After(now) }
 // clone returns a copy of r that shares no memory with it.
 func clone(r *core.Record) core.Record {
 	c := *r
-	c.Fingerprint = cloneBytes(r.Fingerprint)
-	c.Response = cloneBytes(r.Response)
+	c.Fingerprint, c.Response = nil, nil
+	nf, nr := len(r.Fingerprint), len(r.Response)
+	if nf+nr == 0 {
+		return c
+	}
+	b := make([]byte, nf+nr) // one allocation for both
+	if nf > 0 {
+		c.Fingerprint = b[:nf:nf]
+		copy(c.Fingerprint, r.Fingerprint)
+	}
+	if nr > 0 {
+		c.Response = b[nf:]
+		copy(c.Response, r.Response)
+	}
 	return c
 }
 
