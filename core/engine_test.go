@@ -239,3 +239,49 @@ func TestSweeper(t *testing.T) {
 		s.Stop()
 	})
 }
+
+// failingGet wraps a store whose Get fails while failing is set.
+type failingGet struct {
+	core.Store
+	failing atomic.Bool
+}
+
+func (f *failingGet) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+	if f.failing.Load() {
+		return core.Record{}, core.ErrStoreUnavailable
+	}
+	return f.Store.Get(ctx, id, now)
+}
+
+// A resolver settles an indeterminate record as applied, and the engine's
+// read-back of the settled record fails: the request answers 503 (the
+// client retries and gets the settled answer), it does not crash.
+func TestResolverReadBackFailure(t *testing.T) {
+	st := &failingGet{Store: memstore.New()}
+	var calls atomic.Int32
+	e, err := core.New(st, quiet, core.WithSingleCaller(),
+		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+			return core.Resolution{Outcome: core.Applied, Response: &core.Response{Status: 201, Body: []byte(`{"ok":true}`), BodyKept: true}}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusBadGateway) // leased mode: indeterminate
+	}))
+	if w := post(h, "k"); w.Code != http.StatusBadGateway {
+		t.Fatalf("first: %d, want the handler's 502", w.Code)
+	}
+	st.failing.Store(true)
+	if w := post(h, "k"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("retry while the read-back fails: %d %s, want 503", w.Code, w.Body)
+	}
+	st.failing.Store(false)
+	if w := post(h, "k"); w.Code != 201 || w.Header().Get(core.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %s, want the settled 201 replayed", w.Code, w.Body)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
