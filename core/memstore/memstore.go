@@ -106,12 +106,13 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		// What the lock probe of a SQL store reports.
 		return core.ClaimResult{Record: core.Record{ID: req.ID, State: core.StateInProgress}}, nil
 	case cur == nil || !live(cur, req.Now):
-		r = &core.Record{
+		r = newRecord(req.Fingerprint)
+		*r = core.Record{
 			ID:          req.ID,
 			Caller:      req.Caller,
 			Scope:       req.Scope,
 			Key:         req.Key,
-			Fingerprint: cloneBytes(req.Fingerprint),
+			Fingerprint: r.Fingerprint,
 			State:       core.StateInProgress,
 			Token:       req.Token,
 			Attempt:     1,
@@ -200,7 +201,9 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	r := *cur
 	r.State = c.State
 	r.Status = c.Status
-	r.Response = cloneBytes(c.Response)
+	// A new copy of the fingerprint (the in-progress record may hold it
+	// inline, see newRecord) and the response, in one allocation.
+	r.Fingerprint, r.Response = cloneBoth(cur.Fingerprint, c.Response)
 	r.ExpiresAt = c.ExpiresAt.UTC()
 	r.LeaseUntil = time.Time{}
 	return sh.put(id, sl, tx, &r)
@@ -335,21 +338,47 @@ func live(r *core.Record, now time.Time) bool { return r.ExpiresAt.After(now) }
 // clone returns a copy of r that shares no memory with it.
 func clone(r *core.Record) core.Record {
 	c := *r
-	c.Fingerprint, c.Response = nil, nil
-	nf, nr := len(r.Fingerprint), len(r.Response)
+	c.Fingerprint, c.Response = cloneBoth(r.Fingerprint, r.Response)
+	return c
+}
+
+// cloneBoth copies fp and resp into one allocation; nil and empty both
+// become nil.
+func cloneBoth(fp, resp []byte) (fpc, respc []byte) {
+	nf, nr := len(fp), len(resp)
 	if nf+nr == 0 {
-		return c
+		return nil, nil
 	}
-	b := make([]byte, nf+nr) // one allocation for both
+	b := make([]byte, nf+nr)
 	if nf > 0 {
-		c.Fingerprint = b[:nf:nf]
-		copy(c.Fingerprint, r.Fingerprint)
+		fpc = b[:nf:nf]
+		copy(fpc, fp)
 	}
 	if nr > 0 {
-		c.Response = b[nf:]
-		copy(c.Response, r.Response)
+		respc = b[nf:]
+		copy(respc, resp)
 	}
-	return c
+	return fpc, respc
+}
+
+// recordFP is a new record with room for its fingerprint.
+type recordFP struct {
+	rec core.Record
+	fp  [32]byte
+}
+
+// newRecord allocates a record whose Fingerprint is a copy of fp, in one
+// allocation when fp fits (the engine's fingerprints are at most 32 bytes).
+func newRecord(fp []byte) *core.Record {
+	if len(fp) > 32 {
+		return &core.Record{Fingerprint: cloneBytes(fp)}
+	}
+	x := new(recordFP)
+	if len(fp) > 0 {
+		x.rec.Fingerprint = x.fp[:len(fp):len(fp)]
+		copy(x.rec.Fingerprint, fp)
+	}
+	return &x.rec
 }
 
 // cloneBytes copies b; nil and empty both become nil.
