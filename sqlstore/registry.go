@@ -1,9 +1,11 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idem/core"
 )
@@ -49,6 +51,11 @@ type claimant struct {
 	tx   *lazyTx
 	held bool
 	done chan struct{} // closed when the claim statement has run
+	// found is the completed record the claim statement found (and did
+	// not claim), for the claims of the same id that waited for it: a
+	// storm of retries of one completed request reads the row once.
+	found   *core.Record
+	waiters int // claims waiting for done (under registry.mu)
 }
 
 // enter decides what a claim of id by tx (nil: outside any transaction, or
@@ -63,7 +70,11 @@ type claimant struct {
 // database lock: outside any transaction, or in a transaction that has not
 // begun) waits for that statement; one that may not (its transaction may
 // hold the write lock the other claim waits for) goes to the database.
-func (r *registry) enter(ctx context.Context, id core.ID, tx *lazyTx, wait bool) (c *claimant, held bool, err error) {
+//
+// A claim that waited for another claim statement which found id
+// completed gets that record (found, a copy of its own) instead of asking
+// the database again, when it is still live at now.
+func (r *registry) enter(ctx context.Context, id core.ID, tx *lazyTx, wait bool, now time.Time) (c *claimant, held bool, found *core.Record, err error) {
 	for {
 		r.mu.Lock()
 		cur := r.m[id]
@@ -77,32 +88,38 @@ func (r *registry) enter(ctx context.Context, id core.ID, tx *lazyTx, wait bool)
 				r.m[id] = c
 			}
 			r.mu.Unlock()
-			return c, false, nil
+			return c, false, nil, nil
 		case cur.tx == tx:
 			// This transaction claimed id before: the database answers
 			// with its own row.
 			r.mu.Unlock()
-			return nil, false, nil
+			return nil, false, nil, nil
 		case cur.held:
 			r.mu.Unlock()
-			return nil, true, nil
+			return nil, true, nil, nil
 		case !wait:
 			r.mu.Unlock()
-			return nil, false, nil
+			return nil, false, nil, nil
 		}
-		done := cur.done
+		cur.waiters++
 		r.mu.Unlock()
 		select {
-		case <-done:
+		case <-cur.done:
 		case <-ctx.Done():
-			return nil, false, ctx.Err()
+			return nil, false, nil, ctx.Err()
+		}
+		if f := cur.found; f != nil && f.ExpiresAt.After(now) {
+			return nil, false, copyRecord(f), nil
 		}
 	}
 }
 
 // settle ends c's claim statement of id: held records that c's transaction
-// now holds id, else c leaves the registry.
-func (r *registry) settle(c *claimant, id core.ID, held bool) {
+// now holds id, else c leaves the registry. found is the record the
+// statement returned without claiming it, if any: a completed one is
+// handed to the claims that waited (it was committed, so it is what they
+// would read).
+func (r *registry) settle(c *claimant, id core.ID, held bool, found *core.Record) {
 	r.mu.Lock()
 	if r.m[id] == c { // not forgotten meanwhile (the transaction ended)
 		if held {
@@ -111,8 +128,22 @@ func (r *registry) settle(c *claimant, id core.ID, held bool) {
 			delete(r.m, id)
 		}
 	}
+	waited := c.waiters > 0
 	r.mu.Unlock()
+	if waited && !held && found != nil && found.State == core.StateCompleted {
+		// Published by close(c.done). Claims that start waiting after the
+		// unlock above find c gone from the registry, or held.
+		c.found = copyRecord(found)
+	}
 	close(c.done)
+}
+
+// copyRecord returns a copy of r that shares no memory with it.
+func copyRecord(r *core.Record) *core.Record {
+	c := *r
+	c.Fingerprint = bytes.Clone(r.Fingerprint)
+	c.Response = bytes.Clone(r.Response)
+	return &c
 }
 
 // forget removes ids of tx from the registry.

@@ -1,6 +1,7 @@
 package sqlstore_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -147,6 +148,61 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 		// two (probe, insert).
 		if want := map[sqlstore.Dialect]int64{sqlstore.Postgres: 1, sqlstore.MySQL: 2, sqlstore.SQLite: 1}[d]; stmts != want {
 			t.Errorf("%d statements for %d claims of one id, want %d (the winner's claim)", stmts, n, want)
+		}
+	})
+	t.Run("ok, retries of a completed request that arrive together read its row once per wave, each gets its own copy", func(t *testing.T) {
+		s, _, counter := newStore(t, d)
+		first := regClaim("storm", 1)
+		if res, err := s.Claim(ctx, first); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v, %v", res, err)
+		}
+		body := []byte(`{"id":"or_1"}`)
+		if err := s.Complete(ctx, first.ID, 1, core.Completion{State: core.StateCompleted, Status: 201, Response: body, ExpiresAt: first.ExpiresAt}); err != nil {
+			t.Fatal(err)
+		}
+		const n = 40
+		before := counter.Statements()
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			got [][]byte
+			bad int
+		)
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				tctx, tx, err := s.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer tx.Rollback()
+				res, err := s.Claim(tctx, regClaim("storm", int64(i+2)))
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil || res.Claimed || res.Record.State != core.StateCompleted || !bytes.Equal(res.Record.Response, body) {
+					bad++
+					t.Errorf("claim %d: %+v, %v; want the completed record", i, res, err)
+					return
+				}
+				got = append(got, res.Record.Response)
+			})
+		}
+		close(start)
+		wg.Wait()
+		stmts := counter.Statements() - before
+		t.Logf("%d claims of one completed id that arrived together: %d statements", n, stmts)
+		if bad == 0 && stmts >= n {
+			t.Errorf("%d statements for %d claims that arrived together: every claim read the row", stmts, n)
+		}
+		for i := range got { // no two callers share a slice
+			got[i][0] = byte('a' + i%26)
+		}
+		for i := range got {
+			if got[i][0] != byte('a'+i%26) {
+				t.Fatalf("claims %d and another share their response slice", i)
+			}
 		}
 	})
 	t.Run("ok, an id leaves the registry when its transaction's context ends", func(t *testing.T) {

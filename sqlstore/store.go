@@ -330,18 +330,21 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		l = nil
 	}
 	var (
-		cl   *claimant
-		held bool
-		err  error
+		cl    *claimant
+		held  bool
+		found *core.Record
+		err   error
 	)
 	if !s.noRegistry {
-		cl, held, err = s.reg.enter(ctx, req.ID, l, wait)
+		cl, held, found, err = s.reg.enter(ctx, req.ID, l, wait, req.Now)
 	}
 	switch {
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim", err)
 	case held:
 		return inProgressElsewhere(req.ID), nil
+	case found != nil:
+		return core.ClaimResult{Record: *found}, nil
 	}
 	var res core.ClaimResult
 	switch s.d {
@@ -353,7 +356,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		res, err = s.claimSQLite(ctx, req)
 	}
 	if cl != nil {
-		s.reg.settle(cl, req.ID, err == nil && res.Claimed && l.hold(req.ID))
+		claimed := err == nil && res.Claimed && l.hold(req.ID)
+		var found *core.Record
+		if err == nil && !res.Claimed {
+			found = &res.Record
+		}
+		s.reg.settle(cl, req.ID, claimed, found)
 	}
 	return res, err
 }
