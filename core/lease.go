@@ -8,15 +8,19 @@ import (
 	"time"
 )
 
-// leases is the heartbeat of an engine's leased attempts: one goroutine,
-// alive while at least one leased attempt runs, extends every held lease
-// each third of the lease. A per-attempt timer would cost allocations on
-// every request; a shared ticker costs none.
+// leases is the heartbeat of an engine's leased attempts: one timer
+// (time.AfterFunc), armed while leased attempts run, extends every held
+// lease each third of the lease. It is armed by the first leased attempt
+// and disarms itself at the first tick that finds none held, so steady
+// traffic costs no goroutine, timer or allocation per request, and an
+// idle engine holds no goroutine at all (a pending timer is not one). A
+// per-attempt timer would cost allocations on every request.
 type leases struct {
-	mu      sync.Mutex
-	held    map[*attempt]struct{}
-	running bool
-	idle    chan struct{} // signalled when held becomes empty
+	mu    sync.Mutex
+	held  map[*attempt]struct{}
+	timer *time.Timer // runs heartbeat; created at the first hold
+	armed bool        // the timer is pending or its heartbeat is running
+	batch []*attempt  // the heartbeat's scratch (one heartbeat at a time)
 }
 
 // hold starts extending a's lease (leased mode; a no-op in atomic mode).
@@ -28,12 +32,15 @@ func (e *Engine) hold(a *attempt) {
 	l.mu.Lock()
 	if l.held == nil {
 		l.held = make(map[*attempt]struct{})
-		l.idle = make(chan struct{}, 1)
 	}
 	l.held[a] = struct{}{}
-	if !l.running {
-		l.running = true
-		go e.heartbeat()
+	if !l.armed {
+		l.armed = true
+		if l.timer == nil {
+			l.timer = time.AfterFunc(e.cfg.lease/3, e.heartbeat)
+		} else {
+			l.timer.Reset(e.cfg.lease / 3)
+		}
 	}
 	l.mu.Unlock()
 }
@@ -46,51 +53,37 @@ func (e *Engine) unhold(a *attempt) (lost bool) {
 	l := &e.leases
 	l.mu.Lock()
 	delete(l.held, a)
-	if len(l.held) == 0 && l.running {
-		select { // let the heartbeat goroutine end now rather than at its next tick
-		case l.idle <- struct{}{}:
-		default:
-		}
-	}
 	l.mu.Unlock()
 	return a.lost.Load()
 }
 
+// heartbeat extends every held lease, then arms the timer for the next
+// tick; with none held it disarms instead.
 func (e *Engine) heartbeat() {
 	every := e.cfg.lease / 3
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var batch []*attempt
+	start := time.Now()
 	l := &e.leases
-	for {
-		var tick bool
-		select {
-		case <-t.C:
-			tick = true
-		case <-l.idle:
-		}
-		l.mu.Lock()
-		if len(l.held) == 0 {
-			l.running = false
-			l.mu.Unlock()
-			return
-		}
-		if !tick {
-			l.mu.Unlock()
-			continue
-		}
-		batch = batch[:0]
-		for a := range l.held {
-			batch = append(batch, a)
-		}
+	l.mu.Lock()
+	if len(l.held) == 0 {
+		l.armed = false
 		l.mu.Unlock()
-		var wg sync.WaitGroup
-		for _, a := range batch {
-			wg.Go(func() { e.extend(a, every) })
-		}
-		wg.Wait()
-		clear(batch)
+		return
 	}
+	batch := l.batch[:0]
+	for a := range l.held {
+		batch = append(batch, a)
+	}
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, a := range batch {
+		wg.Go(func() { e.extend(a, every) })
+	}
+	wg.Wait()
+	clear(batch)
+	l.mu.Lock()
+	l.batch = batch
+	l.timer.Reset(max(every-time.Since(start), 0))
+	l.mu.Unlock()
 }
 
 // extend moves a's lease forward; a fenced answer means another attempt
