@@ -63,6 +63,11 @@ func dsnFor(db, dsn string) (string, error) {
 		if v.Get("loc") == "" {
 			v.Set("loc", "UTC")
 		}
+		if v.Get("interpolateParams") == "" {
+			// One round trip per statement instead of prepare, execute
+			// and close (see sqlstore's README, "Connection settings").
+			v.Set("interpolateParams", "true")
+		}
 		return base + "?" + v.Encode(), nil
 	}
 	return "", fmt.Errorf("-db %q: want sqlite, postgres or mysql", db)
@@ -89,6 +94,7 @@ func openSQL(ctx context.Context, db, dsn string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	tunePool(sdb)
 	if err := sdb.PingContext(ctx); err != nil {
 		sdb.Close()
 		return nil, err
@@ -128,6 +134,7 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	tunePool(sdb)
 	st, err := gormstore.New(gdb)
 	if err == nil {
 		err = st.AutoMigrate(ctx)
@@ -141,4 +148,15 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 		return nil, err
 	}
 	return &backend{store: st, repo: r, begin: gormTx(gdb, db), close: func() { sdb.Close() }}, nil
+}
+
+// maxConns bounds the service's database connections; all of them stay
+// open when idle. database/sql keeps only 2 idle connections by default,
+// so under concurrent load every request beyond the second would open a
+// new connection (on Postgres, a new server process) and close it again.
+const maxConns = 16
+
+func tunePool(db *sql.DB) {
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
 }
