@@ -8,6 +8,7 @@
 #
 #   scripts/bench-e2e.sh [-rounds N] [-duration 10s] [-conns 8] [-framework gin] [-store sql]
 #       [-dbs "sqlite postgres mysql"] [-out DIR] [-bin path/to/orders (default: built from examples/orders)]
+#       [-server-args "-work-delay 5ms" (extra flags of the example service)]
 #
 # Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
 # IDEM_TEST_MYSQL_DSN (see scripts/dbs.sh); the script creates and drops a
@@ -27,6 +28,7 @@ store=sql
 dbs="sqlite postgres mysql"
 out=""
 bin=""
+server_args=""
 while (($#)); do
 	case "$1" in
 	-rounds) rounds=$2; shift 2 ;;
@@ -37,6 +39,7 @@ while (($#)); do
 	-dbs) dbs=$2; shift 2 ;;
 	-out) out=$2; shift 2 ;;
 	-bin) bin=$2; shift 2 ;;
+	-server-args) server_args=$2; shift 2 ;;
 	*) echo "bench-e2e.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -113,7 +116,7 @@ for db in $dbs; do
 	fi
 	dsn=$(dsn_for "$db")
 	port=$(freeport)
-	"$bin" -addr "127.0.0.1:$port" -framework "$framework" -store "$store" -db "$db" -dsn "$dsn" -unprotected-route 2>"$out/$db-server.log" &
+	"$bin" -addr "127.0.0.1:$port" -framework "$framework" -store "$store" -db "$db" -dsn "$dsn" -unprotected-route $server_args 2>"$out/$db-server.log" &
 	pid=$!
 	for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.2; done
 	# Warm-up (connections, caches, the replayed key's first execution).
@@ -131,7 +134,7 @@ for db in $dbs; do
 done
 
 echo
-echo "framework=$framework store=$store rounds=$rounds duration=$duration conns=$conns (medians, requests/s)"
+echo "framework=$framework server-args=${server_args:-none} store=$store rounds=$rounds duration=$duration conns=$conns (medians, requests/s)"
 printf '%-9s %12s %12s %9s %12s %9s\n' db unprotected protected prot/unpr replay repl/prot
 printf '%s\n' "${summary[@]}"
 echo "(raw wrk output in $out)"
