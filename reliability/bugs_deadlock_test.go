@@ -31,8 +31,10 @@ import (
 //
 // Fixed: statements that run outside a caller's transaction (leased claims
 // in their short transaction, Extend, Complete, Release) retry a deadlock
-// victim (the victim was rolled back, so the retry is safe): no store error
-// may reach the caller.
+// victim (the victim was rolled back, so the retry is safe), and so does a
+// claim that is the first statement of Begin's transaction (InnoDB rolled
+// back a transaction that held only the claim: the store begins it again):
+// no store error may reach the caller.
 func TestMariaDBClaimOverDeletedRowRetries(t *testing.T) {
 	d := sqlstore.MySQL
 	s := newSQLStore(t, d, openDB(t, d, dsn(t, d)), nil)

@@ -118,11 +118,26 @@ func mysqlErrno(err error) uint16 {
 // record that cannot be claimed (a replay, a running lease) is answered by
 // that one statement.
 func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	// A claim that begins its transaction (Begin's lazy transaction, the
+	// claim its first statement) and is chosen as a deadlock victim (see
+	// exec) lost nothing else: InnoDB rolled back a transaction that held
+	// only the claim. Begin it again and claim again.
+	l, _ := ctx.Value(connKey{}).(*lazyTx)
+	fresh := l != nil && !l.started()
 	if c, ok, err := s.conn(ctx); err != nil || ok {
-		if err != nil {
-			return core.ClaimResult{}, err
+		for try := 1; ; try++ {
+			if err != nil {
+				return core.ClaimResult{}, err
+			}
+			res, err := s.claimMySQLIn(ctx, c, req)
+			if err == nil || !fresh || try == maxClaimTries || mysqlErrno(err) != erDeadlock || !l.restart() {
+				return res, err
+			}
+			if err := sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
+				return core.ClaimResult{}, err
+			}
+			c, _, err = s.conn(ctx)
 		}
-		return s.claimMySQLIn(ctx, c, req)
 	}
 	if res, ok, err := s.readExisting(ctx, s.db, req); err != nil || ok {
 		return res, err

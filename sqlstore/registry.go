@@ -226,6 +226,21 @@ func (l *lazyTx) hold(id core.ID) bool {
 	return true
 }
 
+// restart rolls back a transaction whose statements so far the database
+// has already rolled back (a deadlock victim's), so that the next statement
+// begins a new one. It refuses (false) once the transaction has ended or
+// holds a claimed id.
+func (l *lazyTx) restart() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.tx == nil || len(l.ids) > 0 {
+		return false
+	}
+	_ = l.tx.Rollback()
+	l.conn, l.tx, l.err = nil, nil, nil
+	return true
+}
+
 // forget takes the transaction's ids out of the registry for good. It runs
 // before COMMIT and ROLLBACK: while they run, a duplicate goes to the
 // database, which makes it wait for the write lock and then answer from
