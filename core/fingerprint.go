@@ -486,9 +486,23 @@ func (c *canonicaliser) closeContainer() error {
 		}
 	}
 	if !sorted {
-		slices.SortFunc(ms, func(a, b member) int {
-			return bytes.Compare(c.keys[a.k0:a.k1], c.keys[b.k0:b.k1])
-		})
+		if len(ms) <= 12 {
+			// Insertion sort: most objects are small, and this avoids
+			// the generic sort's indirect comparisons.
+			for i := 1; i < len(ms); i++ {
+				m := ms[i]
+				k := c.keys[m.k0:m.k1]
+				j := i
+				for ; j > 0 && bytes.Compare(c.keys[ms[j-1].k0:ms[j-1].k1], k) > 0; j-- {
+					ms[j] = ms[j-1]
+				}
+				ms[j] = m
+			}
+		} else {
+			slices.SortFunc(ms, func(a, b member) int {
+				return bytes.Compare(c.keys[a.k0:a.k1], c.keys[b.k0:b.k1])
+			})
+		}
 		for j := 1; j < len(ms); j++ {
 			if bytes.Equal(c.memberKey(ms[j-1]), c.memberKey(ms[j])) {
 				return c.fail(errJSONDuplicateKey)

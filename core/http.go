@@ -151,8 +151,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			ev.Duration = e.cfg.clock().Sub(start)
-			e.emit(ctx, ev)
+			e.emit(ctx, ev, start)
 			r = r.WithContext(ctx)
 			r.Body = &c.body
 			next(w, r)
@@ -163,8 +162,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			return
 		}
 		ev.Status = rt.writeReplay(w, rc, &ans.resp)
-		ev.Duration = e.cfg.clock().Sub(start)
-		e.emit(ctx, ev)
+		e.emit(ctx, ev, start)
 		return
 	}
 	c.claimed = true
@@ -193,8 +191,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		p.Type, p.Title = e.cfg.problemBase+"internal", "Internal error"
 		resp := problemResponse(p)
 		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
-		ev.Duration = e.cfg.clock().Sub(start)
-		e.emit(ctx, ev)
+		e.emit(ctx, ev, start)
 		panic(v)
 	}()
 	next(rec, r)
@@ -218,8 +215,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	} else {
 		rec.deliver()
 	}
-	ev.Duration = e.cfg.clock().Sub(start)
-	e.emit(ctx, ev)
+	e.emit(ctx, ev, start)
 }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
@@ -284,8 +280,7 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 	}
 	e.cfg.errorWriter(w, r, p)
 	ev.Status = p.Status
-	ev.Duration = e.cfg.clock().Sub(start)
-	e.emit(r.Context(), ev)
+	e.emit(r.Context(), ev, start)
 }
 
 // writeReplay writes a recorded response and returns the status sent.

@@ -63,12 +63,13 @@ func (e *Engine) logKey(key string) string {
 
 // emit reports ev (whose Key is still the raw key) to the observer and the
 // logger; the key is hashed only when someone listens.
-func (e *Engine) emit(ctx context.Context, ev Event) {
+func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
 	lvl := ev.Decision.level()
 	logging := e.cfg.logger.Enabled(ctx, lvl)
 	if e.cfg.observer == nil && !logging {
-		return
+		return // nobody looks: no clock read, no key hashing
 	}
+	ev.Duration = e.cfg.clock().Sub(start)
 	ev.Key = e.logKey(ev.Key)
 	if o := e.cfg.observer; o != nil {
 		o(ctx, ev)

@@ -65,8 +65,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start, nil, cancel)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		ev.Duration = e.cfg.clock().Sub(start)
-		e.emit(ctx, ev)
+		e.emit(ctx, ev, start)
 		switch {
 		case ans.err != nil:
 			return Result{}, ans.err
@@ -88,8 +87,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		if panicked {
 			v := recover()
 			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
-			ev.Duration = e.cfg.clock().Sub(start)
-			e.emit(ctx, ev)
+			e.emit(ctx, ev, start)
 			panic(v)
 		}
 	}()
@@ -109,8 +107,8 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		v = vRelease
 	}
 	decision, ferr := att.finish(v, resp)
-	ev.Decision, ev.Err, ev.Duration = decision, errors.Join(err, ferr), e.cfg.clock().Sub(start)
-	e.emit(ctx, ev)
+	ev.Decision, ev.Err = decision, errors.Join(err, ferr)
+	e.emit(ctx, ev, start)
 	switch {
 	case err != nil:
 		return Result{}, err
