@@ -47,6 +47,7 @@ type call struct {
 	rec     recorder
 	resp    Response
 	fp      [sha256.Size]byte // the request's fingerprint
+	hv      [4]string         // a replay's header values (see recorded.writeHeader)
 }
 
 func (c *call) Value(key any) any {
@@ -161,7 +162,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			rt.reject(w, rc, ev, start)
 			return
 		}
-		ev.Status = rt.writeReplay(w, rc, &ans.resp)
+		ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
 		e.emit(ctx, ev, start)
 		return
 	}
@@ -284,9 +285,9 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 }
 
 // writeReplay writes a recorded response and returns the status sent.
-func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded) int {
+func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded, scratch []string) int {
 	h := w.Header()
-	resp.writeHeader(h, rt.e.cfg.recorded, HeaderReplayed)
+	resp.writeHeader(h, rt.e.cfg.recorded, HeaderReplayed, scratch)
 	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
 		p.Status = resp.status

@@ -181,20 +181,35 @@ func decodeResponse(b []byte) (*Response, error) {
 }
 
 // writeHeader sets the recorded headers in h, replacing values h holds
-// under those names, and sets extra (canonical name) to "true". It
-// allocates twice at most, whatever the number of headers: one string
-// holding every value and one slice backing every value list (header
-// names come from names, the allowlist, when they are in it).
-func (r *recorded) writeHeader(h http.Header, names []string, extra string) {
+// under those names, and sets extra (canonical name) to "true". Header
+// names come from names (the allowlist) when they are in it, and common
+// values (commonValues) are not copied; the other values share one string.
+// The value lists share one backing array: scratch when it is large
+// enough (the caller's per-request storage), else a new one. So a replay
+// of a typical response (a JSON Content-Type) allocates nothing here.
+func (r *recorded) writeHeader(h http.Header, names []string, extra string, scratch []string) {
 	var sb strings.Builder
 	if r.headers > 0 {
 		n := 0
-		r.eachHeader(func(_, value []byte) { n += len(value) })
-		sb.Grow(n)
-		r.eachHeader(func(_, value []byte) { sb.Write(value) })
+		r.eachHeader(func(_, value []byte) {
+			if commonValue(value) == "" {
+				n += len(value)
+			}
+		})
+		if n > 0 {
+			sb.Grow(n)
+			r.eachHeader(func(_, value []byte) {
+				if commonValue(value) == "" {
+					sb.Write(value)
+				}
+			})
+		}
 	}
 	all := sb.String()
-	vals := make([]string, r.headers+1)
+	vals := scratch
+	if len(vals) < r.headers+1 {
+		vals = make([]string, r.headers+1)
+	}
 	var (
 		name  string
 		first int // index in vals of the first value of name
@@ -210,12 +225,37 @@ func (r *recorded) writeHeader(h http.Header, names []string, extra string) {
 			flush()
 			name, first = intern(n, names), i
 		}
-		vals[i], all = all[:len(value)], all[len(value):]
+		if v := commonValue(value); v != "" {
+			vals[i] = v
+		} else {
+			vals[i], all = all[:len(value)], all[len(value):]
+		}
 		i++
 	})
 	flush()
 	vals[i] = "true"
 	h[extra] = vals[i : i+1 : i+1]
+}
+
+// commonValues are recorded header values common enough that a replay
+// uses these strings instead of copying them.
+var commonValues = [...]string{
+	"application/json",
+	"application/json; charset=utf-8",
+	"application/problem+json",
+	"text/plain; charset=utf-8",
+	"no-store",
+	"gzip",
+}
+
+// commonValue returns b's string from commonValues, or "".
+func commonValue(b []byte) string {
+	for _, v := range commonValues {
+		if string(b) == v {
+			return v
+		}
+	}
+	return ""
 }
 
 // intern returns b as a string, one of names when it is there.
