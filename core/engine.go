@@ -450,10 +450,20 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	if v == vIndeterminate {
 		c.State, decision = StateIndeterminate, Indeterminate
 	}
-	blob, err := e.sealResponse(a.id, resp, a.recordAllow)
+	// The encoding goes into a pooled buffer: a store keeps its own copy
+	// of Completion.Response (the conformance suite's NoAliasing), so the
+	// buffer is free again when Complete returns.
+	buf := bufPool.Get().(*[]byte)
+	blob, err := e.sealInto((*buf)[:0], a.id, resp, a.recordAllow)
 	if err == nil {
 		c.Response = blob
 		err = e.store.Complete(a.storeCtx(), a.id, a.token, c)
+	}
+	if len(blob) > 0 && e.cfg.sealer == nil {
+		*buf = blob[:0] // grown, perhaps
+	}
+	if cap(*buf) <= 1<<20 {
+		bufPool.Put(buf)
 	}
 	if err == nil && a.tx != nil {
 		err = a.tx.Commit()

@@ -287,7 +287,13 @@ func recordedHeader(h http.Header, allow []string) http.Header {
 // sealResponse encodes resp (only the allowed headers, when allow is not
 // nil) and seals it when a sealer is configured.
 func (e *Engine) sealResponse(id ID, resp *Response, allow []string) ([]byte, error) {
-	plain := encodeResponse(make([]byte, 0, 64+len(resp.Body)), resp, allow)
+	return e.sealInto(make([]byte, 0, 64+len(resp.Body)), id, resp, allow)
+}
+
+// sealInto is sealResponse encoding into dst (the plain encoding is
+// appended to dst; the sealed one, with a sealer, is new memory).
+func (e *Engine) sealInto(dst []byte, id ID, resp *Response, allow []string) ([]byte, error) {
+	plain := encodeResponse(dst, resp, allow)
 	if e.cfg.sealer == nil {
 		return plain, nil
 	}
