@@ -27,10 +27,13 @@ type shard struct {
 	m  map[core.ID]*slot
 }
 
-// slot holds one record. Stored records are immutable: a write replaces
-// rec with a new *core.Record, so prev can keep the committed value while an
-// open transaction owns the slot. The byte slices of a stored record are
-// private copies and are never written to.
+// slot holds one record. Records that a transaction can see are
+// immutable: a write replaces rec with a new *core.Record, so prev can keep
+// the committed value while an open transaction owns the slot. Outside any
+// transaction, with no transaction on the slot, Extend and Complete update
+// the record in place (only the slot points to it: reads return copies).
+// The byte slices of a stored record are private copies and are never
+// written to.
 type slot struct {
 	rec   *core.Record // current value; nil when the owner deleted it
 	owner *memTx       // open transaction that wrote rec; nil once committed
@@ -166,12 +169,19 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	if cur.State != core.StateInProgress {
 		return fmt.Errorf("%w: the record is %v", core.ErrFenced, cur.State)
 	}
-	r := *cur
+	r := cur
+	if tx != nil || sl.owner != nil {
+		r = new(core.Record)
+		*r = *cur // copy on write: a transaction's view keeps the old one
+	}
 	r.LeaseUntil = leaseUntil.UTC()
 	if r.ExpiresAt.Before(leaseUntil) {
 		r.ExpiresAt = r.LeaseUntil
 	}
-	return sh.put(id, sl, tx, &r)
+	if r == cur {
+		return nil
+	}
+	return sh.put(id, sl, tx, r)
 }
 
 // Complete implements [core.Store]. It cannot tell whether the record has
@@ -197,6 +207,14 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	}
 	if cur.State == core.StateCompleted {
 		return fmt.Errorf("%w: the record is already completed", core.ErrFenced)
+	}
+	if tx == nil && sl.owner == nil {
+		// No transaction can see the record: only the slot points to it
+		// (reads return copies), so it is updated in place.
+		cur.State, cur.Status = c.State, c.Status
+		cur.Response = cloneBytes(c.Response)
+		cur.ExpiresAt, cur.LeaseUntil = c.ExpiresAt.UTC(), time.Time{}
+		return nil
 	}
 	r := *cur
 	r.State = c.State
