@@ -129,14 +129,14 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			if err != nil {
 				return core.ClaimResult{}, err
 			}
-			res, err := s.claimMySQLIn(ctx, c, req)
-			if err == nil || !fresh || try == maxClaimTries || mysqlErrno(err) != erDeadlock || !l.restart() {
-				return res, err
+			res, cerr := s.claimMySQLIn(ctx, c, req)
+			if cerr == nil || !fresh || try == maxClaimTries || mysqlErrno(cerr) != erDeadlock || !l.restart() {
+				return res, cerr
 			}
-			if err := sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
+			if err = sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
 				return core.ClaimResult{}, err
 			}
-			c, _, err = s.conn(ctx)
+			c, _, err = s.conn(ctx) // BEGIN again; a failure ends the loop above
 		}
 	}
 	if res, ok, err := s.readExisting(ctx, s.db, req); err != nil || ok {

@@ -346,24 +346,37 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	case found != nil:
 		return core.ClaimResult{Record: *found}, nil
 	}
-	var res core.ClaimResult
-	switch s.d {
-	case Postgres:
-		res, err = s.claimPostgres(ctx, req)
-	case MySQL:
-		res, err = s.claimMySQL(ctx, req)
-	default:
-		res, err = s.claimSQLite(ctx, req)
-	}
 	if cl != nil {
+		// Settle even if the claim panics: claims of the same id wait
+		// for it.
+		settled := false
+		defer func() {
+			if !settled {
+				s.reg.settle(cl, req.ID, false, nil)
+			}
+		}()
+		res, err := s.claimIn(ctx, req)
 		claimed := err == nil && res.Claimed && l.hold(req.ID)
 		var found *core.Record
 		if err == nil && !res.Claimed {
 			found = &res.Record
 		}
 		s.reg.settle(cl, req.ID, claimed, found)
+		settled = true
+		return res, err
 	}
-	return res, err
+	return s.claimIn(ctx, req)
+}
+
+// claimIn runs the dialect's claim.
+func (s *Store) claimIn(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	switch s.d {
+	case Postgres:
+		return s.claimPostgres(ctx, req)
+	case MySQL:
+		return s.claimMySQL(ctx, req)
+	}
+	return s.claimSQLite(ctx, req)
 }
 
 // Extend implements core.Store. The store cannot tell an expired record
