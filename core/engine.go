@@ -177,6 +177,11 @@ type answer struct {
 	resp     recorded // the response to replay
 	err      error
 	decision Decision
+	// unreachable: the store could not be asked (Begin or Claim failed),
+	// the only StoreError that fail-open may run the handler for. A
+	// record that was read but cannot be opened or settled is not one:
+	// running the handler again could repeat its effect.
+	unreachable bool
 }
 
 // claimRequest builds the store request for identity ident.
@@ -227,7 +232,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			var err error
 			cctx, tx, err = e.tx.Begin(ctx)
 			if err != nil {
-				return nil, answer{err: storeErr(err), decision: StoreError}
+				return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
@@ -243,7 +248,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			_ = tx.Rollback() // nothing written: release the connection before deciding
 		}
 		if err != nil {
-			return nil, answer{err: storeErr(err), decision: StoreError}
+			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
 		}
 		rec := res.Record
 		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {

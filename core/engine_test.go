@@ -285,3 +285,44 @@ func TestResolverReadBackFailure(t *testing.T) {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
 }
+
+// Fail-open runs the handler only when the store cannot be reached: a
+// record that was found but whose response cannot be opened (here: sealed,
+// and the engine has no sealer) answers 503 and does not run the handler
+// again. A duplicated allowlist records and replays each header once.
+func TestFailOpenNeverReRunsAnUnreadableRecord(t *testing.T) {
+	st := memstore.New()
+	var calls atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("ETag", `"v1"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+	})
+	key := make([]byte, 32)
+	sealer, err := core.NewAESGCM(map[string][]byte{"k1": key}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := core.New(st, quiet, core.WithSingleCaller(), core.WithSealer(sealer),
+		core.WithRecordedHeaders("ETag", "Content-Type", "Etag"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := post(sealed.Handler(handler), "k"); w.Code != 201 {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := post(sealed.Handler(handler), "k"); w.Code != 201 || w.Header().Get(core.HeaderReplayed) != "true" || len(w.Header()["Etag"]) != 1 {
+		t.Fatalf("replay: %d %v", w.Code, w.Header())
+	}
+	plain, err := core.New(st, quiet, core.WithSingleCaller(), core.WithFailOpen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := post(plain.Handler(handler), "k"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("replay without the sealer, fail-open: %d %s, want 503", w.Code, w.Body)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}

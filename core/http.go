@@ -150,7 +150,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		if ans.decision == StoreError && e.cfg.failOpen && !rt.atomic {
+		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
 			e.emit(ctx, ev, start)
 			r = r.WithContext(ctx)

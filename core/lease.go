@@ -11,14 +11,14 @@ import (
 // leases is the heartbeat of an engine's leased attempts: one timer
 // (time.AfterFunc), armed while leased attempts run, extends every held
 // lease each third of the lease. It is armed by the first leased attempt
-// and disarms itself at the first tick that finds none held, so steady
-// traffic costs no goroutine, timer or allocation per request, and an
-// idle engine holds no goroutine at all (a pending timer is not one). A
-// per-attempt timer would cost allocations on every request.
+// after an idle spell and disarms itself at the first tick that finds none
+// held, so steady traffic costs no goroutine, timer or allocation per
+// request, and an idle engine holds no goroutine at all. A per-attempt
+// timer would cost allocations on every request.
 type leases struct {
 	mu    sync.Mutex
 	held  map[*attempt]struct{}
-	timer *time.Timer // runs heartbeat; created at the first hold
+	timer *time.Timer // runs heartbeat; made when the engine turns busy
 	armed bool        // the timer is pending or its heartbeat is running
 	batch []*attempt  // the heartbeat's scratch (one heartbeat at a time)
 }
@@ -35,12 +35,12 @@ func (e *Engine) hold(a *attempt) {
 	}
 	l.held[a] = struct{}{}
 	if !l.armed {
+		// A new timer each time the engine turns busy (not per request:
+		// it stays armed while attempts keep coming), so the timer belongs
+		// to the current goroutine's time (a testing/synctest bubble, or
+		// none) rather than to wherever the engine was first used.
 		l.armed = true
-		if l.timer == nil {
-			l.timer = time.AfterFunc(e.cfg.lease/3, e.heartbeat)
-		} else {
-			l.timer.Reset(e.cfg.lease / 3)
-		}
+		l.timer = time.AfterFunc(e.cfg.lease/3, e.heartbeat)
 	}
 	l.mu.Unlock()
 }

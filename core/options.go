@@ -1,6 +1,7 @@
 package core
 
 import (
+	"slices"
 	"context"
 	"fmt"
 	"log/slog"
@@ -195,7 +196,7 @@ func WithRecordedHeaders(names ...string) Option {
 		c.recorded = c.recorded[:0]
 		for _, n := range names {
 			n = http.CanonicalHeaderKey(n)
-			if !neverRecorded[n] {
+			if !neverRecorded[n] && !slices.Contains(c.recorded, n) {
 				c.recorded = append(c.recorded, n)
 			}
 		}
@@ -211,7 +212,10 @@ func WithSealer(s Sealer) Option {
 // WithFailOpen runs handlers without protection when the store is
 // unreachable, logging every such request at error level. The default is to
 // fail closed with 503 and Retry-After. In atomic mode the store is the
-// business database, so requests still fail with 503.
+// business database, so requests still fail with 503. A record that was
+// found but cannot be used (its response does not decode or unseal, a
+// resolver's outcome cannot be recorded) still answers 503: running the
+// handler again could repeat what the first attempt did.
 func WithFailOpen() Option {
 	return engineOption(func(c *config) error { c.failOpen = true; return nil })
 }

@@ -1,7 +1,6 @@
 package core
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -101,24 +100,14 @@ func parseResponse(b []byte) (recorded, error) {
 	}
 	b = b[k:]
 	hdr := b
-	var prev []byte
 	for range count {
-		var (
-			name []byte
-			ok   bool
-		)
-		if name, b, ok = uvarintField(b); !ok {
+		var ok bool
+		if _, b, ok = uvarintField(b); !ok {
 			return recorded{}, errCorrupt
 		}
 		if _, b, ok = uvarintField(b); !ok {
 			return recorded{}, errCorrupt
 		}
-		// The values of a name are consecutive (encodeResponse writes
-		// them so, and writeHeader relies on it).
-		if prev != nil && !bytes.Equal(name, prev) && seenBefore(hdr[:len(hdr)-len(b)], name) {
-			return recorded{}, errCorrupt
-		}
-		prev = name
 	}
 	r.headers, r.hdr = int(count), hdr[:len(hdr)-len(b)]
 	body, rest, ok := uvarintField(b)
@@ -129,22 +118,6 @@ func parseResponse(b []byte) (recorded, error) {
 		r.body = body
 	}
 	return r, nil
-}
-
-// seenBefore reports whether name is the name of a pair in hdr other than
-// the last one.
-func seenBefore(hdr, name []byte) bool {
-	for {
-		n, rest, _ := uvarintField(hdr)
-		_, rest, _ = uvarintField(rest)
-		if len(rest) == 0 {
-			return false // n is the last pair's name: name itself
-		}
-		if bytes.Equal(n, name) {
-			return true
-		}
-		hdr = rest
-	}
 }
 
 // eachHeader calls f with every recorded (name, value) pair, in order.
@@ -214,11 +187,33 @@ func (r *recorded) writeHeader(h http.Header, names []string, extra string, scra
 		name  string
 		first int // index in vals of the first value of name
 		i     int
+		runs  [8]string // names written so far (more: rare, see below)
+		nruns int
 	)
 	flush := func() {
-		if i > first {
-			h[name] = vals[first:i:i]
+		if i == first {
+			return
 		}
+		// The values of a name are normally consecutive (encodeResponse
+		// writes them so); a name met again (an encoding from a duplicated
+		// allowlist) adds to what this call wrote for it.
+		for _, n := range runs[:min(nruns, len(runs))] {
+			if n == name {
+				prev := h[name]
+				h[name] = append(prev[:len(prev):len(prev)], vals[first:i]...)
+				return
+			}
+		}
+		if nruns >= len(runs) && seenName(r, name, first) {
+			prev := h[name]
+			h[name] = append(prev[:len(prev):len(prev)], vals[first:i]...)
+			return
+		}
+		if nruns < len(runs) {
+			runs[nruns] = name
+		}
+		nruns++
+		h[name] = vals[first:i:i]
 	}
 	r.eachHeader(func(n, value []byte) {
 		if i == 0 || string(n) != name {
@@ -235,6 +230,19 @@ func (r *recorded) writeHeader(h http.Header, names []string, extra string, scra
 	flush()
 	vals[i] = "true"
 	h[extra] = vals[i : i+1 : i+1]
+}
+
+// seenName reports whether name is the name of one of the first n
+// (name, value) pairs of r.
+func seenName(r *recorded, name string, n int) bool {
+	seen, i := false, 0
+	r.eachHeader(func(nm, _ []byte) {
+		if i < n && string(nm) == name {
+			seen = true
+		}
+		i++
+	})
+	return seen
 }
 
 // commonValues are recorded header values common enough that a replay

@@ -224,9 +224,10 @@ func TestRecordedWriteHeader(t *testing.T) {
 	}
 }
 
-// An encoding whose values of one name are not consecutive is corrupt
-// (encodeResponse never writes one).
-func TestParseResponseRejectsSplitNames(t *testing.T) {
+// An encoding whose values of one name are not consecutive (written with
+// a duplicated allowlist by an earlier version) replays every value, in
+// order.
+func TestWriteHeaderMergesSplitNames(t *testing.T) {
 	b := []byte{encPlain, flagKept, 0, 200, 3}
 	for _, p := range [][2]string{{"A", "1"}, {"B", "2"}, {"A", "3"}} {
 		b = append(b, byte(len(p[0])))
@@ -235,7 +236,42 @@ func TestParseResponseRejectsSplitNames(t *testing.T) {
 		b = append(b, p[1]...)
 	}
 	b = append(b, 0)
-	if _, err := parseResponse(b); err != errCorrupt {
-		t.Fatalf("got %v, want errCorrupt", err)
+	rec, err := parseResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, scratch := range [][]string{nil, make([]string, 4)} {
+		h := http.Header{}
+		rec.writeHeader(h, nil, HeaderReplayed, scratch)
+		want := http.Header{"A": {"1", "3"}, "B": {"2"}, HeaderReplayed: {"true"}}
+		if !reflect.DeepEqual(h, want) {
+			t.Fatalf("header %v, want %v", h, want)
+		}
+	}
+	// More than eight names before the repeat.
+	b = []byte{encPlain, flagKept, 0, 200, 11}
+	for i := range 10 {
+		b = append(b, 1, byte('a'+i), 1, byte('0'+i))
+	}
+	b = append(b, 1, 'a', 1, 'z', 0)
+	rec, err = parseResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{}
+	rec.writeHeader(h, nil, HeaderReplayed, nil)
+	if got := h["a"]; !reflect.DeepEqual(got, []string{"0", "z"}) {
+		t.Fatalf("a: %q, want [0 z]", got)
+	}
+}
+
+// A duplicated allowlist records each header once.
+func TestRecordedHeadersDeduplicated(t *testing.T) {
+	var c config
+	if err := WithRecordedHeaders("ETag", "Content-Type", "Etag").applyEngine(&c); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"Etag", "Content-Type"}; !reflect.DeepEqual(c.recorded, want) {
+		t.Fatalf("allowlist %q, want %q", c.recorded, want)
 	}
 }

@@ -119,6 +119,12 @@ type Completion struct {
 // A record is live when ExpiresAt > now. An expired record is absent for
 // every method, even if a sweep has not yet deleted it.
 //
+// Memory: a store keeps its own copy of every byte slice it is given
+// (ClaimRequest.Fingerprint, Completion.Response) and never retains the
+// caller's slice after the method returns (the engine reuses the buffer it
+// passed to Complete); the slices of a returned Record belong to the
+// caller (storetest's NoAliasing checks both).
+//
 // Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
 // any other failure (network, driver, decoding) with ErrStoreUnavailable.
 type Store interface {
