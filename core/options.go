@@ -1,11 +1,11 @@
 package core
 
 import (
-	"slices"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
