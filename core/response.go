@@ -187,33 +187,19 @@ func (r *recorded) writeHeader(h http.Header, names []string, extra string, scra
 		name  string
 		first int // index in vals of the first value of name
 		i     int
-		runs  [8]string // names written so far (more: rare, see below)
-		nruns int
 	)
 	flush := func() {
-		if i == first {
-			return
-		}
-		// The values of a name are normally consecutive (encodeResponse
-		// writes them so); a name met again (an encoding from a duplicated
-		// allowlist) adds to what this call wrote for it.
-		for _, n := range runs[:min(nruns, len(runs))] {
-			if n == name {
-				prev := h[name]
-				h[name] = append(prev[:len(prev):len(prev)], vals[first:i]...)
-				return
-			}
-		}
-		if nruns >= len(runs) && seenName(r, name, first) {
+		switch {
+		case i == first:
+		case first > 0 && seenName(r, name, first):
+			// The values of a name are normally consecutive
+			// (encodeResponse writes them so); a name met again (an
+			// encoding from a duplicated allowlist) adds to its values.
 			prev := h[name]
 			h[name] = append(prev[:len(prev):len(prev)], vals[first:i]...)
-			return
+		default:
+			h[name] = vals[first:i:i]
 		}
-		if nruns < len(runs) {
-			runs[nruns] = name
-		}
-		nruns++
-		h[name] = vals[first:i:i]
 	}
 	r.eachHeader(func(n, value []byte) {
 		if i == 0 || string(n) != name {
@@ -235,14 +221,15 @@ func (r *recorded) writeHeader(h http.Header, names []string, extra string, scra
 // seenName reports whether name is the name of one of the first n
 // (name, value) pairs of r.
 func seenName(r *recorded, name string, n int) bool {
-	seen, i := false, 0
-	r.eachHeader(func(nm, _ []byte) {
-		if i < n && string(nm) == name {
-			seen = true
+	b := r.hdr
+	for range n {
+		nm, rest, _ := uvarintField(b)
+		if string(nm) == name {
+			return true
 		}
-		i++
-	})
-	return seen
+		_, b, _ = uvarintField(rest)
+	}
+	return false
 }
 
 // commonValues are recorded header values common enough that a replay
