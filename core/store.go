@@ -202,4 +202,11 @@ type TxStore interface {
 	Begin(ctx context.Context) (context.Context, Tx, error)
 	// InTx reports whether ctx already carries a transaction of this store.
 	InTx(ctx context.Context) bool
+	// WithoutTx returns ctx with any transaction of this store that it
+	// carries hidden: store methods called with the result run outside any
+	// transaction (autocommit, on a connection of their own), InTx reports
+	// false, and Begin starts a new transaction. Leased mode claims and
+	// completes with it, so its record commits on its own whatever the
+	// request's context carries (CONTRACT section 5).
+	WithoutTx(ctx context.Context) context.Context
 }

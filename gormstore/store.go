@@ -138,6 +138,16 @@ func (s *Store) InTx(ctx context.Context) bool {
 	return false
 }
 
+// WithoutTx returns ctx with the transaction it carries (Begin, WithTx)
+// hidden: store methods called with it run outside any transaction, and
+// InTx reports false (core.TxStore).
+func (s *Store) WithoutTx(ctx context.Context) context.Context {
+	if ctx.Value(txKey{}) != nil {
+		ctx = context.WithValue(ctx, txKey{}, nil)
+	}
+	return s.inner.WithoutTx(ctx)
+}
+
 // Begin starts a transaction with db.WithContext(ctx).Begin and returns a
 // context carrying the *gorm.DB bound to it (see DB). The transaction is
 // bound to ctx: cancelling ctx rolls it back. The GORM transaction begins

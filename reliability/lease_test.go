@@ -128,6 +128,9 @@ func (s stallingTx) Begin(ctx context.Context) (context.Context, core.Tx, error)
 	return s.tx.Begin(ctx)
 }
 func (s stallingTx) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }
+func (s stallingTx) WithoutTx(ctx context.Context) context.Context {
+	return s.tx.WithoutTx(ctx)
+}
 
 // leaseHarness is one engine over a store with a fake clock, and a
 // handler whose runs can be held.

@@ -228,6 +228,16 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
+// WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
+// WithConn) hidden: store methods called with it run on the pool, in
+// autocommit, and InTx reports false (core.TxStore).
+func (s *Store) WithoutTx(ctx context.Context) context.Context {
+	if ctx.Value(connKey{}) == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, connKey{}, nil)
+}
+
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
 func (s *Store) InTx(ctx context.Context) bool {
 	return ctx.Value(connKey{}) != nil

@@ -53,6 +53,14 @@ func (a *AtomicStore) InTx(ctx context.Context) bool {
 	return tx != nil && tx.s == a.Store
 }
 
+// WithoutTx returns ctx with its transaction hidden (core.TxStore).
+func (a *AtomicStore) WithoutTx(ctx context.Context) context.Context {
+	if ctx.Value(txKey{}) == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, txKey{}, (*memTx)(nil))
+}
+
 // txFrom returns the transaction of s carried by ctx, nil when there is
 // none, or an error when ctx is done.
 func (s *Store) txFrom(ctx context.Context) (*memTx, error) {

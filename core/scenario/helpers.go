@@ -100,6 +100,8 @@ func (s *hookTxStore) Begin(ctx context.Context) (context.Context, core.Tx, erro
 
 func (s *hookTxStore) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }
 
+func (s *hookTxStore) WithoutTx(ctx context.Context) context.Context { return s.tx.WithoutTx(ctx) }
+
 // --- handlers -----------------------------------------------------------------
 
 // orderHandler counts its executions in n and answers 201 with a JSON body
