@@ -51,6 +51,16 @@ var (
 	// ErrFenced: a store refused Complete, Extend or Release because the
 	// record is gone or its fencing token differs from the caller's.
 	ErrFenced = errors.New("idem: fencing token does not match")
+	// ErrTxAborted: the database aborted the transaction a store method
+	// ran in, so nothing more can be written or committed in it: on
+	// Postgres a statement of the handler failed (SQLSTATE 25P02 for every
+	// later statement), on MySQL/MariaDB the transaction was chosen as a
+	// deadlock victim (error 1213) and rolled back. In middleware-managed
+	// atomic mode the engine handles it (see Store.Complete); with the
+	// caller's own transaction (sqlstore.WithTx, gormstore.WithTx) Once
+	// returns it: roll the transaction back; the work may be retried in a
+	// new one.
+	ErrTxAborted = errors.New("idem: the database aborted the transaction")
 )
 
 // RetryError carries a Retry-After hint with a sentinel (ErrInProgress,

@@ -125,6 +125,11 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+orders) })
+	unique := s.Table() + "_unique"
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+unique+" (name VARCHAR(100) NOT NULL PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+unique) })
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
@@ -133,6 +138,14 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 				return errors.New("no transaction in the context")
 			}
 			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			return err
+		},
+		Unique: func(ctx context.Context, name string) error {
+			tx := sqlstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+unique+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Count: func(t testing.TB, name string) int {

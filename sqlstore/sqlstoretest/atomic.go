@@ -28,6 +28,10 @@ type Fixture struct {
 	// a context that carries it (sqlstore.WithTx, gormstore.WithTx), and
 	// commits when fn returns nil, else rolls back.
 	CallerManaged func(ctx context.Context, fn func(ctx context.Context) error) error
+	// Unique writes a row named name into a table whose names are unique,
+	// in the transaction that ctx carries (like Insert): a second row of
+	// one name fails with the database's unique violation.
+	Unique func(ctx context.Context, name string) error
 	// Counter counts the statements sent on the store's database; nil
 	// skips the statement counts.
 	Counter *Counter
@@ -81,6 +85,10 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, another process's duplicate is reported in progress without waiting (SQLite: waits, then replays)", h.twin},
 		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
 		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
+		{"ok, a 4xx after a failed statement is recorded and replayed; the failed writes do not commit", h.failedStatement},
+		{"ok, caller-managed: a transaction the database aborted is reported as core.ErrTxAborted", h.failedStatementCallerManaged},
+		{"ok, duplicates of a claim that waits for the database answer in progress before it ends", h.blockedClaim},
+		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
