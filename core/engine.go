@@ -157,6 +157,7 @@ type attempt struct {
 	ctx    context.Context // carries the transaction in atomic mode
 	tx     Tx              // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
+	fp     []byte          // the request's fingerprint (to claim again: afterAbort)
 	effect atomic.Bool     // the handler marked an external effect as started
 	// recordAllow filters the headers finish records: the allowlist for a
 	// captured response, nil for responses the engine built.
@@ -241,11 +242,14 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 				dst = new(attempt)
 			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
-				start: start, ctx: cctx, tx: tx, joined: joined, cancel: cancel}
+				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel}
 			return dst, answer{}
 		}
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
+		}
+		if err != nil && joined && errors.Is(err, ErrTxAborted) {
+			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
 		if err != nil {
 			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
@@ -479,6 +483,9 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 		}
 		if errors.Is(err, ErrFenced) {
 			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		}
+		if errors.Is(err, ErrTxAborted) {
+			return a.afterAbort(v, resp, err)
 		}
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}

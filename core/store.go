@@ -126,7 +126,13 @@ type Completion struct {
 // caller (storetest's NoAliasing checks both).
 //
 // Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
-// any other failure (network, driver, decoding) with ErrStoreUnavailable.
+// any other failure (network, driver, decoding) with ErrStoreUnavailable,
+// except one: a method that runs in a transaction (TxStore) and finds that
+// the database has aborted it (Postgres refuses every statement after a
+// failed one; MySQL/MariaDB rolled a deadlock victim back) wraps the
+// driver's error with ErrTxAborted instead. The engine then records the
+// outcome in a transaction of its own (middleware-managed atomic mode) or
+// returns the error to the owner of the transaction (caller-managed).
 type Store interface {
 	// Claim atomically creates an in-progress record from req.
 	//   - missing or expired: the record is (re)created and Claimed is true;

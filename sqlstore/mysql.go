@@ -246,7 +246,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, unavailable("claim probe", err)
+			return core.ClaimResult{}, s.failure(ctx, "claim probe", err)
 		}
 		if found && live(rec, req.Now) && !takeable(rec, req) {
 			return core.ClaimResult{Record: rec}, nil
@@ -275,7 +275,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// (see the README), or the id kept changing under us.
 			return inProgressElsewhere(req.ID), nil
 		}
-		return core.ClaimResult{}, unavailable("claim", err)
+		return core.ClaimResult{}, s.failure(ctx, "claim", err)
 	}
 }
 

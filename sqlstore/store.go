@@ -399,7 +399,7 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	lu := s.d.timeArg(leaseUntil)
 	res, err := s.exec(ctx, c, inTx, s.q.extend, lu, lu, id[:], token)
 	if err != nil {
-		return unavailable("extend", err)
+		return s.failure(ctx, "extend", err)
 	}
 	return s.fenced(ctx, c, res, s.q.isInProgress, id, token)
 }
@@ -415,7 +415,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	}
 	res, err := s.exec(ctx, c, inTx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
 	if err != nil {
-		return unavailable("complete", err)
+		return s.failure(ctx, "complete", err)
 	}
 	return s.fenced(ctx, c, res, s.q.isHeld, id, token)
 }
@@ -452,7 +452,7 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	}
 	res, err := s.exec(ctx, c, inTx, s.q.release, id[:], token)
 	if err != nil {
-		return unavailable("release", err)
+		return s.failure(ctx, "release", err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -514,6 +514,34 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 }
 
 // --- helpers -----------------------------------------------------------------
+
+// failure wraps the driver error of a statement run with ctx: with
+// core.ErrTxAborted when the database aborted the transaction that ctx
+// carries (see aborted), else with core.ErrStoreUnavailable.
+func (s *Store) failure(ctx context.Context, op string, err error) error {
+	if ctx.Value(connKey{}) != nil && s.aborted(err) {
+		return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrTxAborted, op, err)
+	}
+	return unavailable(op, err)
+}
+
+// aborted reports whether err says that the database aborted the
+// transaction the statement ran in, so that no statement can run in it
+// any more: Postgres' SQLSTATE 25P02 (an earlier statement failed:
+// "current transaction is aborted, commands ignored until end of
+// transaction block"), MySQL/MariaDB's deadlock victim (1213: InnoDB rolled
+// the whole transaction back). SQLite and MySQL undo a failed statement
+// alone.
+func (s *Store) aborted(err error) bool {
+	switch s.d {
+	case Postgres:
+		var st interface{ SQLState() string } // pgconn.PgError, pq.Error
+		return errors.As(err, &st) && st.SQLState() == "25P02"
+	case MySQL:
+		return mysqlErrno(err) == erDeadlock
+	}
+	return false
+}
 
 // unavailable wraps a driver error with core.ErrStoreUnavailable; both stay
 // inspectable with errors.Is / errors.As.

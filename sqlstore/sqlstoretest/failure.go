@@ -65,6 +65,11 @@ func (h *harness) failedStatement(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("fail") != "" {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprint(w, `{"error":"database"}`)
+			return
+		}
 		w.WriteHeader(http.StatusConflict)
 		fmt.Fprint(w, `{"error":"already exists"}`)
 	})))
@@ -86,7 +91,18 @@ func (h *harness) failedStatement(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
-	want := 1 // the statement failed alone; the row before it commits with the 409
+	// A 5xx after the failed statement releases the key, as any 5xx in
+	// atomic mode without an effect: the retry runs the handler again.
+	for i := range 2 {
+		a := post(ctx, client, srv.URL+"/orders?fail=1", key+"-5xx", `{}`)
+		if a.err != nil || a.status != http.StatusInternalServerError || a.replayed {
+			t.Fatalf("5xx request %d: %v, want the handler's 500", i, a)
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times, want 3 (the 5xx released the key)", n)
+	}
+	want := 1 // the statement failed alone; the row before it commits with the 409 (the 5xx rolled back)
 	if h.cfg.Dialect == sqlstore.Postgres {
 		want = 0 // the transaction was aborted: nothing of the handler's commits
 	}
