@@ -89,6 +89,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, caller-managed: a transaction the database aborted is reported as core.ErrTxAborted", h.failedStatementCallerManaged},
 		{"ok, duplicates of a claim that waits for the database answer in progress before it ends", h.blockedClaim},
 		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
+		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
 	} {
 		t.Run(tc.name, tc.fn)
 	}

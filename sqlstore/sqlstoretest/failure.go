@@ -307,3 +307,72 @@ func (h *harness) callerConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// callerInFlight: a claim in the application's transaction A is open; a
+// duplicate in another application transaction B (which the store's
+// registry does not know: it does not see A end). Postgres answers in
+// progress at once (the advisory lock). MySQL/MariaDB claims in the
+// caller's transaction insert first (no gap lock, so no deadlock at
+// REPEATABLE READ), so B's INSERT waits for A (InnoDB's duplicate-key
+// check), then replays what A committed; SQLite's B waits for A's write
+// lock, then replays.
+func (h *harness) callerInFlight(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("caller-inflight", 71)
+	claimed, finish := make(chan struct{}), make(chan struct{})
+	errA := make(chan error, 1)
+	go func() {
+		errA <- f.CallerManaged(ctx, func(ctx context.Context) error {
+			res, err := f.Store.Claim(ctx, req)
+			if err != nil || !res.Claimed {
+				close(claimed)
+				return fmt.Errorf("claim A: %+v, %v", res, err)
+			}
+			close(claimed)
+			<-finish
+			return f.Store.Complete(ctx, req.ID, req.Token, h.completion("caller-inflight"))
+		})
+	}()
+	<-claimed
+	type out struct {
+		res core.ClaimResult
+		err error
+	}
+	outB := make(chan out, 1)
+	go func() {
+		dup := req
+		dup.Token = 72
+		var o out
+		_ = f.CallerManaged(ctx, func(ctx context.Context) error {
+			o.res, o.err = f.Store.Claim(ctx, dup)
+			return errRollback
+		})
+		outB <- o
+	}()
+	if h.cfg.Dialect == sqlstore.Postgres {
+		o := <-outB
+		close(finish)
+		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateInProgress {
+			t.Fatalf("B while A is open: %+v, %v; want in progress", o.res, o.err)
+		}
+		if err := <-errA; err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	const hold = 300 * time.Millisecond
+	time.Sleep(hold) // A runs on while B waits
+	select {
+	case o := <-outB:
+		t.Fatalf("%v: B answered while A is open (%+v, %v): it should wait for A", h.cfg.Dialect, o.res, o.err)
+	default:
+	}
+	close(finish)
+	if err := <-errA; err != nil {
+		t.Fatal(err)
+	}
+	o := <-outB
+	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+		t.Fatalf("B after A committed: %+v, %v; want the completed record", o.res, o.err)
+	}
+}
