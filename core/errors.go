@@ -54,8 +54,9 @@ var (
 	// ErrTxAborted: the database aborted the transaction a store method
 	// ran in, so nothing more can be written or committed in it: on
 	// Postgres a statement of the handler failed (SQLSTATE 25P02 for every
-	// later statement), on MySQL/MariaDB the transaction was chosen as a
-	// deadlock victim (error 1213) and rolled back. In middleware-managed
+	// later statement) or the transaction hit a serialization failure or a
+	// deadlock (40001, 40P01); on MySQL/MariaDB the transaction was chosen
+	// as a deadlock victim (error 1213) and rolled back. In middleware-managed
 	// atomic mode the engine handles it (see Store.Complete); with the
 	// caller's own transaction (sqlstore.WithTx, gormstore.WithTx) Once
 	// returns it: roll the transaction back; the work may be retried in a

@@ -71,7 +71,8 @@ func WithTable(name string) Option {
 
 // WithTxOptions sets the options Begin starts transactions with (default:
 // READ COMMITTED on MySQL/MariaDB, where REPEATABLE READ would take gap
-// locks on the probe of a missing key; the database's default elsewhere).
+// locks on the probe of a missing key, which Begin's claim runs first;
+// the database's default elsewhere).
 // Pass &sql.TxOptions{} to use the session default on every dialect, for
 // example when the MySQL DSN already sets transaction_isolation.
 func WithTxOptions(opts *sql.TxOptions) Option {
@@ -527,16 +528,23 @@ func (s *Store) failure(ctx context.Context, op string, err error) error {
 
 // aborted reports whether err says that the database aborted the
 // transaction the statement ran in, so that no statement can run in it
-// any more: Postgres' SQLSTATE 25P02 (an earlier statement failed:
+// any more: on Postgres SQLSTATE 25P02 (an earlier statement failed:
 // "current transaction is aborted, commands ignored until end of
-// transaction block"), MySQL/MariaDB's deadlock victim (1213: InnoDB rolled
-// the whole transaction back). SQLite and MySQL undo a failed statement
-// alone.
+// transaction block"), 40001 (serialization failure) and 40P01 (deadlock
+// victim); on MySQL/MariaDB a deadlock victim (1213: InnoDB rolled the
+// whole transaction back). SQLite and MySQL undo a failed statement alone.
 func (s *Store) aborted(err error) bool {
 	switch s.d {
 	case Postgres:
 		var st interface{ SQLState() string } // pgconn.PgError, pq.Error
-		return errors.As(err, &st) && st.SQLState() == "25P02"
+		if !errors.As(err, &st) {
+			return false
+		}
+		switch st.SQLState() {
+		case "25P02", "40001", "40P01":
+			return true
+		}
+		return false
 	case MySQL:
 		return mysqlErrno(err) == erDeadlock
 	}
