@@ -45,6 +45,9 @@ type Result struct {
 // transaction of the store (sqlstore.WithTx, gormstore.WithTx), Once joins it
 // and neither commits nor rolls back: when Once returns an error, roll the
 // transaction back.
+// An error matching ErrTxAborted says that the database aborted that
+// transaction (a statement of fn failed on Postgres, a deadlock victim):
+// nothing of it can commit; run the whole unit again in a new one.
 func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Context) ([]byte, error), opts ...RouteOption) (Result, error) {
 	rt := e.def
 	if len(opts) > 0 {
