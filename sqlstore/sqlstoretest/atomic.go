@@ -468,6 +468,47 @@ func (h *harness) statementCounts(t *testing.T) {
 	if want := replay[h.cfg.Dialect]; rep != want {
 		t.Errorf("replay: %d statements, documented %d", rep, want)
 	}
+
+	// The same in the application's transaction (on MySQL/MariaDB the
+	// claim inserts first there: read, insert, complete; a replay is the
+	// read).
+	req = h.req("count-caller", 53)
+	var cmFirst, cmRep int64
+	err = f.CallerManaged(ctx, func(ctx context.Context) error {
+		before := f.Counter.Statements()
+		res, err := f.Store.Claim(ctx, req)
+		if err != nil || !res.Claimed {
+			return fmt.Errorf("claim: %+v, %v", res, err)
+		}
+		if err := f.Store.Complete(ctx, req.ID, req.Token, h.completion("count-caller")); err != nil {
+			return err
+		}
+		cmFirst = f.Counter.Statements() - before
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Token = 54
+	err = f.CallerManaged(ctx, func(ctx context.Context) error {
+		before := f.Counter.Statements()
+		res, err := f.Store.Claim(ctx, req)
+		cmRep = f.Counter.Statements() - before
+		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+			return fmt.Errorf("replay claim: %+v, %v", res, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v: caller-managed: first execution %d statements, replay %d", h.cfg.Dialect, cmFirst, cmRep)
+	if want := firstExecution[h.cfg.Dialect]; cmFirst != want {
+		t.Errorf("caller-managed first execution: %d statements, documented %d", cmFirst, want)
+	}
+	if want := replay[h.cfg.Dialect]; cmRep != want {
+		t.Errorf("caller-managed replay: %d statements, documented %d", cmRep, want)
+	}
 }
 
 // concurrent: duplicates race in middleware-managed mode; exactly one runs
