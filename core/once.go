@@ -77,7 +77,14 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
 	ev.Attempt = att.number
-	hctx := context.WithValue(att.ctx, attemptKey{}, att)
+	// Atomic mode: fn runs in the attempt's transaction. Leased mode: fn
+	// gets ctx as it came (with whatever transaction the caller put in
+	// it), while the attempt's own store calls hide that transaction.
+	base := att.ctx
+	if !rt.atomic {
+		base = ctx
+	}
+	hctx := context.WithValue(base, attemptKey{}, att)
 	e.hold(att)
 
 	var value []byte
