@@ -312,13 +312,19 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 }
 
 // storeCtx is ctx for the route's store calls outside an atomic
-// transaction: in leased mode, with any transaction of the store that ctx
-// carries hidden (see acquire).
+// transaction. In leased mode it keeps ctx's values but not its
+// cancellation (the attempt outlives its client: its record must be
+// written whatever happens to the request), with any transaction of the
+// store that ctx carries hidden (see acquire).
 func (rt *Route) storeCtx(ctx context.Context) context.Context {
-	if rt.atomic || rt.e.tx == nil {
+	if rt.atomic {
 		return ctx
 	}
-	return rt.e.tx.WithoutTx(ctx)
+	ctx = context.WithoutCancel(ctx)
+	if rt.e.tx != nil {
+		ctx = rt.e.tx.WithoutTx(ctx)
+	}
+	return ctx
 }
 
 func storeErr(err error) error {

@@ -172,15 +172,13 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	if !rt.atomic {
 		// Leased mode: the attempt outlives its client. A client that
 		// disconnects does not cancel it halfway through an external
-		// effect: from here on the request's context keeps its values
-		// (the application's own transaction, if any, which the handler
-		// may use) but not its cancellation, and the handler's context
-		// ends only when the lease is lost (cause ErrLeaseLost). The
-		// attempt's store calls (att.ctx, derived from c) hide the
-		// store's transaction (Route.storeCtx).
-		c.Context = context.WithoutCancel(c.Context)
+		// effect: the handler's context keeps the request's values (the
+		// application's own transaction, if any, which the handler may
+		// use) but not its cancellation, and ends only when the lease is
+		// lost (cause ErrLeaseLost). The attempt's own store calls
+		// (att.ctx) hide the store's transaction (Route.storeCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(c)
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
