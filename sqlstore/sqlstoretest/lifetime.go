@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased in the app's transaction: a success is recorded even when the app rolls back", leasedAppRollbackSuccess},
 		{"ok, leased in the app's transaction: a duplicate from another connection gets 409 while the first runs", leasedAppInFlight},
 		{"ok, atomic: a 50 MiB answer commits at the cap and streams with bounded memory", atomicStream},
+		{"ok, atomic: a client that goes away rolls the transaction back and the retry runs", atomicClientGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, cfg) })
 	}
@@ -348,5 +350,118 @@ func atomicStream(t *testing.T, cfg Config) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1", n)
+	}
+}
+
+// lockedBuffer is a log destination tests read while servers write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// atomicClientGone: in atomic mode the transaction is bound to the
+// request's context (Begin): a client that goes away while the handler
+// runs rolls it back. The handler's answer (a 503, as a handler whose
+// context ended gives) is not recorded, the release is clean (no error
+// logged), and the retry runs: one business row.
+func atomicClientGone(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	logs := new(lockedBuffer)
+	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if runs.Add(1) == 1 {
+			if err := f.Insert(ctx, "gone"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			entered <- struct{}{}
+			select {
+			case <-ctx.Done():
+			case <-release:
+			}
+			if ctx.Err() != nil {
+				http.Error(w, "cancelled", http.StatusServiceUnavailable)
+				return
+			}
+		} else if err := f.Insert(ctx, "gone"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", runs.Load())
+	})))
+	t.Cleanup(srv.Close)
+	defer close(release)
+
+	key := "gone-" + Table()
+	send := func(ctx context.Context) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(core.HeaderKey, key)
+		return srv.Client().Do(req)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	errc := make(chan error, 1)
+	go func() {
+		res, err := send(ctx)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(failsafe):
+		t.Fatal("the first request did not reach its handler")
+	}
+	cancel() // the client goes away
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+	// The retry runs once the first attempt's transaction is gone.
+	deadline := time.Now().Add(failsafe)
+	for {
+		res, err := send(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode == http.StatusCreated {
+			if res.Header.Get(core.HeaderReplayed) != "" || string(b) != "order 2" {
+				t.Errorf("retry: %d %q (replayed %q), want the second execution's 201", res.StatusCode, b, res.Header.Get(core.HeaderReplayed))
+			}
+			break
+		}
+		if res.StatusCode != http.StatusConflict || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %q, want 201 (or 409 while the first attempt ends)", res.StatusCode, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := f.Count(t, "gone"); n != 1 {
+		t.Errorf("%d business rows, want 1 (the cancelled attempt's was rolled back)", n)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
 	}
 }
