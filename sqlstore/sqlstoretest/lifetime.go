@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +34,7 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased in the app's transaction: a 5xx after MarkEffect is replayed after the app rolls back", leasedAppRollback},
 		{"ok, leased in the app's transaction: a success is recorded even when the app rolls back", leasedAppRollbackSuccess},
 		{"ok, leased in the app's transaction: a duplicate from another connection gets 409 while the first runs", leasedAppInFlight},
+		{"ok, leased Once in the caller's transaction: the record commits on its own connection", leasedOnceInCallerTx},
 		{"ok, atomic: a 50 MiB answer commits at the cap and streams with bounded memory", atomicStream},
 		{"ok, atomic: a client that goes away rolls the transaction back and the retry runs", atomicClientGone},
 	} {
@@ -463,5 +465,59 @@ func atomicClientGone(t *testing.T, cfg Config) {
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
 		t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
+	}
+}
+
+// leasedOnceInCallerTx: a consumer runs Engine.Once with core.Leased()
+// inside its own transaction (sqlstore.WithTx, gormstore.WithTx). fn marks
+// its effect, charges, writes the consumer's row in the consumer's
+// transaction (fn's context carries it) and fails; the consumer rolls
+// back. The redelivery must not run fn again: the record, indeterminate,
+// was committed on its own connection. SQLite refuses the combination at
+// once (core.ErrConfig).
+func leasedOnceInCallerTx(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	msg := core.Message{Consumer: "payments", ID: "m-" + Table()}
+	deliver := func() error {
+		var onceErr error
+		_ = f.CallerManaged(ctxT(t), func(ctx context.Context) error {
+			_, onceErr = e.Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+				runs.Add(1)
+				core.MarkEffect(ctx)
+				if err := f.Insert(ctx, "consumer-"+msg.ID); err != nil {
+					return nil, fmt.Errorf("the consumer's transaction is not in fn's context: %w", err)
+				}
+				return nil, errors.New("the provider timed out")
+			}, core.Leased())
+			return errRollback // the consumer nacks and rolls back
+		})
+		return onceErr
+	}
+	first := deliver()
+	if cfg.Dialect == sqlstore.SQLite {
+		if !errors.Is(first, core.ErrConfig) || runs.Load() != 0 {
+			t.Fatalf("SQLite: Once(Leased) in the caller's transaction: %v after %d runs, want ErrConfig before running", first, runs.Load())
+		}
+		return
+	}
+	if first == nil || errors.Is(first, core.ErrIndeterminate) {
+		t.Fatalf("first delivery: %v, want fn's error", first)
+	}
+	for i := range 2 {
+		if err := deliver(); !errors.Is(err, core.ErrIndeterminate) {
+			t.Errorf("redelivery %d: %v, want ErrIndeterminate (fn must not run again)", i, err)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("fn ran %d times, want 1", n)
+	}
+	if n := f.Count(t, "consumer-"+msg.ID); n != 0 {
+		t.Errorf("%d consumer rows after the rollbacks, want 0", n)
 	}
 }
