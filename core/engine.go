@@ -582,8 +582,10 @@ func attemptFrom(ctx context.Context) *attempt {
 // MarkEffect tells the engine that the handler is about to cause an effect
 // outside the store's transaction (a payment, an email, a call to another
 // service). From then on a 5xx or a panic leaves the record indeterminate
-// instead of releasing it, so a retry does not blindly run again. It is a
-// no-op outside a protected request.
+// instead of releasing it, so a retry does not blindly run again. Call it
+// right before the external call: a 5xx before it releases the key (in
+// either mode: nothing happened yet). It is a no-op outside a protected
+// request.
 func MarkEffect(ctx context.Context) {
 	if a := attemptFrom(ctx); a != nil {
 		a.effect.Store(true)
