@@ -44,7 +44,10 @@ type Result struct {
 // (fetch it from ctx with the store's accessor). If ctx already carries a
 // transaction of the store (sqlstore.WithTx, gormstore.WithTx), Once joins it
 // and neither commits nor rolls back: when Once returns an error, roll the
-// transaction back.
+// transaction back. With the Leased option the record is written outside
+// that transaction instead, on connections of its own, so the caller's
+// rollback does not erase it; fn still gets ctx with the caller's
+// transaction.
 func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Context) ([]byte, error), opts ...RouteOption) (Result, error) {
 	rt := e.def
 	if len(opts) > 0 {
