@@ -230,7 +230,7 @@ func newToken() int64 {
 func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, answer) {
 	e := rt.e
 	joined := rt.atomic && e.tx.InTx(ctx)
-	sctx := rt.storeCtx(ctx)
+	sctx := rt.leasedCtx(ctx)
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
 	// A lapsed lease is taken over only after the engine has compared the
@@ -311,12 +311,12 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 	}
 }
 
-// storeCtx is ctx for the route's store calls outside an atomic
+// leasedCtx is ctx for the route's store calls outside an atomic
 // transaction. In leased mode it keeps ctx's values but not its
 // cancellation (the attempt outlives its client: its record must be
 // written whatever happens to the request), with any transaction of the
 // store that ctx carries hidden (see acquire).
-func (rt *Route) storeCtx(ctx context.Context) context.Context {
+func (rt *Route) leasedCtx(ctx context.Context) context.Context {
 	if rt.atomic {
 		return ctx
 	}

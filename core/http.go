@@ -176,7 +176,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// application's own transaction, if any, which the handler may
 		// use) but not its cancellation, and ends only when the lease is
 		// lost (cause ErrLeaseLost). The attempt's own store calls
-		// (att.ctx) hide the store's transaction (Route.storeCtx).
+		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
 		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
 		defer cancel(nil)
