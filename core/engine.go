@@ -169,6 +169,12 @@ type attempt struct {
 	// ErrLeaseLost when a takeover fenced it.
 	lost   atomic.Bool
 	cancel context.CancelCauseFunc
+
+	// finish ran (atomic mode: at the response cap, before the handler
+	// returned): later calls return its result.
+	finished bool
+	decision Decision
+	err      error
 }
 
 // answer is the engine's decision for a request that did not get to run:
@@ -215,9 +221,17 @@ func newToken() int64 {
 // A claimed attempt is written to dst (so a caller can embed it) and
 // returned; cancel, when not nil, cancels the context the handler will run
 // with (leased mode: on a lost lease).
+//
+// In leased mode every store call (the claim, the resolver's, and later
+// the attempt's extensions and completion, through attempt.ctx) runs with
+// the store's transaction hidden (TxStore.WithoutTx): the record commits on
+// its own connection, whatever transaction the request's context carries
+// (a transaction-per-request middleware's), so a rollback of that
+// transaction cannot take the record with it (CONTRACT section 5).
 func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, answer) {
 	e := rt.e
 	joined := rt.atomic && e.tx.InTx(ctx)
+	sctx := rt.leasedCtx(ctx)
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
 	// A lapsed lease is taken over only after the engine has compared the
@@ -228,7 +242,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
 		req.Takeover, takeover = takeover, false
-		cctx, tx := ctx, Tx(nil)
+		cctx, tx := sctx, Tx(nil)
 		if rt.atomic && !joined {
 			var err error
 			cctx, tx, err = e.tx.Begin(ctx)
@@ -251,6 +265,12 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		if err != nil && joined && errors.Is(err, ErrTxAborted) {
 			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
+		if errors.Is(err, ErrConfig) {
+			// The store refused the combination (for example a leased claim
+			// beside a SQLite transaction it would wait for): a
+			// configuration error, never a reason to fail open.
+			return nil, answer{err: err, decision: StoreError}
+		}
 		if err != nil {
 			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
 		}
@@ -260,9 +280,9 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		switch rec.State {
 		case StateCompleted:
-			return nil, rt.replay(ctx, rec)
+			return nil, rt.replay(sctx, rec)
 		case StateIndeterminate:
-			a, retry := rt.resolve(ctx, rec)
+			a, retry := rt.resolve(sctx, rec)
 			if !retry {
 				return nil, a
 			}
@@ -276,7 +296,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			}
 			// A lapsed lease without takeover: the attempt died and may have
 			// had an effect. Settle it as indeterminate, then resolve.
-			e.markIndeterminate(ctx, rec)
+			e.markIndeterminate(sctx, rec)
 			continue
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
@@ -293,6 +313,22 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		case <-t.C:
 		}
 	}
+}
+
+// leasedCtx is ctx for the route's store calls outside an atomic
+// transaction. In leased mode it keeps ctx's values but not its
+// cancellation (the attempt outlives its client: its record must be
+// written whatever happens to the request), with any transaction of the
+// store that ctx carries hidden (see acquire).
+func (rt *Route) leasedCtx(ctx context.Context) context.Context {
+	if rt.atomic {
+		return ctx
+	}
+	ctx = context.WithoutCancel(ctx)
+	if rt.e.tx != nil {
+		ctx = rt.e.tx.WithoutTx(ctx)
+	}
+	return ctx
 }
 
 func storeErr(err error) error {
@@ -335,7 +371,10 @@ const (
 
 // Resolver settles an indeterminate record, for example by asking the
 // payment provider about the downstream key of the failed attempt
-// (DownstreamKeyFor). It is called for a duplicate that meets the record.
+// (DownstreamKeyFor). It is called for a duplicate that meets the record,
+// with that request's context; for a leased route, with any transaction of
+// the store that the context carries hidden (TxStore.WithoutTx), as for
+// every store call of a leased attempt.
 type Resolver func(ctx context.Context, rec Record) (Resolution, error)
 
 // resolve handles an indeterminate record. retry reports that the record
@@ -413,7 +452,10 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 	case a.release.Load():
 		return vRelease
 	case panicked || status >= 500:
-		if a.effect.Load() || (!a.rt.atomic && !panicked) {
+		// Either mode: before MarkEffect nothing happened yet (atomic mode:
+		// the transaction rolls back); after it, the effect may have
+		// happened and the outcome is unknown.
+		if a.effect.Load() {
 			return vIndeterminate
 		}
 		return vRelease
@@ -426,8 +468,19 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // finish records the outcome and, in middleware-managed atomic mode,
 // commits or rolls back. It returns the decision, and an error when the
 // outcome could not be made durable: the client must then not see the
-// handler's answer.
+// handler's answer. It acts once: a second call (the handler returns, or
+// panics, after an atomic answer passed the response cap and was committed
+// early) returns the first call's result.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
+	if !a.finished {
+		a.decision, a.err = a.record(v, resp)
+		a.finished = true
+	}
+	return a.decision, a.err
+}
+
+// record is finish's work.
+func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
 	if v == vRelease {
@@ -442,6 +495,11 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 			// Taken over meanwhile: the new owner's record stays; the
 			// handler's answer (nothing happened) is still true.
 			return LeaseLost, nil
+		}
+		if err != nil && a.tx != nil && a.ctx.Err() != nil {
+			// The request's context ended (the client went away): the
+			// transaction is bound to it and was rolled back already.
+			err = nil
 		}
 		if err != nil {
 			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
@@ -531,8 +589,10 @@ func attemptFrom(ctx context.Context) *attempt {
 // MarkEffect tells the engine that the handler is about to cause an effect
 // outside the store's transaction (a payment, an email, a call to another
 // service). From then on a 5xx or a panic leaves the record indeterminate
-// instead of releasing it, so a retry does not blindly run again. It is a
-// no-op outside a protected request.
+// instead of releasing it, so a retry does not blindly run again. Call it
+// right before the external call: a 5xx before it releases the key (in
+// either mode: nothing happened yet). It is a no-op outside a protected
+// request.
 func MarkEffect(ctx context.Context) {
 	if a := attemptFrom(ctx); a != nil {
 		a.effect.Store(true)

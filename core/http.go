@@ -170,9 +170,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ev.Attempt = att.number
 	hctx := att.ctx // atomic mode: carries the transaction
 	if !rt.atomic {
-		// Leased mode: the handler's context ends when the lease is lost.
+		// Leased mode: the attempt outlives its client. A client that
+		// disconnects does not cancel it halfway through an external
+		// effect: the handler's context keeps the request's values (the
+		// application's own transaction, if any, which the handler may
+		// use) but not its cancellation, and ends only when the lease is
+		// lost (cause ErrLeaseLost). The attempt's own store calls
+		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(hctx)
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
@@ -181,6 +187,9 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
+	if rt.atomic {
+		rec.owner = c // commits at the cap (commitAtCap)
+	}
 	defer rec.free()
 	panicked := true
 	defer func() {
@@ -217,6 +226,22 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		rec.deliver()
 	}
 	e.emit(ctx, ev, start)
+}
+
+// commitAtCap finishes an atomic attempt whose answer just passed the
+// recording cap: the outcome (the status, the body not kept) is recorded
+// and the transaction committed before anything reaches the client, so the
+// rest of the answer can stream through instead of being held in memory.
+// The verdict is the status's (a 5xx without MarkEffect rolls back and
+// releases); a later Release or MarkEffect does not change it. After it the
+// transaction is over: the handler's further statements on it fail with
+// the transaction's own error (sql.ErrTxDone for database/sql).
+func (c *call) commitAtCap() error {
+	att := &c.att
+	c.rec.response(&c.resp)
+	att.recordAllow = att.e.cfg.recorded
+	_, err := att.finish(att.classify(c.resp.Status, false), &c.resp)
+	return err
 }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
@@ -380,20 +405,25 @@ func (b *bodyReader) free() {
 
 // --- response capture ------------------------------------------------------
 
-// recorder captures a handler's response. In atomic mode it holds the whole
-// response until the transaction commits (Flush is deferred, Hijack is
-// refused). In leased mode it holds the response until the outcome is
-// recorded, unless the body passes the cap or the handler flushes or
-// hijacks: then it writes through and the record says the body was not kept.
-// It keeps http.Flusher, http.Hijacker and Unwrap working and ignores 1xx.
+// recorder captures a handler's response. It holds the response until the
+// outcome is recorded, unless the body passes the cap (both modes) or, in
+// leased mode, the handler flushes or hijacks: then it writes through and
+// the record says the body was not kept. In atomic mode nothing reaches the
+// client before the commit: Flush is deferred and Hijack refused, and at
+// the cap the attempt commits first (call.commitAtCap); if that fails, the
+// write fails and the client gets the engine's 503 instead. So a response
+// holds at most the cap in memory. It keeps http.Flusher, http.Hijacker
+// and Unwrap working and ignores 1xx.
 type recorder struct {
 	w        http.ResponseWriter
 	atomic   bool
+	owner    *call // atomic mode: commits at the cap
 	status   int
 	max      int
 	buf      *[]byte
-	kept     bool // the body is complete in buf
-	through  bool // writing through to w
+	kept     bool  // the body is complete in buf
+	through  bool  // writing through to w
+	failed   error // the commit at the cap failed: every write fails
 	hijacked bool
 }
 
@@ -429,18 +459,25 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.hijacked {
 		return 0, http.ErrHijacked
 	}
+	if rec.failed != nil {
+		return 0, rec.failed
+	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
 	if rec.through {
 		return rec.w.Write(p)
 	}
-	if rec.kept && len(*rec.buf)+len(p) > rec.max {
+	if len(*rec.buf)+len(p) > rec.max {
 		rec.kept = false
-		if !rec.atomic {
-			rec.goThrough()
-			return rec.w.Write(p)
+		if rec.owner != nil {
+			if err := rec.owner.commitAtCap(); err != nil {
+				rec.failed = err
+				return 0, err
+			}
 		}
+		rec.goThrough()
+		return rec.w.Write(p)
 	}
 	*rec.buf = append(*rec.buf, p...)
 	return len(p), nil
@@ -448,7 +485,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
-	if rec.through || rec.hijacked || (rec.kept && len(*rec.buf)+len(s) > rec.max) {
+	if rec.through || rec.hijacked || rec.failed != nil || len(*rec.buf)+len(s) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {
@@ -472,9 +509,10 @@ func (rec *recorder) goThrough() {
 }
 
 // Flush streams the response in leased mode (the body is then not kept);
-// in atomic mode it is deferred until the transaction commits.
+// in atomic mode it is deferred until the transaction commits (or, past
+// the cap, flushes what streams after the commit).
 func (rec *recorder) Flush() {
-	if rec.atomic || rec.hijacked {
+	if rec.hijacked || (rec.atomic && !rec.through) {
 		return
 	}
 	if !rec.through {

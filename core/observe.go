@@ -17,7 +17,7 @@ const (
 	Replayed      Decision = "replayed"      // the recorded response was returned
 	RejectedBusy  Decision = "in_progress"   // an in-flight duplicate was refused (409) or declined
 	Mismatch      Decision = "mismatch"      // same key, different fingerprint (422)
-	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx in atomic mode)
+	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx before MarkEffect)
 	Indeterminate Decision = "indeterminate" // the handler ran, may have had an effect, and failed: recorded as indeterminate
 	Resolved      Decision = "resolved"      // the Resolver settled an indeterminate record
 	LeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused

@@ -44,7 +44,10 @@ type Result struct {
 // (fetch it from ctx with the store's accessor). If ctx already carries a
 // transaction of the store (sqlstore.WithTx, gormstore.WithTx), Once joins it
 // and neither commits nor rolls back: when Once returns an error, roll the
-// transaction back.
+// transaction back. With the Leased option the record is written outside
+// that transaction instead, on connections of its own, so the caller's
+// rollback does not erase it; fn still gets ctx with the caller's
+// transaction.
 // An error matching ErrTxAborted says that the database aborted that
 // transaction (a statement of fn failed on Postgres, a deadlock victim):
 // nothing of it can commit; run the whole unit again in a new one.
@@ -80,7 +83,14 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
 	ev.Attempt = att.number
-	hctx := context.WithValue(att.ctx, attemptKey{}, att)
+	// Atomic mode: fn runs in the attempt's transaction. Leased mode: fn
+	// gets ctx as it came (with whatever transaction the caller put in
+	// it), while the attempt's own store calls hide that transaction.
+	base := att.ctx
+	if !rt.atomic {
+		base = ctx
+	}
+	hctx := context.WithValue(base, attemptKey{}, att)
 	e.hold(att)
 
 	var value []byte

@@ -262,6 +262,18 @@ func TestExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestLifetime: a Leased() route under the application's
+// transaction-per-request middleware commits its record on its own
+// connection, and an atomic answer over the recording cap commits first and
+// streams, on every database.
+func TestLifetime(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}
+
 // TestPool: a storm of duplicates of one long request, with a pool of 5,
 // does not starve unrelated requests (latencies logged with -v; more
 // samples with -stores.measure).

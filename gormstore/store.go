@@ -143,7 +143,10 @@ func (s *Store) InTx(ctx context.Context) bool {
 // InTx reports false (core.TxStore).
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(txKey{}) != nil {
-		ctx = context.WithValue(ctx, txKey{}, nil)
+		// A GORM transaction of WithTx becomes sqlstore's connection first,
+		// so that sqlstore knows a transaction was hidden (see
+		// sqlstore.Store.WithoutTx: SQLite refuses a leased claim beside it).
+		ctx = context.WithValue(s.ctx(ctx), txKey{}, nil)
 	}
 	return s.inner.WithoutTx(ctx)
 }

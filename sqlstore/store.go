@@ -229,19 +229,35 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
+// hiddenTx marks a context whose transaction WithoutTx hid.
+type hiddenTx struct{}
+
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
 // WithConn) hidden: store methods called with it run on the pool, in
-// autocommit, and InTx reports false (core.TxStore).
+// autocommit, and InTx reports false (core.TxStore). The engine claims and
+// completes leased routes with it.
+//
+// SQLite admits one writer at a time: a statement on another connection
+// waits (busy_timeout) for the hidden transaction, which holds the write
+// lock from BEGIN IMMEDIATE (the recommended _txlock=immediate) or from
+// its first write, and which in turn waits for the request. So on SQLite,
+// Claim with a context whose transaction was hidden fails at once with an
+// error matching core.ErrConfig: keep leased routes out of a
+// transaction-per-request middleware.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(connKey{}) == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, connKey{}, nil)
+	return context.WithValue(ctx, connKey{}, hiddenTx{})
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
 func (s *Store) InTx(ctx context.Context) bool {
-	return ctx.Value(connKey{}) != nil
+	switch ctx.Value(connKey{}).(type) {
+	case nil, hiddenTx:
+		return false
+	}
+	return true
 }
 
 // Begin starts a transaction (with the WithTxOptions options) and returns a
@@ -335,6 +351,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	// across stores) is treated like a caller-managed one: its end would
 	// clear the other store's registry, not this one's.
 	v := ctx.Value(connKey{})
+	if _, hidden := v.(hiddenTx); hidden {
+		if s.d == SQLite {
+			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
+				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
+				"keep leased routes out of the middleware's transaction", core.ErrConfig)
+		}
+		v = nil
+	}
 	l, _ := v.(*lazyTx)
 	wait := v == nil || (l != nil && !l.started())
 	if l != nil && l.s != s {
