@@ -380,7 +380,8 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 // markIndeterminate turns an in-progress record whose lease lapsed into an
 // indeterminate one (WithTakeover(false)).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
-	p := e.problemFor(fmt.Errorf("%w: the attempt holding the key stopped before recording an outcome", ErrIndeterminate))
+	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
+	p.RecordID = rec.ID.String()
 	resp := problemResponse(p)
 	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
