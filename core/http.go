@@ -225,7 +225,9 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 // bind failed ..."), it goes to the log only, at WARN.
 type callerError struct{ err error }
 
-func (e *callerError) Error() string   { return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error() }
+func (e *callerError) Error() string {
+	return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error()
+}
 func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
