@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"path/filepath"
 	"testing"
 
@@ -128,11 +127,11 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
-			tx := sqlstore.TxFrom(ctx)
-			if tx == nil {
-				return errors.New("no transaction in the context")
+			tx, err := sqlstore.Tx(ctx)
+			if err != nil {
+				return err
 			}
-			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Count: func(t testing.TB, name string) int {

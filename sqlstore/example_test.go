@@ -56,9 +56,14 @@ func Example() {
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		res, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+		tx, err := sqlstore.Tx(ctx) // fails (core.ErrNoTx) with a context that is not the request's
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError) // rolls back: nothing happened
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+		if err != nil {
+			http.Error(w, "could not store the order", http.StatusInternalServerError) // rolls back: nothing happened
 			return
 		}
 		id, _ := res.LastInsertId()
@@ -100,7 +105,7 @@ func ExampleWithTx() {
 		defer tx.Rollback() // no-op after Commit
 		res, err := e.Once(sqlstore.WithTx(ctx, tx), core.Message{Consumer: "orders", ID: msgID},
 			func(ctx context.Context) ([]byte, error) {
-				_, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+				_, err := tx.ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea") // the consumer's own tx
 				return []byte("created"), err
 			})
 		if err != nil {
