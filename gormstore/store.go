@@ -313,3 +313,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.inner.Now(s.ctx(ctx)) }
 
 var _ core.TimeSource = (*Store)(nil)
+
+// Check verifies, at start-up, that the table exists with the columns and
+// the primary key the store needs, and that the server is one the GORM
+// dialector's SQL runs on (see sqlstore.Store.Check). A misconfiguration is
+// an error wrapping core.ErrConfig whose text names the fix ("run
+// store.AutoMigrate"); an unreachable server wraps core.ErrStoreUnavailable.
+func (s *Store) Check(ctx context.Context) error { return s.inner.Check(s.ctx(ctx)) }

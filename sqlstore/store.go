@@ -146,7 +146,9 @@ func (s *Store) Table() string { return s.table }
 // statements of Schema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
 //
-// Several processes may migrate at once: on Postgres, where two concurrent
+// Migrate first checks the server against the dialect (as Check does), so
+// a wrong dialect fails with an error wrapping core.ErrConfig that names
+// the right one. Several processes may migrate at once: on Postgres, where two concurrent
 // CREATE TABLE IF NOT EXISTS can fail on the catalog's unique indexes, the
 // statements run in one transaction behind an advisory lock derived from
 // the table name; MySQL/MariaDB and SQLite need no lock.
@@ -155,6 +157,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
+	}
+	if err := s.checkServer(ctx, c); err != nil {
+		return err // a wrong dialect: say so, not "pg_advisory_xact_lock does not exist"
 	}
 	if s.d == Postgres && !inTx {
 		return s.inShortTx(ctx, func(c Conn) error {
