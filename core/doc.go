@@ -24,7 +24,7 @@
 // Atomic mode (stores that implement TxStore): the claim, the handler's
 // business writes and the recorded response commit in one database
 // transaction, which the handler reaches from its request context through
-// the store (sqlstore.TxFrom, gormstore.DB). The client gets the response
+// the store (sqlstore.Tx, gormstore.DB). The client gets the response
 // only after the commit. Leased mode (any store, or the Leased route
 // option): the claim commits first with a lease that a heartbeat extends;
 // completion is fenced by a token, so an attempt that lost its lease to a
