@@ -106,8 +106,8 @@ func clientErrorf(sentinel error, format string, args ...any) error {
 }
 
 // problemFor builds the problem document for err (a wrapped sentinel). Its
-// detail is the kind's text for the client, or the engine's own detail
-// (clientError); never err's text.
+// detail is the kind's text for the client, followed by the engine's own
+// precision when err carries one (clientError); never err's text.
 func (e *Engine) problemFor(err error) *Problem {
 	p := &Problem{Type: e.cfg.problemBase + "internal", Title: "Internal error", Detail: internalDetail, Status: http.StatusInternalServerError, Err: err}
 	for _, k := range problemKinds {
@@ -118,7 +118,7 @@ func (e *Engine) problemFor(err error) *Problem {
 	}
 	var ce *clientError
 	if errors.As(err, &ce) {
-		p.Detail = ce.detail
+		p.Detail += ": " + ce.detail // what exactly, in the engine's own words
 	}
 	var re *RetryError
 	if errors.As(err, &re) {
