@@ -164,7 +164,11 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
-			return gormstore.DB(ctx).WithContext(ctx).Table(orders).Create(&order{Name: name}).Error
+			tx := gormstore.DB(ctx)
+			if tx == nil {
+				return errors.New("no GORM transaction in the context")
+			}
+			return tx.WithContext(ctx).Table(orders).Create(&order{Name: name}).Error
 		},
 		Count: func(t testing.TB, name string) int {
 			var n int64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"path/filepath"
 	"testing"
 
@@ -127,11 +128,11 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
-			tx, err := sqlstore.Tx(ctx)
-			if err != nil {
-				return err
+			tx := sqlstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
 			}
-			_, err = tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Count: func(t testing.TB, name string) int {
