@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -43,7 +44,7 @@ func openExampleDB() (*sql.DB, *sqlstore.Store, func()) {
 }
 
 // Middleware-managed atomic mode: the engine begins the transaction, the
-// handler writes through sqlstore.TxFrom(r.Context()), and the order, the
+// handler writes through sqlstore.Tx(r.Context()), and the order, the
 // key and the recorded response commit together before the client gets
 // the answer.
 func Example() {
@@ -126,4 +127,26 @@ func ExampleWithTx() {
 	// created replayed: false
 	// created replayed: true
 	// orders: 1
+}
+
+// Check at start-up: a store created with the wrong dialect, or on a table
+// that was never migrated, stops the start with an error naming the fix
+// instead of answering 503 at the first request.
+func ExampleStore_Check() {
+	db, store, done := openExampleDB()
+	defer done()
+	ctx := context.Background()
+	fmt.Println("migrated:", store.Check(ctx))
+
+	wrong, _ := sqlstore.New(db, sqlstore.Postgres)
+	err := wrong.Check(ctx)
+	fmt.Println(errors.Is(err, core.ErrConfig), strings.Contains(err.Error(), "use sqlstore.SQLite"))
+
+	other, _ := sqlstore.New(db, sqlstore.SQLite, sqlstore.WithTable("not_migrated"))
+	err = other.Check(ctx)
+	fmt.Println(errors.Is(err, core.ErrConfig), strings.Contains(err.Error(), "run store.Migrate(ctx)"))
+	// Output:
+	// migrated: <nil>
+	// true true
+	// true true
 }
