@@ -23,7 +23,7 @@ import (
 // route. Requests that match no route (404, 405) pass through untouched.
 // Outside a chi router the scope falls back to Request.Pattern, then the
 // path. Handlers reach the engine's context (in atomic mode the
-// transaction: sqlstore.TxFrom(r.Context()), gormstore.DB(r.Context()))
+// transaction: sqlstore.Tx(r.Context()), gormstore.DB(r.Context()))
 // from their request; callers are named with core.WithCaller reading
 // r.Context().
 //

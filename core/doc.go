@@ -24,7 +24,7 @@
 // Atomic mode (stores that implement TxStore): the claim, the handler's
 // business writes and the recorded response commit in one database
 // transaction, which the handler reaches from its request context through
-// the store (sqlstore.TxFrom, gormstore.DB). The client gets the response
+// the store (sqlstore.Tx, gormstore.DB). The client gets the response
 // only after the commit (past the recording cap, the engine commits first
 // and then streams the rest); a client that goes away rolls the transaction
 // back. Leased mode (any store, or the Leased route option): the claim

@@ -423,7 +423,8 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 // markIndeterminate turns an in-progress record whose lease lapsed into an
 // indeterminate one (WithTakeover(false)).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
-	p := e.problemFor(fmt.Errorf("%w: the attempt holding the key stopped before recording an outcome", ErrIndeterminate))
+	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
+	p.RecordID = rec.ID.String()
 	resp := problemResponse(p)
 	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
@@ -586,40 +587,62 @@ func attemptFrom(ctx context.Context) *attempt {
 	return nil
 }
 
+// noAttempt is the error of MarkEffect, Release and DownstreamKey called
+// with a context that carries no protected request.
+func noAttempt(call string) error {
+	return fmt.Errorf("%w: %s needs the request's context: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi), "+
+		"or ginidem.DownstreamKey(c, step) / echoidem.DownstreamKey(c, step); a request that passed through unprotected (method not covered, KeyOptional without a key, fail-open) has none",
+		ErrNoAttempt, call)
+}
+
 // MarkEffect tells the engine that the handler is about to cause an effect
 // outside the store's transaction (a payment, an email, a call to another
 // service). From then on a 5xx or a panic leaves the record indeterminate
 // instead of releasing it, so a retry does not blindly run again. Call it
 // right before the external call: a 5xx before it releases the key (in
-// either mode: nothing happened yet). It is a no-op outside a protected
-// request.
-func MarkEffect(ctx context.Context) {
-	if a := attemptFrom(ctx); a != nil {
-		a.effect.Store(true)
+// either mode: nothing happened yet). Outside a protected request it does
+// nothing and returns an error wrapping ErrNoAttempt (usually: a
+// framework's context was passed instead of the request's).
+func MarkEffect(ctx context.Context) error {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return noAttempt("core.MarkEffect")
 	}
+	a.effect.Store(true)
+	return nil
 }
 
 // Release tells the engine that nothing happened (for example validation
 // failed before any effect): whatever the handler answers, the record is
 // released and, in atomic mode, the transaction rolled back, so a corrected
-// request may use the same key. It is a no-op outside a protected request.
-func Release(ctx context.Context) {
-	if a := attemptFrom(ctx); a != nil {
-		a.release.Store(true)
+// request may use the same key. Outside a protected request it does nothing
+// and returns an error wrapping ErrNoAttempt.
+func Release(ctx context.Context) error {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return noAttempt("core.Release")
 	}
+	a.release.Store(true)
+	return nil
 }
 
 // DownstreamKey returns a deterministic idempotency key for step (such as
 // "charge") of the protected request in ctx, to pass to an external API:
 // the same for every attempt of the same (caller, scope, key), so a takeover
-// repeats the external call safely. It returns "" outside a protected
-// request.
-func DownstreamKey(ctx context.Context, step string) string {
+// repeats the external call safely. It never returns an empty key: outside
+// a protected request (a framework's context passed instead of the
+// request's, or a request that passed through unprotected) it returns an
+// error wrapping ErrNoAttempt that names the right call. Gin and Echo
+// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey.
+func DownstreamKey(ctx context.Context, step string) (string, error) {
 	a := attemptFrom(ctx)
 	if a == nil {
-		return ""
+		return "", noAttempt("core.DownstreamKey")
 	}
-	return DownstreamKeyFor(a.id, step)
+	if step == "" {
+		return "", fmt.Errorf("%w: core.DownstreamKey: empty step name (name the external call, such as \"charge\")", ErrConfig)
+	}
+	return DownstreamKeyFor(a.id, step), nil
 }
 
 // DownstreamKeyFor is DownstreamKey for a record ID (for resolvers).

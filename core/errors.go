@@ -45,6 +45,19 @@ var (
 	// ErrConfig: New or an adapter was given an invalid configuration.
 	ErrConfig = errors.New("idem: invalid configuration")
 
+	// ErrNoAttempt: DownstreamKey, MarkEffect or Release was called with a
+	// context that carries no protected request: usually a framework's
+	// context (*gin.Context, echo.Context) instead of the request's
+	// (c.Request.Context(), c.Request().Context(), r.Context()), or a
+	// request that passed through unprotected (method not covered,
+	// KeyOptional without a key, fail-open).
+	ErrNoAttempt = errors.New("idem: the context carries no protected request")
+	// ErrNoTx: a store's transaction accessor (sqlstore.Tx, gormstore.DB)
+	// was called with a context that carries no transaction of the store:
+	// a framework's context instead of the request's, a Leased route (idem
+	// holds no transaction for it), or code outside a protected request.
+	ErrNoTx = errors.New("idem: the context carries no transaction")
+
 	// ErrNotFound: a store has no live record for the identity (absent or
 	// expired).
 	ErrNotFound = errors.New("idem: record not found")

@@ -115,7 +115,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		if err == nil && caller == "" {
 			err = ErrNoCaller
 		} else if err != nil && !errors.Is(err, ErrNoCaller) {
-			err = fmt.Errorf("%w: %w", ErrNoCaller, err)
+			err = &callerError{err: err} // the function failed: logged at WARN
 		}
 		if err != nil {
 			ev.Decision, ev.Err = Invalid, err
@@ -197,8 +197,8 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			return
 		}
 		v := recover()
-		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
-		p.Type, p.Title = e.cfg.problemBase+"internal", "Internal error"
+		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v)) // an internal problem: the value is not shown
+		p.RecordID = ev.ID.String()
 		resp := problemResponse(p)
 		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
 		e.emit(ctx, ev, start)
@@ -220,6 +220,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// and the failure logged; the record's lease will lapse.)
 		clear(w.Header())
 		p := e.problemFor(err)
+		p.RecordID = ev.ID.String()
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
 	} else {
@@ -243,6 +244,16 @@ func (c *call) commitAtCap() error {
 	_, err := att.finish(att.classify(c.resp.Status, false), &c.resp)
 	return err
 }
+
+// callerError is a caller function's own failure (not "no caller"): the
+// client gets 401, and since its text may name internal systems ("ldap
+// bind failed ..."), it goes to the log only, at WARN.
+type callerError struct{ err error }
+
+func (e *callerError) Error() string {
+	return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error()
+}
+func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
 // (HTTP 400).
@@ -301,8 +312,8 @@ func (rt *Route) joinScope(method, pattern string) string {
 func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
 	e := rt.e
 	p := e.problemFor(ev.Err)
-	if errors.Is(ev.Err, ErrInvalidRequest) {
-		p.Status, p.Type, p.Title = http.StatusBadRequest, e.cfg.problemBase+"invalid-request", "Request body could not be read"
+	if ev.ID != (ID{}) {
+		p.RecordID = ev.ID.String()
 	}
 	e.cfg.errorWriter(w, r, p)
 	ev.Status = p.Status
@@ -316,7 +327,6 @@ func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recor
 	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
 		p.Status = resp.status
-		p.Detail = "the first response was too large or streamed, so only its status was recorded"
 		delete(h, "Content-Encoding")
 		rt.e.cfg.errorWriter(w, r, p)
 		return p.Status
@@ -358,7 +368,7 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 		return nil, nil
 	}
 	if r.ContentLength > max {
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, max)
+		return nil, clientErrorf(ErrBodyTooLarge, "%d bytes, the limit is %d", r.ContentLength, max)
 	}
 	b.buf = bufPool.Get().(*[]byte)
 	buf := (*b.buf)[:0]
@@ -370,7 +380,7 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > max {
 			*b.buf = buf
-			return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, max)
+			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
 		}
 		if err == io.EOF {
 			break

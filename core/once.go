@@ -57,7 +57,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		rt = e.Route(opts...)
 	}
 	if m.ID == "" || len(m.ID) > MaxKeyLen {
-		return Result{}, fmt.Errorf("%w: message id must be 1 to %d bytes", ErrInvalidKey, MaxKeyLen)
+		return Result{}, clientErrorf(ErrInvalidKey, "message id must be 1 to %d bytes", MaxKeyLen)
 	}
 	start := e.cfg.clock()
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}

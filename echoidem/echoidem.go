@@ -33,7 +33,7 @@ type Config struct {
 // is recorded and a replay equals the first answer; the middleware then
 // returns nil. While the rest of the chain runs, c.Request() carries the
 // engine's context (in atomic mode the transaction:
-// sqlstore.TxFrom(c.Request().Context()), gormstore.DB(c.Request().Context()))
+// sqlstore.Tx(c.Request().Context()), gormstore.DB(c.Request().Context()))
 // and c.Response() writes into the engine's capture; both are restored
 // afterwards.
 //
@@ -120,4 +120,13 @@ func Caller(f func(echo.Context) (string, error)) core.CallerFunc {
 		}
 		return f(c)
 	}
+}
+
+// DownstreamKey is core.DownstreamKey for an Echo handler: the
+// deterministic key of step (such as "charge") of the protected request c
+// runs, to pass to an external API. It reads c.Request().Context(), which
+// is what core.DownstreamKey needs. Outside a protected request it returns
+// an error wrapping core.ErrNoAttempt, never an empty key.
+func DownstreamKey(c echo.Context, step string) (string, error) {
+	return core.DownstreamKey(c.Request().Context(), step)
 }

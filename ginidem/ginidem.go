@@ -19,7 +19,7 @@ import (
 // answers without running the handlers (replay, 409, 422, 400, ...), the
 // chain is stopped with c.Abort. While the rest of the chain runs,
 // c.Request carries the engine's context (in atomic mode the transaction:
-// sqlstore.TxFrom(c.Request.Context()), gormstore.DB(c.Request.Context()))
+// sqlstore.Tx(c.Request.Context()), gormstore.DB(c.Request.Context()))
 // and c.Writer captures the response; both are restored afterwards.
 //
 // New panics with an error wrapping core.ErrConfig when e is nil.
@@ -87,4 +87,15 @@ func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 		}
 		return f(c)
 	}
+}
+
+// DownstreamKey is core.DownstreamKey for a Gin handler: the deterministic
+// key of step (such as "charge") of the protected request c runs, to pass
+// to an external API. It reads c.Request.Context(), which is what
+// core.DownstreamKey needs (a *gin.Context is a context.Context, but not
+// the request's: core.DownstreamKey(c, step) fails). Outside a protected
+// request it returns an error wrapping core.ErrNoAttempt, never an empty
+// key.
+func DownstreamKey(c *gin.Context, step string) (string, error) {
+	return core.DownstreamKey(c.Request.Context(), step)
 }

@@ -147,7 +147,9 @@ func (s *Store) Table() string { return s.table }
 // statements of Schema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
 //
-// Several processes may migrate at once: on Postgres, where two concurrent
+// Migrate first checks the server against the dialect (as Check does), so
+// a wrong dialect fails with an error wrapping core.ErrConfig that names
+// the right one. Several processes may migrate at once: on Postgres, where two concurrent
 // CREATE TABLE IF NOT EXISTS can fail on the catalog's unique indexes, the
 // statements run in one transaction behind an advisory lock derived from
 // the table name; MySQL/MariaDB and SQLite need no lock.
@@ -156,6 +158,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
+	}
+	if err := s.checkServer(ctx, c); err != nil {
+		return err // a wrong dialect: say so, not "pg_advisory_xact_lock does not exist"
 	}
 	if s.d == Postgres && !inTx {
 		return s.inShortTx(ctx, func(c Conn) error {
@@ -203,13 +208,50 @@ func WithConn(ctx context.Context, c Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
 
-// TxFrom returns the *sql.Tx that ctx carries (set by Begin or WithTx), or
-// nil. In middleware-managed atomic mode handlers call it with the request's
-// context (r.Context(), c.Request.Context(), c.Request().Context()) and run
-// their business writes on it. Begin defers BEGIN to the transaction's
-// first statement (the claim, so a handler's transaction has begun); TxFrom
-// begins it if nothing has, and returns nil if that fails (ConnFrom
-// returns the error).
+// Tx returns the *sql.Tx of the transaction ctx carries (set by Begin or
+// WithTx). In middleware-managed atomic mode handlers call it with the
+// request's context (r.Context(), c.Request.Context(),
+// c.Request().Context()) and run their business writes on it. Begin defers
+// BEGIN to the transaction's first statement (the claim, so a handler's
+// transaction has begun); Tx begins it if nothing has, and returns that
+// error if it fails.
+//
+// When ctx carries no transaction, Tx returns an error wrapping
+// core.ErrNoTx that names the fix: a framework's context was passed
+// instead of the request's, the route is Leased (idem holds no
+// transaction for it: use your own *sql.DB), or the code does not run in a
+// protected request.
+func Tx(ctx context.Context) (*sql.Tx, error) {
+	c, err := ConnFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, noTx(ctx, "sqlstore.Tx", "*sql.DB")
+	}
+	tx, ok := c.(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("%w: sqlstore.Tx: the context carries a %T (WithConn), not a *sql.Tx: use sqlstore.ConnFrom", core.ErrNoTx, c)
+	}
+	return tx, nil
+}
+
+// noTx is the error of a transaction accessor (call) given a context
+// without a transaction; own names what the application should use
+// instead on a Leased route.
+func noTx(ctx context.Context, call, own string) error {
+	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
+		return fmt.Errorf("%w: %s: this route is Leased: idem holds no transaction for it; use your own %s", core.ErrNoTx, call, own)
+	}
+	return fmt.Errorf("%w: %s needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
+		"code that holds its own transaction passes it with sqlstore.WithTx", core.ErrNoTx, call)
+}
+
+// TxFrom returns the *sql.Tx that ctx carries, or nil: for code that runs
+// both inside and outside atomic mode and falls back to the pool itself.
+// Handlers of atomic routes call Tx, which fails loudly instead of
+// returning nil. If beginning the deferred transaction fails, TxFrom
+// returns nil (Tx and ConnFrom return the error).
 func TxFrom(ctx context.Context) *sql.Tx {
 	c, _ := ConnFrom(ctx)
 	tx, _ := c.(*sql.Tx)

@@ -56,6 +56,11 @@ var scenarios = []scenario{
 	// Problem documents.
 	{"ok, rejections use the configured problem base and error writer", "Every rejection (400, 401, 422) is written by the engine's error writer (WithErrorWriter) with types under its problem base (WithProblemBase).", both, testProblemShape},
 
+	{"nok, no rejection carries internal error text", "No response (body or header) to any rejection (store failing at begin, claim, complete, commit or release, a record that cannot be opened, a caller, fingerprint or resolver function failing, a panic, a missing, malformed or reused key, a large body, a request in flight) carries the text of a store, driver or caller-function error; the problem carries a record_id, and the log has the internal error under the same id.", both, testNoInternalsReachTheClient},
+
+	// Logging.
+	{"ok, routine decisions log at DEBUG", "A storm of 30 requests with one key (one runs, 29 get 409), then a replay and a mismatch, logs nothing above DEBUG.", both, testRoutineDecisionsLogQuietly},
+
 	// Methods.
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time, with or without a key (even a malformed one), and are never replayed.", both, testMethodsDefault},
 	{"ok, core.Methods(\"PUT\") covers PUT", "With Methods(\"PUT\") a PUT needs a key and its duplicates are replayed.", both, testMethodsPut},

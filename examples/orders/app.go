@@ -201,8 +201,13 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusServiceUnavailable, "unavailable", "could not read the order")
 		return
 	}
+	chargeKey, err := core.DownstreamKey(ctx, "charge")
+	if err != nil { // a bug (not the request's context): never charge without a key
+		problem(w, http.StatusInternalServerError, "internal", "the payment could not be started")
+		return
+	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.repo.providerCharge(ctx, core.DownstreamKey(ctx, "charge"), providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
+	chargeID, err := a.repo.providerCharge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return

@@ -196,7 +196,7 @@ type providerCharge struct {
 // tx is the middleware's transaction when there is one (atomic mode), else
 // the pool, bound to ctx.
 func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
-	if tx := gormstore.DB(ctx); tx != nil {
+	if tx := gormstore.TxFrom(ctx); tx != nil {
 		return tx
 	}
 	return r.db.WithContext(ctx)
