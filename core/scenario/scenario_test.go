@@ -27,3 +27,15 @@ func TestNetHTTP(t *testing.T) { scenario.Run(t, netHTTP) }
 // wrap every route's handler with the same options, which is what netHTTP
 // does (the routes carry none).
 func TestNetHTTPGlobal(t *testing.T) { scenario.RunGlobal(t, netHTTP) }
+
+// TestNetHTTPNested wraps every route's handler twice: with no options
+// (the "global" wrap) around the route's own options.
+func TestNetHTTPNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range routes {
+			mux.Handle(rt.Method+" "+rt.Pattern, e.Handler(e.Handler(rt.Handler, rt.Options...)))
+		}
+		return mux
+	})
+}
