@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -42,7 +43,10 @@ type call struct {
 	context.Context
 	native  any
 	claimed bool
-	att     attempt
+	// superseded: a nested layer took the request over (see supersede);
+	// this layer's attempt is given up and it records nothing.
+	superseded bool
+	att        attempt
 	body    bodyReader
 	rec     recorder
 	resp    Response
@@ -76,7 +80,15 @@ func NativeFrom(ctx context.Context) any {
 // protected (method not covered, KeyOptional without a key, fail-open),
 // next receives w itself, so adapters can tell pass-through from
 // capture by comparing writers.
+//
+// Nested layers (the middleware installed globally and again on the route)
+// run as one: a layer whose request already carries another layer's
+// claimed attempt takes the request over (see call.supersede) and protects
+// it alone, with its own options; the outer layer then records nothing.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	if outer := claimedCall(r.Context()); outer != nil {
+		r = outer.supersede(r)
+	}
 	if !rt.covers(r.Method) {
 		next(w, r)
 		return
@@ -184,8 +196,8 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	defer rec.free()
 	panicked := true
 	defer func() {
-		if !panicked {
-			return
+		if !panicked || c.superseded {
+			return // superseded: the inner layer settled its own attempt
 		}
 		v := recover()
 		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
@@ -197,6 +209,13 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}()
 	next(rec, r)
 	panicked = false
+	if c.superseded {
+		// A nested layer protected the request with its own options and
+		// its answer went out through rec untouched; this layer's claim
+		// was given up before the handler ran.
+		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", scope))
+		return
+	}
 
 	resp := &c.resp
 	rec.response(resp)
@@ -217,6 +236,34 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		rec.deliver()
 	}
 	e.emit(ctx, ev, start)
+}
+
+// claimedCall returns the protected call in ctx whose attempt is claimed
+// and still this layer's, or nil.
+func claimedCall(ctx context.Context) *call {
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && !c.superseded {
+		return c
+	}
+	return nil
+}
+
+// supersede hands the request over from the layer of c (the outer one) to
+// a layer nested in it, and returns the request the nested layer goes on
+// with. The outer attempt is given up (its claim rolled back or released:
+// its record never persists), its recorder turns transparent (what the
+// inner layer sends, held until its own commit, passes out as is,
+// streaming included), and the outer's transaction is hidden from the
+// returned request's context, so the inner layer claims on its own: in a
+// transaction it begins (atomic mode), or committed on its own (leased).
+// When control returns to the outer layer it records nothing.
+func (c *call) supersede(r *http.Request) *http.Request {
+	c.superseded = true
+	c.att.abort()
+	c.rec.passThrough()
+	if tx := c.att.e.tx; tx != nil {
+		r = r.WithContext(tx.WithoutTx(r.Context()))
+	}
+	return r
 }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
@@ -395,6 +442,9 @@ type recorder struct {
 	kept     bool // the body is complete in buf
 	through  bool // writing through to w
 	hijacked bool
+	// transparent: a nested layer took over (call.supersede); every call
+	// goes to w unchanged.
+	transparent bool
 }
 
 func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
@@ -413,6 +463,10 @@ func (rec *recorder) free() {
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 func (rec *recorder) WriteHeader(code int) {
+	if rec.transparent {
+		rec.w.WriteHeader(code)
+		return
+	}
 	if code < 200 || rec.status != 0 {
 		if code >= 100 && code < 200 && rec.through {
 			rec.w.WriteHeader(code)
@@ -426,6 +480,9 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.transparent {
+		return rec.w.Write(p)
+	}
 	if rec.hijacked {
 		return 0, http.ErrHijacked
 	}
@@ -448,6 +505,9 @@ func (rec *recorder) Write(p []byte) (int, error) {
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
+	if rec.transparent {
+		return io.WriteString(rec.w, s)
+	}
 	if rec.through || rec.hijacked || (rec.kept && len(*rec.buf)+len(s) > rec.max) {
 		return rec.Write([]byte(s))
 	}
@@ -471,9 +531,26 @@ func (rec *recorder) goThrough() {
 	}
 }
 
+// passThrough makes the recorder transparent (call.supersede). Anything
+// already held (a status or bytes written before the nested layer took
+// over) is sent first.
+func (rec *recorder) passThrough() {
+	if rec.transparent {
+		return
+	}
+	if !rec.through && (rec.status != 0 || len(*rec.buf) > 0) {
+		rec.goThrough()
+	}
+	rec.transparent = true
+}
+
 // Flush streams the response in leased mode (the body is then not kept);
 // in atomic mode it is deferred until the transaction commits.
 func (rec *recorder) Flush() {
+	if rec.transparent {
+		_ = http.NewResponseController(rec.w).Flush()
+		return
+	}
 	if rec.atomic || rec.hijacked {
 		return
 	}
@@ -487,6 +564,9 @@ func (rec *recorder) Flush() {
 // kept); atomic mode refuses it, since nothing may reach the client before
 // the commit.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.transparent {
+		return http.NewResponseController(rec.w).Hijack()
+	}
 	if rec.atomic {
 		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
 	}

@@ -3,6 +3,7 @@ package echoidem
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 
 	"github.com/idemkit/idem/core"
@@ -63,9 +64,14 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 		skip = middleware.DefaultSkipper
 	}
 	rt := config.Engine.Route(config.Options...)
+	var routes routeSet
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			if c.Path() == "" || skip(c) { // no route matched, or skipped
+			if skip(c) || (rt.Protects(c.Request()) && !routes.matched(c)) {
+				// Skipped, or the router answers itself (404, 405). A
+				// request the route does not protect still goes to Serve,
+				// which passes it through (and takes it over from an outer
+				// layer, as a nested layer does).
 				return next(c)
 			}
 			var err error
@@ -94,6 +100,58 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 			return err
 		}
 	}, nil
+}
+
+// routeSet tells requests that matched a route from those Echo answers
+// itself. For a 404 or a 405 Echo still sets c.Path() to the nearest route
+// path (or to a RouteNotFound route's, which groups with middleware
+// register), so the path alone cannot tell.
+type routeSet struct {
+	known sync.Map // routeKey → struct{}: a route registered for the method and path
+}
+
+type routeKey struct{ method, path string }
+
+// notFound is Echo's global 404 handler, as the router sets it.
+var notFound = reflect.ValueOf(echo.NotFoundHandler).Pointer()
+
+// matched reports whether c's request matched a route registered for its
+// method: false when no route matched, when the router found the path but
+// not the method (405: it set the Allow value), when it chose its 404
+// handler, or a handler registered with RouteNotFound.
+func (s *routeSet) matched(c echo.Context) bool {
+	path := c.Path()
+	if path == "" || c.Get(echo.ContextKeyHeaderAllow) != nil {
+		return false
+	}
+	if reflect.ValueOf(c.Handler()).Pointer() == notFound {
+		return false
+	}
+	k := routeKey{c.Request().Method, path}
+	if _, ok := s.known.Load(k); ok {
+		return true
+	}
+	// Not seen yet: look the route up (once per route; requests the router
+	// answers with a RouteNotFound handler look it up every time, since a
+	// route may be added later).
+	e := c.Echo()
+	found := hasRoute(e.Router(), k)
+	for _, r := range e.Routers() { // host routers
+		found = found || hasRoute(r, k)
+	}
+	if found {
+		s.known.Store(k, struct{}{})
+	}
+	return found
+}
+
+func hasRoute(r *echo.Router, k routeKey) bool {
+	for _, rt := range r.Routes() {
+		if rt.Method == k.method && rt.Path == k.path {
+			return true
+		}
+	}
+	return false
 }
 
 // responses recycles the Echo responses that write into the engine's
