@@ -47,11 +47,11 @@ type call struct {
 	// this layer's attempt is given up and it records nothing.
 	superseded bool
 	att        attempt
-	body    bodyReader
-	rec     recorder
-	resp    Response
-	fp      [sha256.Size]byte // the request's fingerprint
-	hv      [4]string         // a replay's header values (see recorded.writeHeader)
+	body       bodyReader
+	rec        recorder
+	resp       Response
+	fp         [sha256.Size]byte // the request's fingerprint
+	hv         [4]string         // a replay's header values (see recorded.writeHeader)
 }
 
 func (c *call) Value(key any) any {
@@ -138,6 +138,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	defer c.body.free()
+	if errors.Is(err, ErrBodyConsumed) {
+		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
+			slog.String("scope", scope), slog.String("error", err.Error()))
+	}
 	if err != nil {
 		ev.Decision, ev.Err = Invalid, err
 		rt.reject(w, rc, ev, start)
@@ -326,6 +331,9 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 	if errors.Is(ev.Err, ErrInvalidRequest) {
 		p.Status, p.Type, p.Title = http.StatusBadRequest, e.cfg.problemBase+"invalid-request", "Request body could not be read"
 	}
+	if p.Err == ErrBodyConsumed {
+		p.Detail = "the server could not read the request body; this is a fault of the server, not of the request"
+	}
 	e.cfg.errorWriter(w, r, p)
 	ev.Status = p.Status
 	e.emit(r.Context(), ev, start)
@@ -377,6 +385,9 @@ type bodyReader struct {
 
 func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
+		if r.ContentLength > 0 {
+			return nil, fmt.Errorf("%w: Content-Length is %d but the body is gone", ErrBodyConsumed, r.ContentLength)
+		}
 		return nil, nil
 	}
 	if r.ContentLength > max {
@@ -395,6 +406,14 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 			return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, max)
 		}
 		if err == io.EOF {
+			if r.ContentLength > 0 && len(buf) == 0 {
+				// A server's body reader fails with io.ErrUnexpectedEOF on
+				// a short body; a clean EOF before the first byte means it
+				// was read before us. (A body replaced by a middleware
+				// with a different length is not refused.)
+				*b.buf = buf
+				return nil, fmt.Errorf("%w: Content-Length is %d but nothing was left to read", ErrBodyConsumed, r.ContentLength)
+			}
 			break
 		}
 		if err != nil {

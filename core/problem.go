@@ -12,7 +12,7 @@ import (
 type Problem struct {
 	// Type is the problem base (WithProblemBase) followed by a stable slug:
 	// missing-key, invalid-key, key-reused, in-progress, lease-lost,
-	// store-unavailable, body-too-large, invalid-request, unauthenticated,
+	// store-unavailable, body-too-large, invalid-request, body-consumed, unauthenticated,
 	// response-not-kept, outcome-unknown, internal (see docs/problems.md).
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -57,6 +57,7 @@ var problemKinds = []problemKind{
 	{ErrLeaseLost, "lease-lost", "This attempt lost its lease to a newer one", http.StatusConflict},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 	{ErrBodyTooLarge, "body-too-large", "Request body too large", http.StatusRequestEntityTooLarge},
+	{ErrBodyConsumed, "body-consumed", "The request body could not be read", http.StatusInternalServerError},
 	{ErrNoCaller, "unauthenticated", "Caller not identified", http.StatusUnauthorized},
 	{ErrNotKept, "response-not-kept", "The first response's body was not kept", http.StatusInternalServerError},
 	{ErrIndeterminate, "outcome-unknown", "The outcome of an earlier attempt is unknown", http.StatusInternalServerError},
