@@ -243,6 +243,19 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	e.emit(ctx, ev, start)
 }
 
+// Refuse answers r with the engine's problem document for err, which
+// wraps ErrNotProtected and says how to fix the wiring, and logs err at
+// error level (the client's detail does not carry it). Adapters call it
+// when they cannot establish how to protect a covered request: failing
+// closed instead of passing it through.
+func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if !errors.Is(err, ErrNotProtected) {
+		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
+	}
+	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
+	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+}
+
 // claimedCall returns the protected call in ctx whose attempt is claimed
 // and still this layer's, or nil.
 func claimedCall(ctx context.Context) *call {
@@ -331,8 +344,11 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 	if errors.Is(ev.Err, ErrInvalidRequest) {
 		p.Status, p.Type, p.Title = http.StatusBadRequest, e.cfg.problemBase+"invalid-request", "Request body could not be read"
 	}
-	if p.Err == ErrBodyConsumed {
+	switch p.Err {
+	case ErrBodyConsumed:
 		p.Detail = "the server could not read the request body; this is a fault of the server, not of the request"
+	case ErrNotProtected:
+		p.Detail = "the server could not protect this request; this is a fault of the server, not of the request"
 	}
 	e.cfg.errorWriter(w, r, p)
 	ev.Status = p.Status

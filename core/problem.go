@@ -12,7 +12,8 @@ import (
 type Problem struct {
 	// Type is the problem base (WithProblemBase) followed by a stable slug:
 	// missing-key, invalid-key, key-reused, in-progress, lease-lost,
-	// store-unavailable, body-too-large, invalid-request, body-consumed, unauthenticated,
+	// store-unavailable, body-too-large, invalid-request, body-consumed,
+	// not-protected, unauthenticated,
 	// response-not-kept, outcome-unknown, internal (see docs/problems.md).
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -58,6 +59,7 @@ var problemKinds = []problemKind{
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 	{ErrBodyTooLarge, "body-too-large", "Request body too large", http.StatusRequestEntityTooLarge},
 	{ErrBodyConsumed, "body-consumed", "The request body could not be read", http.StatusInternalServerError},
+	{ErrNotProtected, "not-protected", "The request could not be protected", http.StatusInternalServerError},
 	{ErrNoCaller, "unauthenticated", "Caller not identified", http.StatusUnauthorized},
 	{ErrNotKept, "response-not-kept", "The first response's body was not kept", http.StatusInternalServerError},
 	{ErrIndeterminate, "outcome-unknown", "The outcome of an earlier attempt is unknown", http.StatusInternalServerError},
