@@ -29,7 +29,12 @@ type Config struct {
 //
 // The scope defaults to the method and c.Path(), the route pattern
 // ("POST /orders/:id/refunds"), so every order shares one scope. Requests
-// that matched no route pass through untouched. An error returned by the
+// Echo answers itself pass through untouched: no route (404, also through
+// a group's RouteNotFound catch-alls) or another method (405). Installed
+// both globally and on a route, the two run as one layer with the route's
+// options (the inner layer takes the request over); Config.Skipper leaves
+// routes out of a global install. A body consumed before the middleware
+// is refused (500, logged with the fix). An error returned by the
 // handlers is sent through Echo's HTTPErrorHandler inside the capture, so it
 // is recorded and a replay equals the first answer; the middleware then
 // returns nil. While the rest of the chain runs, c.Request() carries the
