@@ -161,22 +161,44 @@ func routePattern(r *http.Request) (string, result) {
 	if p := find(s, routes, r.Method, routePath); p != "" {
 		return normalise(s, prefix+p), routed
 	}
-	// Not found. If one of chi's rewriting middlewares is installed in
-	// this router, it runs after this middleware (had it run before, the
-	// routing path would be rewritten already): does the rewritten path
-	// reach a route?
-	for _, mw := range routes.Middlewares() {
-		rw, ok := rewriters[reflect.ValueOf(mw).Pointer()]
-		if !ok {
+	// Not found. Would one of chi's rewriting middlewares, installed after
+	// this one (in this router, or in a router the request goes on to),
+	// route it? (Had it run before, the routing path would be rewritten
+	// already.)
+	for _, rw := range rewriters {
+		q := rw.rewrite(routePath)
+		if q == routePath {
 			continue
 		}
-		if q := rw(routePath); q != routePath {
-			if p := find(s, routes, r.Method, q); p != "" {
-				return normalise(s, prefix+p), rewrittenLater
-			}
+		p := find(s, routes, r.Method, q)
+		if p == "" {
+			continue
+		}
+		if installed(routes, s.RoutePatterns, rw.fn) {
+			return normalise(s, prefix+p), rewrittenLater
 		}
 	}
 	return "", notRouted
+}
+
+// installed reports whether the middleware at address fn is installed in
+// routes or in a router mounted along patterns (what a search from routes
+// matched).
+func installed(routes chi.Routes, patterns []string, fn uintptr) bool {
+	for {
+		for _, mw := range routes.Middlewares() {
+			if reflect.ValueOf(mw).Pointer() == fn {
+				return true
+			}
+		}
+		if len(patterns) == 0 {
+			return false
+		}
+		if routes = mounted(routes, patterns[0]); routes == nil {
+			return false
+		}
+		patterns = patterns[1:]
+	}
 }
 
 func find(s *chi.Context, routes chi.Routes, method, path string) string {
@@ -222,17 +244,20 @@ func mounted(routes chi.Routes, pattern string) chi.Routes {
 	return sub
 }
 
-// rewriters are chi's middlewares that rewrite the routing path, by their
-// function's address, with what each does to a path.
-var rewriters = map[uintptr]func(string) string{
-	reflect.ValueOf(middleware.StripSlashes).Pointer(): func(p string) string {
+// rewriters are chi's middlewares that rewrite the routing path: the
+// function's address, and what it does to a path.
+var rewriters = []struct {
+	fn      uintptr
+	rewrite func(string) string
+}{
+	{reflect.ValueOf(middleware.StripSlashes).Pointer(), func(p string) string {
 		if len(p) > 1 && p[len(p)-1] == '/' {
 			return p[:len(p)-1]
 		}
 		return p
-	},
-	reflect.ValueOf(middleware.CleanPath).Pointer(): path.Clean,
-	reflect.ValueOf(middleware.URLFormat).Pointer(): func(p string) string {
+	}},
+	{reflect.ValueOf(middleware.CleanPath).Pointer(), path.Clean},
+	{reflect.ValueOf(middleware.URLFormat).Pointer(), func(p string) string {
 		if strings.Index(p, ".") > 0 {
 			base := strings.LastIndex(p, "/")
 			if idx := strings.LastIndex(p[base:], "."); idx > 0 {
@@ -240,5 +265,5 @@ var rewriters = map[uintptr]func(string) string{
 			}
 		}
 		return p
-	},
+	}},
 }

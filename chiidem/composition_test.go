@@ -85,6 +85,34 @@ func TestRewriterAfterTheMiddleware(t *testing.T) {
 	}
 }
 
+// TestRewriterInSubRouter: chiidem installed in the root and a rewriting
+// middleware in the sub-router the request goes on to: refused (fail
+// closed), never passed through.
+func TestRewriterInSubRouter(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	runs := 0
+	r.Route("/api", func(sr chi.Router) {
+		sr.Use(middleware.StripSlashes)
+		sr.Post("/orders", counter(&runs))
+	})
+	for _, key := range []string{"", "k1", "k1"} {
+		if w := do(r, "POST", "/api/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
+		}
+	}
+	if runs != 0 {
+		t.Errorf("the handler ran %d times unprotected", runs)
+	}
+	if w := do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
+		t.Errorf("the route's own path without a key: %d, want 400", w.Code)
+	}
+	if w := do(r, "POST", "/api/nowhere/", "k1"); w.Code != http.StatusNotFound {
+		t.Errorf("unknown path: %d, want the router's 404", w.Code)
+	}
+}
+
 // TestMount: a non-chi handler mounted under a router protected with Use
 // is protected under the mount's pattern.
 func TestMount(t *testing.T) {
