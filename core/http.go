@@ -83,11 +83,21 @@ func NativeFrom(ctx context.Context) any {
 //
 // Nested layers (the middleware installed globally and again on the route)
 // run as one: a layer whose request already carries another layer's
-// claimed attempt takes the request over (see call.supersede) and protects
-// it alone, with its own options; the outer layer then records nothing.
+// claimed attempt, and whose writer is (or unwraps to) that layer's
+// capture, takes the request over (see call.supersede) and protects it
+// alone, with its own options; the outer layer then records nothing. A
+// protected request that only carries the context of another one (an
+// in-process sub-request) is protected on its own, unless it has the
+// same identity: then it is the same request nested behind a writer
+// without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	var around *call // a protected request this one runs inside of
 	if outer := claimedCall(r.Context()); outer != nil {
-		r = outer.supersede(r)
+		if outer.writesTo(w) {
+			r = r.WithContext(outer.supersede(r.Context()))
+		} else {
+			around = outer
+		}
 	}
 	if !rt.covers(r.Method) {
 		next(w, r)
@@ -164,6 +174,9 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
+	if around != nil && around.att.id == ev.ID && !around.superseded {
+		c.Context = around.supersede(c.Context)
+	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
@@ -266,22 +279,40 @@ func claimedCall(ctx context.Context) *call {
 }
 
 // supersede hands the request over from the layer of c (the outer one) to
-// a layer nested in it, and returns the request the nested layer goes on
+// a layer nested in it, and returns ctx for the nested layer to go on
 // with. The outer attempt is given up (its claim rolled back or released:
 // its record never persists), its recorder turns transparent (what the
 // inner layer sends, held until its own commit, passes out as is,
 // streaming included), and the outer's transaction is hidden from the
-// returned request's context, so the inner layer claims on its own: in a
+// returned context, so the inner layer claims on its own: in a
 // transaction it begins (atomic mode), or committed on its own (leased).
 // When control returns to the outer layer it records nothing.
-func (c *call) supersede(r *http.Request) *http.Request {
+func (c *call) supersede(ctx context.Context) context.Context {
 	c.superseded = true
 	c.att.abort()
 	c.rec.passThrough()
 	if tx := c.att.e.tx; tx != nil {
-		r = r.WithContext(tx.WithoutTx(r.Context()))
+		ctx = tx.WithoutTx(ctx)
 	}
-	return r
+	return ctx
+}
+
+// writesTo reports whether w is c's capture, or wraps it (Unwrap, as
+// http.ResponseController follows): the layer serving with w runs in c's
+// response chain, nested in c's layer, not in a request of its own that
+// merely carries c's context.
+func (c *call) writesTo(w http.ResponseWriter) bool {
+	for w != nil {
+		if w == http.ResponseWriter(&c.rec) {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
 }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
