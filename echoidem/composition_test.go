@@ -38,6 +38,30 @@ func TestGroupNotFound(t *testing.T) {
 	}
 }
 
+// TestInstalledWithPre: installed with Pre, the middleware runs before
+// Echo routes the request; a request that reaches a route is refused (500
+// not-protected), never passed through unprotected; unknown paths keep
+// Echo's 404.
+func TestInstalledWithPre(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.Pre(echoidem.New(e))
+	runs := 0
+	r.POST("/orders/:id", counter(&runs))
+
+	for _, key := range []string{"", "k1", "k1"} {
+		if w := do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
+		}
+	}
+	if runs != 0 {
+		t.Errorf("the handler ran %d times unprotected", runs)
+	}
+	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusNotFound {
+		t.Errorf("unknown path: %d, want Echo's 404", w.Code)
+	}
+}
+
 // TestBodyConsumedUpstream: a middleware before echoidem that reads the
 // body without restoring it (as c.Bind does) makes the request refused
 // (500, body-consumed), never fingerprinted as empty.

@@ -72,11 +72,21 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 	var routes routeSet
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			if skip(c) || (rt.Protects(c.Request()) && !routes.matched(c)) {
-				// Skipped, or the router answers itself (404, 405). A
-				// request the route does not protect still goes to Serve,
-				// which passes it through (and takes it over from an outer
-				// layer, as a nested layer does).
+			if skip(c) {
+				return next(c)
+			}
+			if rt.Protects(c.Request()) && !routes.matched(c) {
+				if c.Path() == "" && routes.routable(c) {
+					// Installed with Pre: Echo has not routed yet.
+					req := c.Request()
+					rt.Refuse(c.Response(), req, fmt.Errorf("%w: echoidem: %s %s reaches a route, but the middleware runs before Echo routes the request (installed with Pre?); install it with Use, on a group or on a route",
+						core.ErrNotProtected, req.Method, req.URL.Path))
+					return nil
+				}
+				// The router answers itself (404, 405). A request the
+				// route does not protect still goes to Serve, which passes
+				// it through (and takes it over from an outer layer, as a
+				// nested layer does).
 				return next(c)
 			}
 			var err error
@@ -148,6 +158,20 @@ func (s *routeSet) matched(c echo.Context) bool {
 		s.known.Store(k, struct{}{})
 	}
 	return found
+}
+
+// routable reports whether Echo's router would route c's request to a
+// route registered for its method: for a middleware that runs before
+// routing (Pre), where c.Path() is still empty.
+func (s *routeSet) routable(c echo.Context) bool {
+	e, req := c.Echo(), c.Request()
+	router := e.Router()
+	if r, ok := e.Routers()[req.Host]; ok {
+		router = r
+	}
+	probe := e.NewContext(req, nil)
+	router.Find(req.Method, echo.GetPath(req), probe)
+	return s.matched(probe)
 }
 
 func hasRoute(r *echo.Router, k routeKey) bool {
