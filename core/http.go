@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -23,11 +24,43 @@ const HeaderReplayed = "Idempotent-Replayed"
 // defaults to the method and the net/http ServeMux pattern that matched
 // (Request.Pattern), so register the wrapped handler on a ServeMux
 // ("POST /orders"), or name the scope with Scope.
+//
+// next may also be a whole *http.ServeMux (protecting every route): the
+// pattern is then asked of the mux (ServeMux.Handler) before it routes,
+// and the requests the mux answers itself (404, 405, redirects) pass
+// through untouched.
 func (e *Engine) Handler(next http.Handler, opts ...RouteOption) http.Handler {
 	rt := e.Route(opts...)
+	if mux, ok := next.(*http.ServeMux); ok {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !rt.Protects(r) {
+				rt.Serve(w, r, "", nil, mux.ServeHTTP) // passes through
+				return
+			}
+			h, pattern := mux.Handler(r)
+			if pattern == "" || reflect.TypeOf(h) == redirectHandlerType {
+				mux.ServeHTTP(w, r) // the mux answers itself
+				return
+			}
+			rt.Serve(w, r, trimMuxPattern(pattern), nil, mux.ServeHTTP)
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt.Serve(w, r, "", nil, next.ServeHTTP)
 	})
+}
+
+// redirectHandlerType is the type of http.RedirectHandler's handler, which
+// ServeMux.Handler returns for a path it redirects (with a pattern).
+var redirectHandlerType = reflect.TypeOf(http.RedirectHandler("/", http.StatusTemporaryRedirect))
+
+// trimMuxPattern drops the method of a ServeMux pattern ("POST /orders"
+// → "/orders"); a host stays.
+func trimMuxPattern(pattern string) string {
+	if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
+		return strings.TrimSpace(pattern[i+1:])
+	}
+	return pattern
 }
 
 // Middleware is Handler as a middleware, for routers built on
@@ -324,11 +357,7 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 		return rt.p.scope
 	}
 	if pattern == "" {
-		pattern = r.Pattern
-		if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
-			// A ServeMux pattern with a method ("POST /orders"), maybe a host.
-			pattern = strings.TrimSpace(pattern[i+1:])
-		}
+		pattern = trimMuxPattern(r.Pattern) // maybe with a host
 	}
 	if pattern == "" {
 		return r.Method + " " + r.URL.Path // concrete paths are not cached
