@@ -111,3 +111,40 @@ func TestSubRequestKeepsTheOuterProtection(t *testing.T) {
 		t.Errorf("orders ran %d times and audits %d, want 1 and 1", orders, audits)
 	}
 }
+
+// TestBodyConsumedUpstream: a middleware before the engine's handler that
+// read the body (or replaced it with http.NoBody) leaves a request that
+// announced a body with nothing to read: refused with a 500 body-consumed
+// problem, never fingerprinted as empty; the handler does not run.
+func TestBodyConsumedUpstream(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		consume func(r *http.Request)
+	}{
+		{"read", func(r *http.Request) { _, _ = io.ReadAll(r.Body) }},
+		{"replaced by NoBody", func(r *http.Request) { r.Body = http.NoBody }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := compositionEngine(t, memstore.New())
+			runs := 0
+			protected := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs++
+				w.WriteHeader(http.StatusCreated)
+			}))
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				c.consume(r)
+				protected.ServeHTTP(w, r)
+			})
+			w := send(h, "/orders", "k1")
+			if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "body-consumed") {
+				t.Errorf("consumed body: %d %q, want a 500 body-consumed problem", w.Code, w.Body)
+			}
+			if strings.Contains(w.Body.String(), "Content-Length") {
+				t.Errorf("the problem's detail carries the server's error text: %q", w.Body)
+			}
+			if runs != 0 {
+				t.Errorf("the handler ran %d times, want 0", runs)
+			}
+		})
+	}
+}
