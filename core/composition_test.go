@@ -148,3 +148,4 @@ func TestBodyConsumedUpstream(t *testing.T) {
 		})
 	}
 }
+

@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -76,9 +77,11 @@ type call struct {
 	context.Context
 	native  any
 	claimed bool
-	// superseded: a nested layer took the request over (see supersede);
-	// this layer's attempt is given up and it records nothing.
-	superseded bool
+	// phase of a claimed call: running until either a nested layer takes
+	// the request over (superseded: this layer's attempt is given up and it
+	// records nothing) or this layer settles its attempt. The two race only
+	// when the nested layer runs on another goroutine (http.TimeoutHandler).
+	phase      atomic.Int32
 	att        attempt
 	body       bodyReader
 	rec        recorder
@@ -126,10 +129,10 @@ func NativeFrom(ctx context.Context) any {
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
 	var around *call // a protected request this one runs inside of
 	if outer := claimedCall(r.Context()); outer != nil {
-		if outer.writesTo(w) {
-			r = r.WithContext(outer.supersede(r.Context()))
-		} else {
+		if !outer.writesTo(w) {
 			around = outer
+		} else if ctx, ok := outer.supersede(r.Context()); ok {
+			r = r.WithContext(ctx)
 		}
 	}
 	if !rt.covers(r.Method) {
@@ -207,8 +210,10 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
-	if around != nil && around.att.id == ev.ID && !around.superseded {
-		c.Context = around.supersede(c.Context)
+	if around != nil && around.att.id == ev.ID {
+		if ctx, ok := around.supersede(c.Context); ok {
+			c.Context = ctx
+		}
 	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if att == nil {
@@ -247,7 +252,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	defer rec.free()
 	panicked := true
 	defer func() {
-		if !panicked || c.superseded {
+		if !panicked || !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
 			return // superseded: the inner layer settled its own attempt
 		}
 		v := recover()
@@ -260,7 +265,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}()
 	next(rec, r)
 	panicked = false
-	if c.superseded {
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
 		// A nested layer protected the request with its own options and
 		// its answer went out through rec untouched; this layer's claim
 		// was given up before the handler ran.
@@ -302,10 +307,17 @@ func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
 }
 
+// Phases of a claimed call.
+const (
+	phaseRunning    int32 = iota // the handler chain runs
+	phaseSuperseded              // a nested layer took the request over
+	phaseSettled                 // this layer settles its attempt
+)
+
 // claimedCall returns the protected call in ctx whose attempt is claimed
-// and still this layer's, or nil.
+// and still running, or nil.
 func claimedCall(ctx context.Context) *call {
-	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && !c.superseded {
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() == phaseRunning {
 		return c
 	}
 	return nil
@@ -319,15 +331,20 @@ func claimedCall(ctx context.Context) *call {
 // streaming included), and the outer's transaction is hidden from the
 // returned context, so the inner layer claims on its own: in a
 // transaction it begins (atomic mode), or committed on its own (leased).
-// When control returns to the outer layer it records nothing.
-func (c *call) supersede(ctx context.Context) context.Context {
-	c.superseded = true
+// When control returns to the outer layer it records nothing. It reports
+// false, and changes nothing, when the outer layer has settled its
+// attempt already (the nested layer ran on after it, on another
+// goroutine): the nested layer then protects the request on its own.
+func (c *call) supersede(ctx context.Context) (context.Context, bool) {
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSuperseded) {
+		return ctx, false
+	}
 	c.att.abort()
 	c.rec.passThrough()
 	if tx := c.att.e.tx; tx != nil {
 		ctx = tx.WithoutTx(ctx)
 	}
-	return ctx
+	return ctx, true
 }
 
 // writesTo reports whether w is c's capture, or wraps it (Unwrap, as
