@@ -148,4 +148,3 @@ func TestBodyConsumedUpstream(t *testing.T) {
 		})
 	}
 }
-

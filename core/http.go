@@ -81,13 +81,13 @@ type call struct {
 	// the request over (superseded: this layer's attempt is given up and it
 	// records nothing) or this layer settles its attempt. The two race only
 	// when the nested layer runs on another goroutine (http.TimeoutHandler).
-	phase      atomic.Int32
-	att        attempt
-	body       bodyReader
-	rec        recorder
-	resp       Response
-	fp         [sha256.Size]byte // the request's fingerprint
-	hv         [4]string         // a replay's header values (see recorded.writeHeader)
+	phase atomic.Int32
+	att   attempt
+	body  bodyReader
+	rec   recorder
+	resp  Response
+	fp    [sha256.Size]byte // the request's fingerprint
+	hv    [4]string         // a replay's header values (see recorded.writeHeader)
 }
 
 func (c *call) Value(key any) any {
