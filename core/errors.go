@@ -29,6 +29,17 @@ var (
 	ErrStoreUnavailable = errors.New("idem: idempotency store unavailable")
 	// ErrBodyTooLarge: the request body exceeds the fingerprint limit (HTTP 413).
 	ErrBodyTooLarge = errors.New("idem: request body too large to fingerprint")
+	// ErrBodyConsumed: the request announced a body (Content-Length) but
+	// less was left to read: something before the middleware consumed it,
+	// so it cannot be fingerprinted (HTTP 500: a wiring error of the
+	// server, logged with the fix; never fingerprinted as empty).
+	ErrBodyConsumed = errors.New("idem: the request body was consumed before the idempotency middleware")
+	// ErrNotProtected: an adapter could not establish how to protect the
+	// request (for example which route it reaches, when a middleware after
+	// it rewrites the path), so it refuses it instead of passing it
+	// through unprotected (HTTP 500: a wiring error of the server, logged
+	// with the fix).
+	ErrNotProtected = errors.New("idem: the request could not be protected")
 	// ErrNoCaller: the caller function could not identify the caller (HTTP 401).
 	ErrNoCaller = errors.New("idem: caller not identified")
 	// ErrNotKept: the first response was too large or streamed, so its body

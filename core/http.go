@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,11 +25,43 @@ const HeaderReplayed = "Idempotent-Replayed"
 // defaults to the method and the net/http ServeMux pattern that matched
 // (Request.Pattern), so register the wrapped handler on a ServeMux
 // ("POST /orders"), or name the scope with Scope.
+//
+// next may also be a whole *http.ServeMux (protecting every route): the
+// pattern is then asked of the mux (ServeMux.Handler) before it routes,
+// and the requests the mux answers itself (404, 405, redirects) pass
+// through untouched.
 func (e *Engine) Handler(next http.Handler, opts ...RouteOption) http.Handler {
 	rt := e.Route(opts...)
+	if mux, ok := next.(*http.ServeMux); ok {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !rt.Protects(r) {
+				rt.Serve(w, r, "", nil, mux.ServeHTTP) // passes through
+				return
+			}
+			h, pattern := mux.Handler(r)
+			if pattern == "" || reflect.TypeOf(h) == redirectHandlerType {
+				mux.ServeHTTP(w, r) // the mux answers itself
+				return
+			}
+			rt.Serve(w, r, trimMuxPattern(pattern), nil, mux.ServeHTTP)
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt.Serve(w, r, "", nil, next.ServeHTTP)
 	})
+}
+
+// redirectHandlerType is the type of http.RedirectHandler's handler, which
+// ServeMux.Handler returns for a path it redirects (with a pattern).
+var redirectHandlerType = reflect.TypeOf(http.RedirectHandler("/", http.StatusTemporaryRedirect))
+
+// trimMuxPattern drops the method of a ServeMux pattern ("POST /orders"
+// → "/orders"); a host stays.
+func trimMuxPattern(pattern string) string {
+	if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
+		return strings.TrimSpace(pattern[i+1:])
+	}
+	return pattern
 }
 
 // Middleware is Handler as a middleware, for routers built on
@@ -42,12 +77,17 @@ type call struct {
 	context.Context
 	native  any
 	claimed bool
-	att     attempt
-	body    bodyReader
-	rec     recorder
-	resp    Response
-	fp      [sha256.Size]byte // the request's fingerprint
-	hv      [4]string         // a replay's header values (see recorded.writeHeader)
+	// phase of a claimed call: running until either a nested layer takes
+	// the request over (superseded: this layer's attempt is given up and it
+	// records nothing) or this layer settles its attempt. The two race only
+	// when the nested layer runs on another goroutine (http.TimeoutHandler).
+	phase atomic.Int32
+	att   attempt
+	body  bodyReader
+	rec   recorder
+	resp  Response
+	fp    [sha256.Size]byte // the request's fingerprint
+	hv    [4]string         // a replay's header values (see recorded.writeHeader)
 }
 
 func (c *call) Value(key any) any {
@@ -76,7 +116,25 @@ func NativeFrom(ctx context.Context) any {
 // protected (method not covered, KeyOptional without a key, fail-open),
 // next receives w itself, so adapters can tell pass-through from
 // capture by comparing writers.
+//
+// Nested layers (the middleware installed globally and again on the route)
+// run as one: a layer whose request already carries another layer's
+// claimed attempt, and whose writer is (or unwraps to) that layer's
+// capture, takes the request over (see call.supersede) and protects it
+// alone, with its own options; the outer layer then records nothing. A
+// protected request that only carries the context of another one (an
+// in-process sub-request) is protected on its own, unless it has the
+// same identity: then it is the same request nested behind a writer
+// without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	var around *call // a protected request this one runs inside of
+	if outer := claimedCall(r.Context()); outer != nil {
+		if !outer.writesTo(w) {
+			around = outer
+		} else if ctx, ok := outer.supersede(r.Context()); ok {
+			r = r.WithContext(ctx)
+		}
+	}
 	if !rt.covers(r.Method) {
 		next(w, r)
 		return
@@ -126,6 +184,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	defer c.body.free()
+	if errors.Is(err, ErrBodyConsumed) {
+		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
+			slog.String("scope", scope), slog.String("error", err.Error()))
+	}
 	if err != nil {
 		ev.Decision, ev.Err = Invalid, err
 		rt.reject(w, rc, ev, start)
@@ -147,6 +210,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
+	if around != nil && around.att.id == ev.ID {
+		if ctx, ok := around.supersede(c.Context); ok {
+			c.Context = ctx
+		}
+	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
@@ -193,8 +261,8 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	defer rec.free()
 	panicked := true
 	defer func() {
-		if !panicked {
-			return
+		if !panicked || !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+			return // superseded: the inner layer settled its own attempt
 		}
 		v := recover()
 		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v)) // an internal problem: the value is not shown
@@ -206,6 +274,13 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}()
 	next(rec, r)
 	panicked = false
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+		// A nested layer protected the request with its own options and
+		// its answer went out through rec untouched; this layer's claim
+		// was given up before the handler ran.
+		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", scope))
+		return
+	}
 
 	resp := &c.resp
 	rec.response(resp)
@@ -255,6 +330,77 @@ func (e *callerError) Error() string {
 }
 func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
 
+// Refuse answers r with the engine's problem document for err, which
+// wraps ErrNotProtected and says how to fix the wiring, and logs err at
+// error level (the client's detail does not carry it). Adapters call it
+// when they cannot establish how to protect a covered request: failing
+// closed instead of passing it through.
+func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if !errors.Is(err, ErrNotProtected) {
+		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
+	}
+	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
+	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+}
+
+// Phases of a claimed call.
+const (
+	phaseRunning    int32 = iota // the handler chain runs
+	phaseSuperseded              // a nested layer took the request over
+	phaseSettled                 // this layer settles its attempt
+)
+
+// claimedCall returns the protected call in ctx whose attempt is claimed
+// and still running, or nil.
+func claimedCall(ctx context.Context) *call {
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() == phaseRunning {
+		return c
+	}
+	return nil
+}
+
+// supersede hands the request over from the layer of c (the outer one) to
+// a layer nested in it, and returns ctx for the nested layer to go on
+// with. The outer attempt is given up (its claim rolled back or released:
+// its record never persists), its recorder turns transparent (what the
+// inner layer sends, held until its own commit, passes out as is,
+// streaming included), and the outer's transaction is hidden from the
+// returned context, so the inner layer claims on its own: in a
+// transaction it begins (atomic mode), or committed on its own (leased).
+// When control returns to the outer layer it records nothing. It reports
+// false, and changes nothing, when the outer layer has settled its
+// attempt already (the nested layer ran on after it, on another
+// goroutine): the nested layer then protects the request on its own.
+func (c *call) supersede(ctx context.Context) (context.Context, bool) {
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSuperseded) {
+		return ctx, false
+	}
+	c.att.abort()
+	c.rec.passThrough()
+	if tx := c.att.e.tx; tx != nil {
+		ctx = tx.WithoutTx(ctx)
+	}
+	return ctx, true
+}
+
+// writesTo reports whether w is c's capture, or wraps it (Unwrap, as
+// http.ResponseController follows): the layer serving with w runs in c's
+// response chain, nested in c's layer, not in a request of its own that
+// merely carries c's context.
+func (c *call) writesTo(w http.ResponseWriter) bool {
+	for w != nil {
+		if w == http.ResponseWriter(&c.rec) {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
+}
+
 // ErrInvalidRequest: the request body could not be read or fingerprinted
 // (HTTP 400).
 var ErrInvalidRequest = errors.New("idem: request body could not be read")
@@ -264,11 +410,7 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 		return rt.p.scope
 	}
 	if pattern == "" {
-		pattern = r.Pattern
-		if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
-			// A ServeMux pattern with a method ("POST /orders"), maybe a host.
-			pattern = strings.TrimSpace(pattern[i+1:])
-		}
+		pattern = trimMuxPattern(r.Pattern) // maybe with a host
 	}
 	if pattern == "" {
 		return r.Method + " " + r.URL.Path // concrete paths are not cached
@@ -365,6 +507,9 @@ type bodyReader struct {
 
 func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
+		if r.ContentLength > 0 {
+			return nil, fmt.Errorf("%w: Content-Length is %d but the body is gone", ErrBodyConsumed, r.ContentLength)
+		}
 		return nil, nil
 	}
 	if r.ContentLength > max {
@@ -383,6 +528,14 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
 		}
 		if err == io.EOF {
+			if r.ContentLength > 0 && len(buf) == 0 {
+				// A server's body reader fails with io.ErrUnexpectedEOF on
+				// a short body; a clean EOF before the first byte means it
+				// was read before us. (A body replaced by a middleware
+				// with a different length is not refused.)
+				*b.buf = buf
+				return nil, fmt.Errorf("%w: Content-Length is %d but nothing was left to read", ErrBodyConsumed, r.ContentLength)
+			}
 			break
 		}
 		if err != nil {
@@ -435,6 +588,9 @@ type recorder struct {
 	through  bool  // writing through to w
 	failed   error // the commit at the cap failed: every write fails
 	hijacked bool
+	// transparent: a nested layer took over (call.supersede); every call
+	// goes to w unchanged.
+	transparent bool
 }
 
 func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
@@ -453,6 +609,10 @@ func (rec *recorder) free() {
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 func (rec *recorder) WriteHeader(code int) {
+	if rec.transparent {
+		rec.w.WriteHeader(code)
+		return
+	}
 	if code < 200 || rec.status != 0 {
 		if code >= 100 && code < 200 && rec.through {
 			rec.w.WriteHeader(code)
@@ -466,6 +626,9 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.transparent {
+		return rec.w.Write(p)
+	}
 	if rec.hijacked {
 		return 0, http.ErrHijacked
 	}
@@ -495,6 +658,9 @@ func (rec *recorder) Write(p []byte) (int, error) {
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
+	if rec.transparent {
+		return io.WriteString(rec.w, s)
+	}
 	if rec.through || rec.hijacked || rec.failed != nil || len(*rec.buf)+len(s) > rec.max {
 		return rec.Write([]byte(s))
 	}
@@ -518,10 +684,27 @@ func (rec *recorder) goThrough() {
 	}
 }
 
+// passThrough makes the recorder transparent (call.supersede). Anything
+// already held (a status or bytes written before the nested layer took
+// over) is sent first.
+func (rec *recorder) passThrough() {
+	if rec.transparent {
+		return
+	}
+	if !rec.through && (rec.status != 0 || len(*rec.buf) > 0) {
+		rec.goThrough()
+	}
+	rec.transparent = true
+}
+
 // Flush streams the response in leased mode (the body is then not kept);
 // in atomic mode it is deferred until the transaction commits (or, past
 // the cap, flushes what streams after the commit).
 func (rec *recorder) Flush() {
+	if rec.transparent {
+		_ = http.NewResponseController(rec.w).Flush()
+		return
+	}
 	if rec.hijacked || (rec.atomic && !rec.through) {
 		return
 	}
@@ -535,6 +718,9 @@ func (rec *recorder) Flush() {
 // kept); atomic mode refuses it, since nothing may reach the client before
 // the commit.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.transparent {
+		return http.NewResponseController(rec.w).Hijack()
+	}
 	if rec.atomic {
 		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
 	}

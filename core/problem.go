@@ -13,7 +13,8 @@ import (
 type Problem struct {
 	// Type is the problem base (WithProblemBase) followed by a stable slug:
 	// missing-key, invalid-key, key-reused, in-progress, lease-lost,
-	// store-unavailable, body-too-large, invalid-request, unauthenticated,
+	// store-unavailable, body-too-large, invalid-request, body-consumed,
+	// not-protected, unauthenticated,
 	// response-not-kept, outcome-unknown, internal (see docs/problems.md).
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -76,6 +77,10 @@ var problemKinds = []problemKind{
 		"the request body is too large", http.StatusRequestEntityTooLarge},
 	{ErrInvalidRequest, "invalid-request", "Request body could not be read",
 		"the request body could not be read", http.StatusBadRequest},
+	{ErrBodyConsumed, "body-consumed", "The request body could not be read",
+		"the server could not read the request body; this is a fault of the server, not of the request", http.StatusInternalServerError},
+	{ErrNotProtected, "not-protected", "The request could not be protected",
+		"the server could not establish how to protect this request, so it was not run; this is a fault of the server, not of the request", http.StatusInternalServerError},
 	{ErrNoCaller, "unauthenticated", "Caller not identified",
 		"the caller could not be identified", http.StatusUnauthorized},
 	{ErrNotKept, "response-not-kept", "The first response's body was not kept",

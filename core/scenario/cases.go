@@ -104,4 +104,5 @@ var globalScenarios = []scenario{
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time and are never replayed.", both, testMethodsDefault},
 	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt, a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
 	{"nok, 400 on a missing or malformed key", "A covered request without a key or with a malformed one gets a 400 problem document and the handler does not run.", both, testBadKeys},
+	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 }

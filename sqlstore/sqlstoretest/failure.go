@@ -152,7 +152,7 @@ func (h *harness) failedStatementCallerManaged(t *testing.T) {
 // not latency, is asserted: the 409s arrived before the holder let go.
 func (h *harness) blockedClaim(t *testing.T) {
 	f, ctx := h.cfg.New(t), ctxT(t)
-	srv := newOrderServer(t, f)
+	srv := newOrderServer(t, f, false)
 	var release func()
 	if h.cfg.Dialect == sqlstore.SQLite {
 		conn, err := f.DB.Conn(ctx)
