@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -1247,4 +1248,149 @@ func BenchmarkCanonicalJSONLarge(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestDefaultFingerprintRequest: the fingerprint covers the method, the
+// escaped path and the query (sorted by name, repeated values in order)
+// besides the scope and the body.
+func TestDefaultFingerprintRequest(t *testing.T) {
+	const scope = "POST /orders/:id/payments"
+	at := func(method, target string) []byte {
+		t.Helper()
+		r := httptest.NewRequest(method, target, nil)
+		r.Header.Set("Content-Type", "application/json")
+		got, err := DefaultFingerprint(r, scope, []byte(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	same := []struct{ name, a, b string }{
+		{"ok, parameters sorted by name", "/orders/1/payments?a=1&b=2", "/orders/1/payments?b=2&a=1"},
+		{"ok, query escapes decoded", "/orders/1/payments?note=a+b&x=%2F", "/orders/1/payments?x=/&note=a%20b"},
+		{"ok, empty query and none", "/orders/1/payments?", "/orders/1/payments"},
+		{"ok, empty segments of the query ignored", "/orders/1/payments?a=1&&b=2", "/orders/1/payments?a=1&b=2"},
+	}
+	for _, tt := range same {
+		t.Run(tt.name, func(t *testing.T) {
+			if a, b := at("POST", tt.a), at("POST", tt.b); !bytes.Equal(a, b) {
+				t.Fatalf("%s and %s: fingerprints differ", tt.a, tt.b)
+			}
+		})
+	}
+	differ := []struct{ name, methodB, a, b string }{
+		{"nok, another resource", "POST", "/orders/1/payments", "/orders/2/payments"},
+		{"nok, another query value", "POST", "/orders/1/payments?dry_run=true", "/orders/1/payments?dry_run=false"},
+		{"nok, a query and none", "POST", "/orders/1/payments?dry_run=true", "/orders/1/payments"},
+		{"nok, repeated values in another order", "POST", "/orders/1/payments?tag=a&tag=b", "/orders/1/payments?tag=b&tag=a"},
+		{"nok, an escaped slash is not a slash", "POST", "/files/a%2Fb", "/files/a/b"},
+		{"nok, unparseable query hashed raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?a=1&b=2"},
+		{"nok, unparseable queries differ raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?b=2;a=1"},
+		{"nok, another method", "PATCH", "/orders/1/payments", "/orders/1/payments"},
+		{"nok, query name and value not run together", "POST", "/orders/1/payments?ab=c", "/orders/1/payments?a=bc"},
+	}
+	for _, tt := range differ {
+		t.Run(tt.name, func(t *testing.T) {
+			if a, b := at("POST", tt.a), at(tt.methodB, tt.b); bytes.Equal(a, b) {
+				t.Fatalf("POST %s and %s %s: fingerprints agree", tt.a, tt.methodB, tt.b)
+			}
+		})
+	}
+	t.Run("ok, matches the documented preimage", func(t *testing.T) {
+		got := at("POST", "/orders/1/payments?b=2&a=x+y")
+		want := preimageHash(scope, "POST", "/orders/1/payments", 'q', "a=x+y&b=2", 'j', `{"amount":1}`)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("got %x, want %x", got, want)
+		}
+		got = at("POST", "/a%2Fb?a=1;b")
+		want = preimageHash(scope, "POST", "/a%2Fb", 'r', "a=1;b", 'j', `{"amount":1}`)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("raw query: got %x, want %x", got, want)
+		}
+	})
+	// Every part is framed: moving bytes from one part to the next changes
+	// the fingerprint.
+	t.Run("nok, parts never run together", func(t *testing.T) {
+		req := func(method, path, query string) *http.Request {
+			return &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{}}
+		}
+		fps := map[string]string{}
+		for _, c := range []struct {
+			scope string
+			r     *http.Request
+			body  string
+		}{
+			{"s", req("POST", "/a", "b=c"), "d"},
+			{"sPOST", req("", "/a", "b=c"), "d"},
+			{"s", req("POST/a", "", "b=c"), "d"},
+			{"s", req("POST", "/ab=c", ""), "d"},
+			{"s", req("POST", "/a", ""), "b=cd"},
+			{"s", req("POST", "/a", "b=cd"), ""},
+			{"s", nil, "POST/ab=cd"},
+		} {
+			got, _ := DefaultFingerprint(c.r, c.scope, []byte(c.body))
+			name := fmt.Sprintf("%q %v %q", c.scope, c.r, c.body)
+			if c.r != nil {
+				name = fmt.Sprintf("%q %q %q %q %q", c.scope, c.r.Method, c.r.URL.Path, c.r.URL.RawQuery, c.body)
+			}
+			if prev, ok := fps[string(got)]; ok {
+				t.Fatalf("%s and %s: fingerprints agree", prev, name)
+			}
+			fps[string(got)] = name
+		}
+	})
+}
+
+// TestFingerprintCollidingNames: bodies that encoding/json reads
+// differently because names collide case-insensitively (last wins) never
+// share a fingerprint; DefaultFingerprint and FingerprintFields alike.
+func TestFingerprintCollidingNames(t *testing.T) {
+	const scope = "POST /orders"
+	for _, f := range []struct {
+		name string
+		fp   Fingerprinter
+	}{{"DefaultFingerprint", DefaultFingerprint}, {"FingerprintFields", FingerprintFields("item", "quantity", "a", "k")}} {
+		t.Run(f.name, func(t *testing.T) {
+			for _, tt := range []struct{ name, a, b string }{
+				{"nok, names equal but for case reordered", `{"item":"tea","quantity":1,"Quantity":9}`, `{"item":"tea","Quantity":9,"quantity":1}`},
+				{"nok, a repeated name reordered", `{"a":1,"a":2}`, `{"a":2,"a":1}`},
+				{"nok, names equal after unescaping reordered", `{"a":1,"\u0041":2}`, `{"\u0041":2,"a":1}`},
+				{"nok, Kelvin sign and k reordered", `{"a":0,"k":1,"\u212a":2}`, `{"a":0,"\u212a":2,"k":1}`},
+			} {
+				t.Run(tt.name, func(t *testing.T) {
+					a, b := fp(t, f.fp, "application/json", scope, tt.a), fp(t, f.fp, "application/json", scope, tt.b)
+					if bytes.Equal(a, b) {
+						t.Fatalf("%s and %s: fingerprints agree", tt.a, tt.b)
+					}
+					if _, _, ok := sameStruct([]byte(tt.a), []byte(tt.b)); ok {
+						t.Fatalf("%s and %s: a struct reads them alike; the test is void", tt.a, tt.b)
+					}
+				})
+			}
+			for _, tt := range []struct{ name, a, b string }{
+				{"ok, colliding names in order, others moved", `{"item":"tea","quantity":1,"Quantity":9}`, `{"quantity":1,"Quantity":9,"item":"tea"}`},
+				{"ok, colliding names interleaved with others", `{"a":1,"item":"tea","A":2}`, `{"item":"tea","a":1,"A":2}`},
+			} {
+				t.Run(tt.name, func(t *testing.T) {
+					a, b := fp(t, f.fp, "application/json", scope, tt.a), fp(t, f.fp, "application/json", scope, tt.b)
+					if !bytes.Equal(a, b) {
+						t.Fatalf("%s and %s: fingerprints differ", tt.a, tt.b)
+					}
+				})
+			}
+		})
+	}
+	t.Run("nok, FingerprintFields keeps names that match a field but for case", func(t *testing.T) {
+		f := FingerprintFields("amount")
+		a := fp(t, f, "application/json", scope, `{"Amount":1}`)
+		b := fp(t, f, "application/json", scope, `{"Amount":2}`)
+		if bytes.Equal(a, b) {
+			t.Fatal("Amount is read into a field amount, yet 1 and 2 agree")
+		}
+		c := fp(t, f, "application/json", scope, `{"amount":1,"AMOUNT":2}`)
+		d := fp(t, f, "application/json", scope, `{"AMOUNT":2,"amount":1}`)
+		if bytes.Equal(c, d) {
+			t.Fatal("colliding selected names reordered, yet the fingerprints agree")
+		}
+	})
 }
