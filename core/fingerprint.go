@@ -374,6 +374,7 @@ type canonicaliser struct {
 	// Output of emitDocument: out, flushed to h when h is set.
 	out []byte
 	h   hash.Hash
+	tmp [24]byte // an escape or an exponent on its way to out
 }
 
 type frame struct {
@@ -575,8 +576,8 @@ func (c *canonicaliser) closeContainer() error {
 		record = true
 	}
 	if !c.inOrder(ms) {
-		// Stable: colliding names keep the order they came in.
-		slices.SortStableFunc(ms, c.compareNames)
+		// Colliding names keep the order they came in (their offsets).
+		slices.SortFunc(ms, func(a, b int32) int { return cmp.Or(c.compareNames(a, b), cmp.Compare(a, b)) })
 		record = true
 	}
 	if record {
@@ -899,8 +900,7 @@ func (c *canonicaliser) str() error {
 			return c.fail(errJSONSyntax)
 		}
 		i += 2
-		var esc [8]byte
-		c.write(appendEscapedRune(esc[:0], r))
+		c.write(appendEscapedRune(c.tmp[:0], r))
 	}
 }
 
@@ -1103,8 +1103,7 @@ func (c *canonicaliser) number() error {
 		if p-1 >= 0 {
 			c.writeByte('+')
 		}
-		var e [24]byte
-		c.write(strconv.AppendInt(e[:0], p-1, 10))
+		c.write(strconv.AppendInt(c.tmp[:0], p-1, 10))
 	}
 	return nil
 }
