@@ -418,9 +418,12 @@ type probe struct {
 // sameStruct decodes a and b into a probe each (numbers as json.Number) and
 // compares them with sameJSON, and whether decoding failed; it returns the
 // two decoded values as text for a message.
-func sameStruct(a, b []byte) (string, string, bool) {
-	decode := func(src []byte) (probe, error) {
-		var p probe
+func sameStruct(a, b []byte) (string, string, bool) { return sameDecoded[probe](a, b) }
+
+// sameDecoded is sameStruct for a struct of type T.
+func sameDecoded[T any](a, b []byte) (string, string, bool) {
+	decode := func(src []byte) (T, error) {
+		var p T
 		d := json.NewDecoder(bytes.NewReader(src))
 		d.UseNumber()
 		err := d.Decode(&p)
