@@ -132,14 +132,17 @@ func overlap(a, b []byte) bool {
 // (32 bytes) of:
 //
 //	"idem/fp/v2\n"
-//	part(scope) part(method) part(path)
+//	part(scope) part(method) part(URL.Path) part(URL.RawPath)
 //	a one-byte query kind, part(query form)
 //	a one-byte body kind, the body in the form of that kind
 //
 // where part(s) is len(s) as 8 bytes big endian followed by s, so no two
 // different requests run together into the same bytes (the body, last, needs
-// no length). The method is Request.Method, the path the escaped path
-// (URL.EscapedPath: "/a%2Fb" and "/a/b" differ), the query kind and form:
+// no length). The method is Request.Method; the path is the path as the
+// client sent it: the decoded URL.Path and URL.RawPath, the escaped form
+// net/http keeps when the client's escaping is not the default one (so
+// "/a%2Fb" and "/a/b" differ, and so does every path a router could read
+// differently). The query kind and form:
 //
 //   - 'q' and url.Values.Encode of url.ParseQuery(URL.RawQuery): parameters
 //     sorted by name, the values of one name in the order they came, each
@@ -252,11 +255,11 @@ func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []s
 	h := s.h
 	h.Reset()
 
-	var method, path, query string
+	var method, path, rawPath, query string
 	if r != nil {
 		method = r.Method
 		if r.URL != nil {
-			path, query = r.URL.EscapedPath(), r.URL.RawQuery
+			path, rawPath, query = r.URL.Path, r.URL.RawPath, r.URL.RawQuery
 		}
 	}
 	qkind := byte(fpQuery)
@@ -271,6 +274,7 @@ func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []s
 	hdr = appendPart(hdr, scope)
 	hdr = appendPart(hdr, method)
 	hdr = appendPart(hdr, path)
+	hdr = appendPart(hdr, rawPath)
 	hdr = append(hdr, qkind)
 	hdr = appendPart(hdr, query)
 

@@ -974,11 +974,11 @@ func fp(t *testing.T, f Fingerprinter, contentType, scope, body string) []byte {
 // wantFingerprint builds the documented preimage of a request from
 // newRequest (POST /orders/1, no query) by hand.
 func wantFingerprint(scope string, kind byte, form string) []byte {
-	return preimageHash(scope, "POST", "/orders/1", 'q', "", kind, form)
+	return preimageHash(scope, "POST", "/orders/1", "", 'q', "", kind, form)
 }
 
 // preimageHash builds the documented preimage by hand and hashes it.
-func preimageHash(scope, method, path string, qkind byte, query string, kind byte, form string) []byte {
+func preimageHash(scope, method, path, rawPath string, qkind byte, query string, kind byte, form string) []byte {
 	part := func(p []byte, s string) []byte {
 		p = binary.BigEndian.AppendUint64(p, uint64(len(s)))
 		return append(p, s...)
@@ -987,6 +987,7 @@ func preimageHash(scope, method, path string, qkind byte, query string, kind byt
 	p = part(p, scope)
 	p = part(p, method)
 	p = part(p, path)
+	p = part(p, rawPath)
 	p = append(p, qkind)
 	p = part(p, query)
 	p = append(p, kind)
@@ -1018,7 +1019,7 @@ func TestDefaultFingerprintFormat(t *testing.T) {
 	// The format is persisted in stores: changing it turns every retry
 	// across an upgrade into a mismatch. This pins it.
 	got := fp(t, DefaultFingerprint, "application/json", "POST /orders", `{"amount":1.50,"currency":"eur"}`)
-	if want := "cd063f28"; fmt.Sprintf("%x", got)[:8] != want {
+	if want := "f1ec6442"; fmt.Sprintf("%x", got)[:8] != want {
 		t.Fatalf("fingerprint format changed: got %x, want prefix %s", got, want)
 	}
 }
@@ -1095,7 +1096,7 @@ func TestDefaultFingerprint(t *testing.T) {
 
 func TestDefaultFingerprintNilRequest(t *testing.T) {
 	got, err := DefaultFingerprint(nil, "s", []byte("x"))
-	if err != nil || !bytes.Equal(got, preimageHash("s", "", "", 'q', "", 'r', "x")) {
+	if err != nil || !bytes.Equal(got, preimageHash("s", "", "", "", 'q', "", 'r', "x")) {
 		t.Fatalf("got %x, %v", got, err)
 	}
 }
@@ -1287,6 +1288,7 @@ func TestDefaultFingerprintRequest(t *testing.T) {
 		{"nok, a query and none", "POST", "/orders/1/payments?dry_run=true", "/orders/1/payments"},
 		{"nok, repeated values in another order", "POST", "/orders/1/payments?tag=a&tag=b", "/orders/1/payments?tag=b&tag=a"},
 		{"nok, an escaped slash is not a slash", "POST", "/files/a%2Fb", "/files/a/b"},
+		{"nok, a path escaped otherwise", "POST", "/files/a\"b", "/files/a%22b"},
 		{"nok, unparseable query hashed raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?a=1&b=2"},
 		{"nok, unparseable queries differ raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?b=2;a=1"},
 		{"nok, another method", "PATCH", "/orders/1/payments", "/orders/1/payments"},
@@ -1301,12 +1303,12 @@ func TestDefaultFingerprintRequest(t *testing.T) {
 	}
 	t.Run("ok, matches the documented preimage", func(t *testing.T) {
 		got := at("POST", "/orders/1/payments?b=2&a=x+y")
-		want := preimageHash(scope, "POST", "/orders/1/payments", 'q', "a=x+y&b=2", 'j', `{"amount":1}`)
+		want := preimageHash(scope, "POST", "/orders/1/payments", "", 'q', "a=x+y&b=2", 'j', `{"amount":1}`)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("got %x, want %x", got, want)
 		}
 		got = at("POST", "/a%2Fb?a=1;b")
-		want = preimageHash(scope, "POST", "/a%2Fb", 'r', "a=1;b", 'j', `{"amount":1}`)
+		want = preimageHash(scope, "POST", "/a/b", "/a%2Fb", 'r', "a=1;b", 'j', `{"amount":1}`)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("raw query: got %x, want %x", got, want)
 		}
