@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -252,9 +253,16 @@ func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []s
 	if s.h == nil {
 		s.h = sha256.New()
 	}
-	h := s.h
-	h.Reset()
+	s.h.Reset()
+	s.buf = appendRequest(s.buf[:0], r, scope)
+	s.h.Write(s.buf)
+	s.writeBody(r, body, sel)
+	return s.h.Sum(dst)
+}
 
+// appendRequest appends the preimage's domain and its framed scope, method,
+// path and query (see DefaultFingerprint).
+func appendRequest(dst []byte, r *http.Request, scope string) []byte {
 	var method, path, rawPath, query string
 	if r != nil {
 		method = r.Method
@@ -270,52 +278,44 @@ func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []s
 			query = vs.Encode()
 		}
 	}
-	hdr := append(s.hdr[:0], fingerprintDomain...)
-	hdr = appendPart(hdr, scope)
-	hdr = appendPart(hdr, method)
-	hdr = appendPart(hdr, path)
-	hdr = appendPart(hdr, rawPath)
-	hdr = append(hdr, qkind)
-	hdr = appendPart(hdr, query)
+	dst = append(dst, fingerprintDomain...)
+	dst = appendPart(dst, scope)
+	dst = appendPart(dst, method)
+	dst = appendPart(dst, path)
+	dst = appendPart(dst, rawPath)
+	dst = append(dst, qkind)
+	return appendPart(dst, query)
+}
 
-	kind, form := byte(fpRaw), body
-	media := mediaOther
+// writeBody writes the body's kind and form to s.h (see DefaultFingerprint).
+func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
+	tag := func(kind byte) {
+		s.buf = append(s.buf[:0], kind)
+		s.h.Write(s.buf)
+	}
 	if len(body) == 0 {
-		kind, form = fpEmpty, nil
-	} else {
-		media = mediaKindOf(r)
+		tag(fpEmpty)
+		return
 	}
-	switch media {
+	switch mediaKindOf(r) {
 	case mediaJSON:
-		if s.c.parse(body, sel) != nil {
-			break
+		if s.c.parse(body, sel) == nil && (sel == nil || s.c.topObject) {
+			tag(fpJSON)
+			s.c.emitDocument(s.out[:0], s.h)
+			return
 		}
-		if sel != nil && !s.c.topObject {
-			break
-		}
-		h.Write(append(hdr, fpJSON))
-		s.c.emitDocument(s.out[:0], h)
-		s.hdr = hdr
-		return h.Sum(dst)
 	case mediaForm:
-		vs, err := url.ParseQuery(string(body))
-		if err != nil {
-			break
-		}
-		if sel != nil {
-			for k := range vs {
-				if !slices.Contains(sel, k) {
-					delete(vs, k)
-				}
+		if vs, err := url.ParseQuery(string(body)); err == nil {
+			if sel != nil {
+				maps.DeleteFunc(vs, func(k string, _ []string) bool { return !slices.Contains(sel, k) })
 			}
+			s.buf = append(append(s.buf[:0], fpForm), vs.Encode()...)
+			s.h.Write(s.buf)
+			return
 		}
-		kind, form = fpForm, []byte(vs.Encode())
 	}
-	hdr = append(hdr, kind)
-	s.hdr = hdr
-	h.Write(hdr)
-	h.Write(form)
-	return h.Sum(dst)
+	tag(fpRaw)
+	s.h.Write(body)
 }
 
 // scratch is the pooled working memory of CanonicalJSON and the
@@ -324,7 +324,7 @@ func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []s
 type scratch struct {
 	c   canonicaliser
 	h   hash.Hash
-	hdr []byte
+	buf []byte     // the preimage's request parts, or a form
 	out [4096]byte // the canonical body's buffer on its way to the hash
 }
 
@@ -339,7 +339,7 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 func (s *scratch) release() {
 	c := &s.c
 	c.src, c.out, c.h, c.sel = nil, nil, nil, nil
-	if 4*cap(c.members)+16*cap(c.objs)+cap(s.hdr) <= maxPooledBytes {
+	if 4*cap(c.members)+16*cap(c.objs)+cap(s.buf) <= maxPooledBytes {
 		scratchPool.Put(s)
 	}
 }
