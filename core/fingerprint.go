@@ -102,10 +102,10 @@ const maxNumberExponent = 1_000_000_000
 //
 // The document must be exactly one JSON value, with optional whitespace
 // around it (no byte order mark), nested at most MaxJSONDepth deep, and at
-// most 256 MiB long. dst may share memory with src. Errors wrap ErrInvalidJSON, and dst is returned
-// unchanged with them. The cost is linear in len(src) plus sorting the
-// members of each object; besides dst, the working memory is at most 12
-// bytes per object member.
+// most 256 MiB long. dst may share memory with src. Errors wrap
+// ErrInvalidJSON, and dst is returned unchanged with them. The cost is
+// linear in len(src) plus sorting the members of each object; besides dst,
+// the working memory is at most 12 bytes per object member.
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
 	s := getScratch()
 	defer s.release()
@@ -356,11 +356,11 @@ func (s *scratch) release() {
 // the two share one array sized by a count of the colons in src) and objs
 // one record of 16 bytes per reordered object (each has two members or
 // more, or is the top-level object FingerprintFields narrows), allocated
-// once for the most there can be. That is at
-// most 12 bytes per member, and a member takes at least 5 bytes of source
-// (`{"":` and its `}`), so at most 2.4 bytes per byte of src; the output is
-// hashed as it is written through a fixed buffer. Nesting is bounded by
-// MaxJSONDepth, so emitDocument's recursion is too.
+// once for the most there can be. That is at most 12 bytes per member, and
+// a member takes at least 5 bytes of source (`"":0` and a ',' or '}'), so
+// at most 2.4 bytes per byte of src; the output is hashed as it is written
+// through a fixed buffer. Nesting is bounded by MaxJSONDepth, so
+// emitDocument's recursion is too.
 type canonicaliser struct {
 	src []byte
 	i   int // next byte of src
