@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
@@ -412,21 +413,36 @@ func (c *canonicaliser) skipWS() {
 }
 
 // countColons returns the number of colons outside strings in src: at least
-// the number of members of any JSON document that begins with src.
+// the number of members of any JSON document that begins with src. A string
+// ends at the first quote after it that follows an even number of
+// backslashes.
 func countColons(src []byte) int {
-	n, inString := 0, false
-	for i := 0; i < len(src); i++ {
-		switch b := src[i]; {
-		case inString && b == '\\':
-			i++
-		case b == '"':
-			inString = !inString
-		case !inString && b == ':':
-			n++
+	n := 0
+	for {
+		q := bytes.IndexByte(src, '"')
+		if q < 0 {
+			return n + bytes.Count(src, colon)
+		}
+		n += bytes.Count(src[:q], colon)
+		src = src[q+1:]
+		for { // inside a string
+			q = bytes.IndexByte(src, '"')
+			if q < 0 {
+				return n
+			}
+			backslashes := 0
+			for backslashes < q && src[q-1-backslashes] == '\\' {
+				backslashes++
+			}
+			src = src[q+1:]
+			if backslashes%2 == 0 {
+				break
+			}
 		}
 	}
-	return n
 }
+
+var colon = []byte{':'}
 
 // parse runs the first pass over src; sel, when not nil, narrows the
 // top-level object to the members it names (FingerprintFields).

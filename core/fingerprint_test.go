@@ -1399,3 +1399,23 @@ func TestFingerprintCollidingNames(t *testing.T) {
 		}
 	})
 }
+
+func TestCountColons(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{`{"a":1,"b":{"c":2}}`, 3},
+		{`{"a:b":"c:d"}`, 1},
+		{`{"a\":":1}`, 1},
+		{`{"a\\":1}`, 1},
+		{`{"a\\\":b":1}`, 1},
+		{`["\\\\",":",{"x":1}]`, 1},
+		{`{"unterminated:`, 0},
+		{`::`, 2},
+	} {
+		if got := countColons([]byte(tt.in)); got != tt.want {
+			t.Errorf("countColons(%s) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
