@@ -354,13 +354,15 @@ func (s *scratch) release() {
 //
 // Memory: members holds one int32 per object member (the parse's stack of
 // open objects grows from the front, the recorded orders from the back, so
-// the two share one array sized by a count of the colons in src) and objs
-// one record of 16 bytes per reordered object (each has two members or
-// more, or is the top-level object FingerprintFields narrows), allocated
-// once for the most there can be. That is at most 12 bytes per member, and
-// a member takes at least 5 bytes of source (`"":0` and a ',' or '}'), so
-// at most 2.4 bytes per byte of src; the output is hashed as it is written
-// through a fixed buffer. Nesting is bounded by MaxJSONDepth, so
+// the two share one array) and objs one record of 16 bytes per reordered
+// object (each has two members or more, or is the top-level object
+// FingerprintFields narrows), both allocated once for the most there can
+// be: from a count of the colons outside strings, or for documents up to
+// smallJSON from the length (a member takes at least 4 bytes). That is at
+// most 12 bytes per member, and a member takes at least 5 bytes of source
+// (`"":0` and a ',' or '}'), so at most 2.4 bytes per byte of src beyond
+// smallJSON (3 below it); the output is hashed as it is written through a
+// fixed buffer. Nesting is bounded by MaxJSONDepth, so
 // emitDocument's recursion is too.
 type canonicaliser struct {
 	src []byte
@@ -380,6 +382,7 @@ type canonicaliser struct {
 	out []byte
 	h   hash.Hash
 	tmp [24]byte // an escape or an exponent on its way to out
+	one [1]byte  // a byte on its way to a full out
 }
 
 type frame struct {
@@ -411,6 +414,11 @@ func (c *canonicaliser) skipWS() {
 		}
 	}
 }
+
+// smallJSON is the largest document whose bookkeeping is sized by its
+// length rather than by counting its colons (16 KiB: at most 48 KiB of
+// bookkeeping, kept in the pool).
+const smallJSON = 16 << 10
 
 // countColons returns the number of colons outside strings in src: at least
 // the number of members of any JSON document that begins with src. A string
@@ -453,7 +461,13 @@ func (c *canonicaliser) parse(src []byte, sel []string) error {
 	if len(src) > maxJSONInput {
 		return c.fail(errJSONTooLarge)
 	}
-	n := countColons(src)
+	// Members are at most a quarter of the bytes (`"":` and a ',' or '}'
+	// each, values aside). For small bodies that bound costs less than
+	// counting.
+	n := len(src)/4 + 1
+	if len(src) > smallJSON {
+		n = countColons(src)
+	}
 	if cap(c.members) < n {
 		c.members = make([]int32, n)
 	}
@@ -713,31 +727,44 @@ func (c *canonicaliser) selected(m int32) bool {
 }
 
 // write appends b to the output; with a hash, the buffer goes to it
-// whenever it is full, so it never grows.
+// whenever it is full, so it never grows. The first pass has no output.
 func (c *canonicaliser) write(b []byte) {
-	if c.out == nil {
-		return // first pass
+	if len(c.out)+len(b) <= cap(c.out) {
+		c.out = append(c.out, b...)
+		return
 	}
-	if c.h != nil && len(c.out)+len(b) > cap(c.out) {
-		c.h.Write(c.out)
-		c.out = c.out[:0]
-		if len(b) > cap(c.out) {
-			c.h.Write(b)
-			return
-		}
+	c.writeFull(b)
+}
+
+func (c *canonicaliser) writeFull(b []byte) {
+	switch {
+	case c.out == nil:
+		return // first pass
+	case c.h == nil:
+		c.out = append(c.out, b...)
+		return
+	}
+	c.h.Write(c.out)
+	c.out = c.out[:0]
+	if len(b) > cap(c.out) {
+		c.h.Write(b)
+		return
 	}
 	c.out = append(c.out, b...)
 }
 
 func (c *canonicaliser) writeByte(b byte) {
-	if c.out == nil {
+	if len(c.out) == cap(c.out) {
+		c.writeByteFull(b)
 		return
 	}
-	if c.h != nil && len(c.out) == cap(c.out) {
-		c.h.Write(c.out)
-		c.out = c.out[:0]
-	}
-	c.out = append(c.out, b)
+	c.out = c.out[:len(c.out)+1]
+	c.out[len(c.out)-1] = b
+}
+
+func (c *canonicaliser) writeByteFull(b byte) {
+	c.one[0] = b
+	c.writeFull(c.one[:])
 }
 
 func (c *canonicaliser) writeString(s string) {
@@ -752,7 +779,7 @@ func (c *canonicaliser) writeString(s string) {
 func (c *canonicaliser) emitDocument(dst []byte, h hash.Hash) []byte {
 	slices.SortFunc(c.objs, func(a, b object) int { return cmp.Compare(a.start, b.start) })
 	if dst == nil {
-		dst = []byte{} // not nil: nil means no output
+		dst = []byte{} // not nil: nil means the first pass
 	}
 	c.out, c.h, c.i = dst, h, 0
 	c.value()
