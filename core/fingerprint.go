@@ -875,7 +875,7 @@ func (c *canonicaliser) literal(lit string) error {
 		return c.fail(errJSONSyntax)
 	}
 	c.i += len(lit)
-	c.writeString(lit)
+	c.write(c.src[c.i-len(lit) : c.i])
 	return nil
 }
 
@@ -884,7 +884,7 @@ func (c *canonicaliser) literal(lit string) error {
 func (c *canonicaliser) str() error {
 	src := c.src
 	i := c.i + 1
-	c.writeByte('"')
+	from := c.i // src[from:i] is written as it is: the quote and plain runs
 	for {
 		start, high := i, byte(0)
 		for i < len(src) && plainStringByte[src[i]] {
@@ -892,22 +892,21 @@ func (c *canonicaliser) str() error {
 			i++
 		}
 		// The run ends at an ASCII byte, so no sequence is cut in two.
-		run := src[start:i]
-		if high >= utf8.RuneSelf && !utf8.Valid(run) {
+		if high >= utf8.RuneSelf && !utf8.Valid(src[start:i]) {
 			c.i = start
 			return c.fail(errJSONInvalidUTF8)
 		}
-		c.write(run)
 		if i >= len(src) || src[i] < 0x20 {
 			c.i = i
 			return c.fail(errJSONSyntax)
 		}
 		if src[i] == '"' {
 			c.i = i + 1
-			c.writeByte('"')
+			c.write(src[from:c.i])
 			return nil
 		}
 		// A backslash.
+		c.write(src[from:i])
 		c.i = i
 		if i+1 >= len(src) {
 			return c.fail(errJSONSyntax)
@@ -947,6 +946,7 @@ func (c *canonicaliser) str() error {
 			return c.fail(errJSONSyntax)
 		}
 		i += 2
+		from = i
 		c.write(appendEscapedRune(c.tmp[:0], r))
 	}
 }
@@ -1009,6 +1009,23 @@ func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 // writes it in canonical form; see CanonicalJSON.
 func (c *canonicaliser) number() error {
 	src := c.src
+	// The common case first: an integer of at most 21 digits without a
+	// leading zero (and not -0) is its own canonical form.
+	d0 := c.i
+	if d0 < len(src) && src[d0] == '-' {
+		d0++
+	}
+	d1 := d0
+	for d1 < len(src) && isDigit(src[d1]) {
+		d1++
+	}
+	if n := d1 - d0; n > 0 && n <= 21 && (src[d0] != '0' || n == 1 && d0 == c.i) &&
+		(d1 == len(src) || src[d1] != '.' && src[d1] != 'e' && src[d1] != 'E') {
+		c.write(src[c.i:d1])
+		c.i = d1
+		return nil
+	}
+
 	i := c.i
 	neg := false
 	if i < len(src) && src[i] == '-' {
@@ -1127,7 +1144,7 @@ func (c *canonicaliser) number() error {
 			c.writeByte('0')
 		}
 	}
-	d0, d1 := first, last+1
+	d0, d1 = first, last+1
 	switch {
 	case k <= p && p <= 21: // integer
 		digits(d0, d1)
