@@ -2,11 +2,13 @@ package core
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -23,6 +26,10 @@ import (
 // operation, e.g. "POST /orders/:id"). body is the full request body (already
 // read; a Fingerprinter must not read r.Body). Returning (nil, nil) means "no
 // fingerprint": a record without a fingerprint cannot be contradicted.
+//
+// A configured Fingerprinter replaces DefaultFingerprint entirely: what it
+// leaves out (the method, the path, the query, parts of the body) is what
+// two requests under one key may differ in and still replay each other.
 type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, error)
 
 // MaxJSONDepth is the deepest nesting of arrays and objects CanonicalJSON
@@ -31,16 +38,14 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 const MaxJSONDepth = 128
 
 // ErrInvalidJSON is wrapped by every error of CanonicalJSON: the input is not
-// JSON (RFC 8259), or it is JSON that has no single canonical form (a
-// duplicate object key, invalid UTF-8 or a lone surrogate in a string,
-// nesting deeper than MaxJSONDepth, a number whose exponent is out of range,
-// a document over 256 MiB).
+// JSON (RFC 8259), or it is JSON that has no single canonical form (invalid
+// UTF-8 or a lone surrogate in a string, nesting deeper than MaxJSONDepth, a
+// number whose exponent is out of range, a document over 256 MiB).
 var ErrInvalidJSON = errors.New("idem: JSON cannot be canonicalised")
 
 // Reasons wrapped, with ErrInvalidJSON, by the errors of CanonicalJSON.
 var (
 	errJSONSyntax        = errors.New("syntax error")
-	errJSONDuplicateKey  = errors.New("duplicate object key")
 	errJSONTooDeep       = errors.New("nesting deeper than MaxJSONDepth")
 	errJSONInvalidUTF8   = errors.New("invalid UTF-8 in a string")
 	errJSONSurrogate     = errors.New("lone surrogate escape in a string")
@@ -66,13 +71,21 @@ func (e *jsonError) Unwrap() []error { return []error{ErrInvalidJSON, e.reason} 
 const maxNumberExponent = 1_000_000_000
 
 // CanonicalJSON appends the canonical form of the JSON document src to dst.
-// Two documents have the same canonical form exactly when they denote the
-// same JSON value: same structure, same member names and strings (after
-// unescaping), same numbers (as exact decimal values). The form is:
+// Two documents have the same canonical form when they denote the same JSON
+// value as a decoder reads it: same structure, same member names and strings
+// (after unescaping), same numbers (as exact decimal values), and, where a
+// decoder's reading depends on the order of an object's members, the same
+// order. The form is:
 //
 //   - no insignificant whitespace;
-//   - object members sorted by name, comparing the unescaped names bytewise
-//     as UTF-8; an object with two members of the same name is refused;
+//   - object members sorted by name, case-insensitively: the unescaped names
+//     are compared rune by rune, each rune folded to the smallest rune of its
+//     Unicode simple case folding orbit ('a' and 'A' to 'A', 'k' and the
+//     Kelvin sign to 'K'), which is how encoding/json matches member names to
+//     struct fields. The sort is stable: members whose names are equal after
+//     folding (a repeated name included) keep the order they came in,
+//     because encoding/json lets the last of them win, so
+//     {"qty":1,"Qty":9} (9) and {"Qty":9,"qty":1} (1) differ;
 //   - strings unescaped and escaped again in one way: only '"', '\\' and the
 //     control characters below U+0020 are escaped (\b \f \n \r \t, otherwise
 //     \u00xx with lowercase hex); everything else is raw UTF-8. Invalid UTF-8
@@ -90,68 +103,106 @@ const maxNumberExponent = 1_000_000_000
 //
 // The document must be exactly one JSON value, with optional whitespace
 // around it (no byte order mark), nested at most MaxJSONDepth deep, and at
-// most 256 MiB long. Errors wrap ErrInvalidJSON, and dst is returned
-// unchanged with them. The cost is linear in len(src) plus sorting the
-// members of each object.
+// most 256 MiB long. dst may share memory with src. Errors wrap
+// ErrInvalidJSON, and dst is returned unchanged with them. The cost is
+// linear in len(src) plus sorting the members of each object; besides dst,
+// the working memory is at most 12 bytes per object member.
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
 	s := getScratch()
 	defer s.release()
-	if err := s.c.parse(src); err != nil {
+	if err := s.c.parse(src, nil); err != nil {
 		return dst, err
 	}
-	return s.c.appendCanonical(dst), nil
+	if overlap(dst[len(dst):cap(dst)], src) {
+		// The second pass reads src after writing: write elsewhere first.
+		return append(dst, s.c.emitDocument(nil, nil)...), nil
+	}
+	return s.c.emitDocument(dst, nil), nil
+}
+
+// overlap reports whether a and b share memory.
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }
 
 // DefaultFingerprint is the Fingerprinter used when none is configured. It
-// returns the SHA-256 (32 bytes) of:
+// covers the whole request as the handler sees it, and returns the SHA-256
+// (32 bytes) of:
 //
-//	"idem/fp/v1\n", len(scope) as 8 bytes big endian, scope, '\n',
-//	a one-byte kind, the body in the form of that kind
+//	"idem/fp/v2\n"
+//	part(scope) part(method) part(URL.Path) part(URL.RawPath)
+//	a one-byte query kind, part(query form)
+//	a one-byte body kind, the body in the form of that kind
 //
-// where the kind and form follow the media type of the Content-Type header
+// where part(s) is len(s) as 8 bytes big endian followed by s, so no two
+// different requests run together into the same bytes (the body, last, needs
+// no length). The method is Request.Method; the path is the path as the
+// client sent it: the decoded URL.Path and URL.RawPath, the escaped form
+// net/http keeps when the client's escaping is not the default one (so
+// "/a%2Fb" and "/a/b" differ, and so does every path a router could read
+// differently). The query kind and form:
+//
+//   - 'q' and url.Values.Encode of url.ParseQuery(URL.RawQuery): parameters
+//     sorted by name, the values of one name in the order they came, each
+//     decoded and escaped again; an empty query is 'q' and nothing;
+//   - 'r' and URL.RawQuery when url.ParseQuery fails (a semicolon, a bad
+//     escape).
+//
+// The body kind and form follow the media type of the Content-Type header
 // (parsed with mime.ParseMediaType, so case and parameters do not matter):
 //
 //   - 'e' and nothing for an empty body, whatever its type;
 //   - 'j' and CanonicalJSON(body) for application/json and any type with the
 //     +json suffix; when the body cannot be canonicalised (invalid JSON,
-//     duplicate keys, too deep, ...), 'r' and the raw bytes instead;
+//     too deep, ...), 'r' and the raw bytes instead;
 //   - 'f' and the canonical form for application/x-www-form-urlencoded:
 //     fields sorted by name, the values of one field in the order they came
 //     (it can be meaningful), each name and value decoded and escaped again
 //     by url.Values.Encode; 'r' and the raw bytes when url.ParseQuery fails;
 //   - 'r' and the raw bytes for anything else (multipart, text, no type).
 //
-// A nil r counts as a request without a Content-Type. It never returns an
-// error, and it does not retain body.
+// The scope (the route pattern) is covered as well, so one key on two routes
+// that share an explicit Scope never replays across them with a different
+// path. A nil r counts as a request without a method, path, query or
+// Content-Type. It never returns an error, and it does not retain body. Its
+// working memory is bounded by a small multiple of the body (see
+// CanonicalJSON), never the canonical body itself: that is hashed as it is
+// written.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
 	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
 }
 
 // FingerprintFields returns a Fingerprinter that works like
-// DefaultFingerprint on a body narrowed to the named top-level fields: for a
-// JSON body, the canonical form of the top-level object with only the named
-// members (a missing member differs from a member that is null); for a form
-// body, only the named fields. A JSON body whose top level is not an object,
-// or that cannot be canonicalised, is hashed as raw bytes, like
-// DefaultFingerprint does; so is any other body. With no fields, every JSON
-// object (and every form) has the same fingerprint.
+// DefaultFingerprint (method, path, query included) on a body narrowed to
+// the named top-level fields. For a JSON body: the canonical form of the
+// top-level object with only the members whose names match one of fields
+// as encoding/json matches names to struct fields, case-insensitively (so
+// "amount" keeps "Amount" and "AMOUNT" too: a handler decoding into a struct
+// reads them); a missing member differs from a member that is null, and
+// members whose names collide keep their order (see CanonicalJSON). For a
+// form body, only the fields named exactly. A JSON body whose top level is
+// not an object, or that cannot be canonicalised, is hashed as raw bytes,
+// like DefaultFingerprint does; so is any other body. With no fields, every
+// JSON object (and every form) has the same fingerprint.
 func FingerprintFields(fields ...string) Fingerprinter {
-	sel := make(map[string]struct{}, len(fields))
-	for _, f := range fields {
-		sel[f] = struct{}{}
-	}
+	sel := append([]string{}, fields...) // not nil: the body is narrowed
 	return func(r *http.Request, scope string, body []byte) ([]byte, error) {
 		return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, sel), nil
 	}
 }
 
-const fingerprintDomain = "idem/fp/v1\n"
+const fingerprintDomain = "idem/fp/v2\n"
 
 // Kind tags of the fingerprint preimage.
 const (
 	fpEmpty = 'e'
 	fpJSON  = 'j'
 	fpForm  = 'f'
+	fpQuery = 'q'
 	fpRaw   = 'r'
 )
 
@@ -189,71 +240,93 @@ func mediaKindOf(r *http.Request) mediaKind {
 	return mediaOther
 }
 
+// appendPart appends s with its length in front.
+func appendPart(dst []byte, s string) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
 // fingerprint implements DefaultFingerprint (sel == nil) and
 // FingerprintFields (sel lists the fields kept).
-func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel map[string]struct{}) []byte {
+func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []string) []byte {
 	s := getScratch()
 	defer s.release()
 	if s.h == nil {
 		s.h = sha256.New()
 	}
-	h := s.h
-	h.Reset()
-	hdr := append(s.hdr[:0], fingerprintDomain...)
-	hdr = binary.BigEndian.AppendUint64(hdr, uint64(len(scope)))
-	hdr = append(hdr, scope...)
-	hdr = append(hdr, '\n')
-	s.hdr = hdr
+	s.h.Reset()
+	s.buf = appendRequest(s.buf[:0], r, scope)
+	s.h.Write(s.buf)
+	s.writeBody(r, body, sel)
+	return s.h.Sum(dst)
+}
 
-	kind, form := byte(fpRaw), body
-	media := mediaOther
-	if len(body) == 0 {
-		kind, form = fpEmpty, nil
-	} else {
-		media = mediaKindOf(r)
+// appendRequest appends the preimage's domain and its framed scope, method,
+// path and query (see DefaultFingerprint).
+func appendRequest(dst []byte, r *http.Request, scope string) []byte {
+	var method, path, rawPath, query string
+	if r != nil {
+		method = r.Method
+		if r.URL != nil {
+			path, rawPath, query = r.URL.Path, r.URL.RawPath, r.URL.RawQuery
+		}
 	}
-	switch media {
-	case mediaJSON:
-		if s.c.parse(body) != nil {
-			break
-		}
-		ok := true
-		if sel == nil {
-			s.out = s.c.appendCanonical(s.out[:0])
+	qkind := byte(fpQuery)
+	if query != "" {
+		if vs, err := url.ParseQuery(query); err != nil {
+			qkind = fpRaw
 		} else {
-			s.out, ok = s.c.appendSelected(s.out[:0], sel)
+			query = vs.Encode()
 		}
-		if ok {
-			kind, form = fpJSON, s.out
+	}
+	dst = append(dst, fingerprintDomain...)
+	dst = appendPart(dst, scope)
+	dst = appendPart(dst, method)
+	dst = appendPart(dst, path)
+	dst = appendPart(dst, rawPath)
+	dst = append(dst, qkind)
+	return appendPart(dst, query)
+}
+
+// writeBody writes the body's kind and form to s.h (see DefaultFingerprint).
+func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
+	tag := func(kind byte) {
+		s.buf = append(s.buf[:0], kind)
+		s.h.Write(s.buf)
+	}
+	if len(body) == 0 {
+		tag(fpEmpty)
+		return
+	}
+	switch mediaKindOf(r) {
+	case mediaJSON:
+		if s.c.parse(body, sel) == nil && (sel == nil || s.c.topObject) {
+			tag(fpJSON)
+			s.c.emitDocument(s.out[:0], s.h)
+			return
 		}
 	case mediaForm:
-		vs, err := url.ParseQuery(string(body))
-		if err != nil {
-			break
-		}
-		if sel != nil {
-			for k := range vs {
-				if _, ok := sel[k]; !ok {
-					delete(vs, k)
-				}
+		if vs, err := url.ParseQuery(string(body)); err == nil {
+			if sel != nil {
+				maps.DeleteFunc(vs, func(k string, _ []string) bool { return !slices.Contains(sel, k) })
 			}
+			s.buf = append(append(s.buf[:0], fpForm), vs.Encode()...)
+			s.h.Write(s.buf)
+			return
 		}
-		s.out = append(s.out[:0], vs.Encode()...)
-		kind, form = fpForm, s.out
 	}
-	s.hdr = append(s.hdr, kind)
-	h.Write(s.hdr)
-	h.Write(form)
-	return h.Sum(dst)
+	tag(fpRaw)
+	s.h.Write(body)
 }
 
 // scratch is the pooled working memory of CanonicalJSON and the
 // fingerprinters. It never holds a reference to a caller's slice once
 // released.
 type scratch struct {
-	c        canonicaliser
-	h        hash.Hash
-	hdr, out []byte
+	c   canonicaliser
+	h   hash.Hash
+	buf []byte     // the preimage's request parts, or a form
+	out [4096]byte // the canonical body's buffer on its way to the hash
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -266,62 +339,65 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func (s *scratch) release() {
 	c := &s.c
-	c.src = nil
-	size := cap(c.buf) + cap(c.keys) + cap(s.out) + cap(s.hdr) +
-		int(unsafe.Sizeof(frame{}))*cap(c.stack) +
-		int(unsafe.Sizeof(member{}))*(cap(c.open)+cap(c.done)) +
-		int(unsafe.Sizeof(object{}))*cap(c.objs)
-	if size <= maxPooledBytes {
+	c.src, c.out, c.h, c.sel = nil, nil, nil, nil
+	if 4*cap(c.members)+16*cap(c.objs)+cap(s.buf) <= maxPooledBytes {
 		scratchPool.Put(s)
 	}
 }
 
-// The canonicaliser works in two passes. parse reads src once, left to
-// right, and writes every value in canonical form into buf in the order of
-// src; for each object it records its members' spans in buf and their
-// unescaped names in keys, and sorts those spans when the object closes.
-// appendCanonical then copies buf, writing the members of each object that
-// was out of order in sorted order. Every byte is copied a bounded number of
-// times: the cost is linear plus the sorting.
-// Nesting is tracked on an explicit stack; appendCanonical recurses once per
-// level of reordered objects, which parse has bounded by MaxJSONDepth.
+// The canonicaliser works in two passes over the source, and never copies
+// it. parse validates src and, for each object whose members must be
+// written in another order than they came, records that order (the source
+// offsets of the members' names). emitDocument then writes the canonical
+// form from src, value by value, looking each object up in the records:
+// an object without one is written in its own order.
+//
+// Memory: members holds one int32 per object member (the parse's stack of
+// open objects grows from the front, the recorded orders from the back, so
+// the two share one array) and objs one record of 16 bytes per reordered
+// object (each has two members or more, or is the top-level object
+// FingerprintFields narrows), both allocated once for the most there can
+// be: from a count of the colons outside strings, or for documents up to
+// smallJSON from the length (a member takes at least 4 bytes). That is at
+// most 12 bytes per member, and a member takes at least 5 bytes of source
+// (`"":0` and a ',' or '}'), so at most 2.4 bytes per byte of src beyond
+// smallJSON (3 below it); the output is hashed as it is written through a
+// fixed buffer. Nesting is bounded by MaxJSONDepth, so
+// emitDocument's recursion is too.
 type canonicaliser struct {
 	src []byte
 	i   int // next byte of src
 
-	buf  []byte // canonical values, members in their original order
-	keys []byte // unescaped member names
+	members []int32 // offsets in src of member names' opening quotes
+	top     int     // members[:top]: the members of the open objects
+	low     int     // members[low:]: the recorded orders
+	objs    []object
 
-	stack []frame  // open arrays and objects
-	open  []member // members of the open objects, innermost last
-	done  []member // members of closed objects, each object's sorted
-	objs  []object // objects in the order they open
+	stack     [MaxJSONDepth]frame // open arrays and objects
+	depth     int
+	sel       []string // FingerprintFields: the top-level members kept
+	topObject bool     // the document is an object
 
-	unsorted bool // some object's members are not in order in buf
+	// Output of emitDocument: out, flushed to h when h is set.
+	out []byte
+	h   hash.Hash
+	tmp [24]byte // an escape or an exponent on its way to out
+	one [1]byte  // a byte on its way to a full out
 }
 
-// Offsets are int32 to halve the bookkeeping; maxJSONInput keeps them in
-// range (buf grows at most about 5.25 times longer than src: "1e20" becomes
-// "100000000000000000000").
 type frame struct {
-	obj int32 // index in objs, or -1 for an array
-	m0  int32 // first member in open
+	start int32 // offset of the '{' or '['; -1 for an array
+	m0    int32 // the object's first member in members
 }
 
-type member struct {
-	k0, k1     int32 // name in keys
-	start, end int32 // `"name":value` in buf
-	firstObj   int32 // index in objs of the first object that opens after the member starts
-}
-
+// object is the recorded order of an object's members.
 type object struct {
-	start, end int32 // in buf, braces included
-	m0, m1     int32 // members in done, sorted by name
-	skip       int32 // index in objs just past the object's descendants
-	sorted     bool  // the members are in order in buf already
+	start, end int32 // the object in src, braces included
+	m0, m1     int32 // members[m0:m1], in the order to write
 }
 
-// maxJSONInput is the longest document CanonicalJSON accepts (256 MiB).
+// maxJSONInput is the longest document CanonicalJSON accepts (256 MiB), so
+// that offsets fit in int32.
 const maxJSONInput = 256 << 20
 
 func (c *canonicaliser) fail(reason error) error {
@@ -339,49 +415,106 @@ func (c *canonicaliser) skipWS() {
 	}
 }
 
-// parse runs the first pass over src.
-func (c *canonicaliser) parse(src []byte) error {
-	c.src, c.i = src, 0
-	c.buf, c.keys = c.buf[:0], c.keys[:0]
-	c.stack, c.open, c.done, c.objs = c.stack[:0], c.open[:0], c.done[:0], c.objs[:0]
-	c.unsorted = false
+// smallJSON is the largest document whose bookkeeping is sized by its
+// length rather than by counting its colons (16 KiB: at most 48 KiB of
+// bookkeeping, kept in the pool).
+const smallJSON = 16 << 10
+
+// countColons returns the number of colons outside strings in src: at least
+// the number of members of any JSON document that begins with src. A string
+// ends at the first quote after it that follows an even number of
+// backslashes.
+func countColons(src []byte) int {
+	n := 0
+	for {
+		q := bytes.IndexByte(src, '"')
+		if q < 0 {
+			return n + bytes.Count(src, colon)
+		}
+		n += bytes.Count(src[:q], colon)
+		src = src[q+1:]
+		for { // inside a string
+			q = bytes.IndexByte(src, '"')
+			if q < 0 {
+				return n
+			}
+			backslashes := 0
+			for backslashes < q && src[q-1-backslashes] == '\\' {
+				backslashes++
+			}
+			src = src[q+1:]
+			if backslashes%2 == 0 {
+				break
+			}
+		}
+	}
+}
+
+var colon = []byte{':'}
+
+// parse runs the first pass over src; sel, when not nil, narrows the
+// top-level object to the members it names (FingerprintFields).
+func (c *canonicaliser) parse(src []byte, sel []string) error {
+	c.src, c.i, c.sel = src, 0, sel
+	c.depth, c.topObject = 0, false
+	c.objs = c.objs[:0]
 	if len(src) > maxJSONInput {
 		return c.fail(errJSONTooLarge)
 	}
+	// Members are at most a quarter of the bytes (`"":` and a ',' or '}'
+	// each, values aside). For small bodies that bound costs less than
+	// counting.
+	n := len(src)/4 + 1
+	if len(src) > smallJSON {
+		n = countColons(src)
+	}
+	if cap(c.members) < n {
+		c.members = make([]int32, n)
+	}
+	c.members = c.members[:n]
+	c.top, c.low = 0, n
+	if cap(c.objs) < n/2+1 {
+		c.objs = make([]object, 0, n/2+1)
+	}
+
+	c.out, c.h = nil, nil // no output in the first pass
 	for {
 		// A value starts here.
 		c.skipWS()
 		if c.i >= len(src) {
 			return c.fail(errJSONSyntax)
 		}
-		switch src[c.i] {
+		switch b := src[c.i]; b {
 		case '{', '[':
-			if len(c.stack) >= MaxJSONDepth {
+			if c.depth >= MaxJSONDepth {
 				return c.fail(errJSONTooDeep)
 			}
-			open := src[c.i]
-			c.i++
-			f := frame{obj: -1}
-			if open == '{' {
-				f = frame{obj: int32(len(c.objs)), m0: int32(len(c.open))}
-				c.objs = append(c.objs, object{start: int32(len(c.buf))})
+			f := frame{start: -1}
+			if b == '{' {
+				f = frame{start: int32(c.i), m0: int32(c.top)}
+				if c.depth == 0 {
+					c.topObject = true
+				}
 			}
-			c.stack = append(c.stack, f)
-			c.buf = append(c.buf, open)
+			c.stack[c.depth] = f
+			c.depth++
+			c.i++
 			c.skipWS()
-			if c.i < len(src) && src[c.i] == open+2 { // '{'+2 == '}', '['+2 == ']'
+			if c.i < len(src) && src[c.i] == b+2 { // '{'+2 == '}', '['+2 == ']'
 				c.i++
-				_ = c.closeContainer() // an empty container always closes
+				if err := c.closeContainer(); err != nil {
+					return err
+				}
 				break
 			}
-			if open == '{' {
-				if err := c.key(); err != nil {
+			if b == '{' {
+				if err := c.name(); err != nil {
 					return err
 				}
 			}
 			continue
 		case '"':
-			if err := c.str(false); err != nil {
+			if err := c.str(); err != nil {
 				return err
 			}
 		case 't':
@@ -405,32 +538,28 @@ func (c *canonicaliser) parse(src []byte) error {
 		// A value ended: close containers until one needs another value.
 		for {
 			c.skipWS()
-			if len(c.stack) == 0 {
+			if c.depth == 0 {
 				if c.i != len(src) {
 					return c.fail(errJSONSyntax)
 				}
 				return nil
 			}
-			f := c.stack[len(c.stack)-1]
-			if f.obj >= 0 {
-				c.open[len(c.open)-1].end = int32(len(c.buf))
-			}
 			if c.i >= len(src) {
 				return c.fail(errJSONSyntax)
 			}
+			isObj := c.stack[c.depth-1].start >= 0
 			b := src[c.i]
 			if b == ',' {
 				c.i++
-				c.buf = append(c.buf, ',')
-				if f.obj >= 0 {
+				if isObj {
 					c.skipWS()
-					if err := c.key(); err != nil {
+					if err := c.name(); err != nil {
 						return err
 					}
 				}
 				break
 			}
-			if f.obj >= 0 && b == '}' || f.obj < 0 && b == ']' {
+			if isObj && b == '}' || !isObj && b == ']' {
 				c.i++
 				if err := c.closeContainer(); err != nil {
 					return err
@@ -442,84 +571,303 @@ func (c *canonicaliser) parse(src []byte) error {
 	}
 }
 
-// key reads a member name and the colon after it, and opens the member.
-func (c *canonicaliser) key() error {
+// name reads a member name and the colon after it, and pushes the member.
+func (c *canonicaliser) name() error {
+	at := c.i
 	if c.i >= len(c.src) || c.src[c.i] != '"' {
 		return c.fail(errJSONSyntax)
 	}
-	m := member{k0: int32(len(c.keys)), start: int32(len(c.buf)), firstObj: int32(len(c.objs))}
-	if err := c.str(true); err != nil {
+	if err := c.str(); err != nil {
 		return err
 	}
-	m.k1 = int32(len(c.keys))
 	c.skipWS()
 	if c.i >= len(c.src) || c.src[c.i] != ':' {
 		return c.fail(errJSONSyntax)
 	}
 	c.i++
-	c.buf = append(c.buf, ':')
-	c.open = append(c.open, m)
+	if c.top >= c.low { // cannot happen: countColons counted this colon
+		return c.fail(errJSONSyntax)
+	}
+	c.members[c.top] = int32(at)
+	c.top++
 	return nil
 }
 
-func (c *canonicaliser) memberKey(m member) []byte { return c.keys[m.k0:m.k1] }
-
 // closeContainer closes the innermost array or object; the closing byte has
-// been consumed. For an object it sorts the members and refuses duplicates.
+// been consumed. For an object it decides the order of its members and
+// records it unless it is the order they came in.
 func (c *canonicaliser) closeContainer() error {
-	f := c.stack[len(c.stack)-1]
-	c.stack = c.stack[:len(c.stack)-1]
-	if f.obj < 0 {
-		c.buf = append(c.buf, ']')
+	c.depth--
+	f := c.stack[c.depth]
+	if f.start < 0 {
 		return nil
 	}
-	ms := c.open[f.m0:]
-	sorted := true
-	for j := 1; j < len(ms); j++ {
-		cmp := bytes.Compare(c.memberKey(ms[j-1]), c.memberKey(ms[j]))
-		if cmp == 0 {
-			return c.fail(errJSONDuplicateKey)
-		}
-		if cmp > 0 {
-			sorted = false
-			break
-		}
+	ms := c.members[f.m0:c.top]
+	c.top = int(f.m0)
+	record := false
+	if c.depth == 0 && c.sel != nil {
+		ms = slices.DeleteFunc(ms, func(m int32) bool { return !c.selected(m) })
+		record = true
 	}
-	if !sorted {
-		if len(ms) <= 12 {
-			// Insertion sort: most objects are small, and this avoids
-			// the generic sort's indirect comparisons.
-			for i := 1; i < len(ms); i++ {
-				m := ms[i]
-				k := c.keys[m.k0:m.k1]
-				j := i
-				for ; j > 0 && bytes.Compare(c.keys[ms[j-1].k0:ms[j-1].k1], k) > 0; j-- {
-					ms[j] = ms[j-1]
-				}
-				ms[j] = m
-			}
-		} else {
-			slices.SortFunc(ms, func(a, b member) int {
-				return bytes.Compare(c.keys[a.k0:a.k1], c.keys[b.k0:b.k1])
-			})
-		}
-		for j := 1; j < len(ms); j++ {
-			if bytes.Equal(c.memberKey(ms[j-1]), c.memberKey(ms[j])) {
-				return c.fail(errJSONDuplicateKey)
-			}
-		}
-		c.unsorted = true
+	if !c.inOrder(ms) {
+		// Colliding names keep the order they came in (their offsets).
+		slices.SortFunc(ms, func(a, b int32) int { return cmp.Or(c.compareNames(a, b), cmp.Compare(a, b)) })
+		record = true
 	}
-	c.buf = append(c.buf, '}')
-	o := &c.objs[f.obj]
-	o.m0 = int32(len(c.done))
-	c.done = append(c.done, ms...)
-	o.m1 = int32(len(c.done))
-	o.end = int32(len(c.buf))
-	o.skip = int32(len(c.objs))
-	o.sorted = sorted
-	c.open = c.open[:f.m0]
+	if record {
+		c.low -= len(ms)
+		copy(c.members[c.low:], ms)
+		c.objs = append(c.objs, object{start: f.start, end: int32(c.i), m0: int32(c.low), m1: int32(c.low + len(ms))})
+	}
 	return nil
+}
+
+// inOrder reports whether the members are in canonical order.
+func (c *canonicaliser) inOrder(ms []int32) bool {
+	for j := 1; j < len(ms); j++ {
+		if c.compareNames(ms[j-1], ms[j]) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// nameRune decodes the rune of the (valid) JSON string in src at i, and
+// returns it and the offset after it; at the closing quote it returns -1.
+func (c *canonicaliser) nameRune(i int) (rune, int) {
+	b := c.src[i]
+	switch {
+	case b == '"':
+		return -1, i
+	case b < utf8.RuneSelf && b != '\\':
+		return rune(b), i + 1
+	case b >= utf8.RuneSelf:
+		r, n := utf8.DecodeRune(c.src[i:])
+		return r, i + n
+	}
+	switch c.src[i+1] {
+	case 'b':
+		return '\b', i + 2
+	case 'f':
+		return '\f', i + 2
+	case 'n':
+		return '\n', i + 2
+	case 'r':
+		return '\r', i + 2
+	case 't':
+		return '\t', i + 2
+	case 'u':
+		r := hex4(c.src[i+2:])
+		if utf16.IsSurrogate(r) {
+			return utf16.DecodeRune(r, hex4(c.src[i+8:])), i + 12
+		}
+		return r, i + 6
+	}
+	return rune(c.src[i+1]), i + 2 // '"', '\\', '/'
+}
+
+// foldRune folds r as encoding/json does to match member names to struct
+// fields: to the smallest rune of its simple case folding orbit.
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
+		}
+		return r
+	}
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
+}
+
+// compareNames compares the member names at a and b (offsets of their
+// opening quotes) by their folded runes; 0 means they collide.
+func (c *canonicaliser) compareNames(a, b int32) int {
+	i, j := int(a)+1, int(b)+1
+	for {
+		ra, ni := c.nameRune(i)
+		rb, nj := c.nameRune(j)
+		if ra < 0 || rb < 0 {
+			return cmp.Compare(ra, rb) // the shorter name first
+		}
+		if ra != rb {
+			if fa, fb := foldRune(ra), foldRune(rb); fa != fb {
+				return cmp.Compare(fa, fb)
+			}
+		}
+		i, j = ni, nj
+	}
+}
+
+// selected reports whether the member name at m matches one of c.sel, as
+// compareNames matches names.
+func (c *canonicaliser) selected(m int32) bool {
+	for _, f := range c.sel {
+		i, k := int(m)+1, 0
+		for {
+			r, ni := c.nameRune(i)
+			if r < 0 || k == len(f) {
+				if r < 0 && k == len(f) {
+					return true
+				}
+				break
+			}
+			fr, n := utf8.DecodeRuneInString(f[k:])
+			if r != fr && foldRune(r) != foldRune(fr) {
+				break
+			}
+			i, k = ni, k+n
+		}
+	}
+	return false
+}
+
+// write appends b to the output; with a hash, the buffer goes to it
+// whenever it is full, so it never grows. The first pass has no output.
+func (c *canonicaliser) write(b []byte) {
+	if len(c.out)+len(b) <= cap(c.out) {
+		c.out = append(c.out, b...)
+		return
+	}
+	c.writeFull(b)
+}
+
+func (c *canonicaliser) writeFull(b []byte) {
+	switch {
+	case c.out == nil:
+		return // first pass
+	case c.h == nil:
+		c.out = append(c.out, b...)
+		return
+	}
+	c.h.Write(c.out)
+	c.out = c.out[:0]
+	if len(b) > cap(c.out) {
+		c.h.Write(b)
+		return
+	}
+	c.out = append(c.out, b...)
+}
+
+func (c *canonicaliser) writeByte(b byte) {
+	if len(c.out) == cap(c.out) {
+		c.writeByteFull(b)
+		return
+	}
+	c.out = c.out[:len(c.out)+1]
+	c.out[len(c.out)-1] = b
+}
+
+func (c *canonicaliser) writeByteFull(b byte) {
+	c.one[0] = b
+	c.writeFull(c.one[:])
+}
+
+func (c *canonicaliser) writeString(s string) {
+	for i := 0; i < len(s); i++ {
+		c.writeByte(s[i])
+	}
+}
+
+// emitDocument runs the second pass over the document parse accepted. With
+// h nil it appends the canonical form to dst and returns it; otherwise it
+// writes the form to h, using dst (empty, with room) as the buffer.
+func (c *canonicaliser) emitDocument(dst []byte, h hash.Hash) []byte {
+	slices.SortFunc(c.objs, func(a, b object) int { return cmp.Compare(a.start, b.start) })
+	if dst == nil {
+		dst = []byte{} // not nil: nil means the first pass
+	}
+	c.out, c.h, c.i = dst, h, 0
+	c.value()
+	out := c.out
+	if h != nil {
+		h.Write(out)
+	}
+	c.out, c.h = nil, nil
+	return out
+}
+
+// value writes the value at c.i and moves past it.
+func (c *canonicaliser) value() {
+	c.skipWS()
+	switch c.src[c.i] {
+	case '{':
+		c.object()
+	case '[':
+		c.array()
+	case '"':
+		_ = c.str()
+	case 't':
+		_ = c.literal("true")
+	case 'f':
+		_ = c.literal("false")
+	case 'n':
+		_ = c.literal("null")
+	default:
+		_ = c.number()
+	}
+}
+
+func (c *canonicaliser) object() {
+	start := int32(c.i)
+	c.writeByte('{')
+	if k, ok := slices.BinarySearchFunc(c.objs, start, func(o object, s int32) int { return cmp.Compare(o.start, s) }); ok {
+		o := c.objs[k]
+		for j, m := range c.members[o.m0:o.m1] {
+			if j > 0 {
+				c.writeByte(',')
+			}
+			c.member(m)
+		}
+		c.writeByte('}')
+		c.i = int(o.end)
+		return
+	}
+	// In the order the members came.
+	c.i++
+	c.skipWS()
+	for c.src[c.i] != '}' {
+		c.member(int32(c.i))
+		c.skipWS()
+		if c.src[c.i] == ',' {
+			c.writeByte(',')
+			c.i++
+			c.skipWS()
+		}
+	}
+	c.i++
+	c.writeByte('}')
+}
+
+// member writes the member whose name starts at m.
+func (c *canonicaliser) member(m int32) {
+	c.i = int(m)
+	_ = c.str()
+	c.skipWS()
+	c.i++ // ':'
+	c.writeByte(':')
+	c.value()
+}
+
+func (c *canonicaliser) array() {
+	c.writeByte('[')
+	c.i++
+	c.skipWS()
+	for c.src[c.i] != ']' {
+		c.value()
+		c.skipWS()
+		if c.src[c.i] == ',' {
+			c.writeByte(',')
+			c.i++
+		}
+		c.skipWS()
+	}
+	c.i++
+	c.writeByte(']')
 }
 
 func (c *canonicaliser) literal(lit string) error {
@@ -527,16 +875,16 @@ func (c *canonicaliser) literal(lit string) error {
 		return c.fail(errJSONSyntax)
 	}
 	c.i += len(lit)
-	c.buf = append(c.buf, lit...)
+	c.write(c.src[c.i-len(lit) : c.i])
 	return nil
 }
 
 // str reads the string at c.i (an opening quote) and writes it in canonical
-// form to buf, and unescaped to keys when key is set.
-func (c *canonicaliser) str(key bool) error {
+// form.
+func (c *canonicaliser) str() error {
 	src := c.src
 	i := c.i + 1
-	c.buf = append(c.buf, '"')
+	from := c.i // src[from:i] is written as it is: the quote and plain runs
 	for {
 		start, high := i, byte(0)
 		for i < len(src) && plainStringByte[src[i]] {
@@ -544,14 +892,9 @@ func (c *canonicaliser) str(key bool) error {
 			i++
 		}
 		// The run ends at an ASCII byte, so no sequence is cut in two.
-		run := src[start:i]
-		if high >= utf8.RuneSelf && !utf8.Valid(run) {
+		if high >= utf8.RuneSelf && !utf8.Valid(src[start:i]) {
 			c.i = start
 			return c.fail(errJSONInvalidUTF8)
-		}
-		c.buf = append(c.buf, run...)
-		if key {
-			c.keys = append(c.keys, run...)
 		}
 		if i >= len(src) || src[i] < 0x20 {
 			c.i = i
@@ -559,10 +902,11 @@ func (c *canonicaliser) str(key bool) error {
 		}
 		if src[i] == '"' {
 			c.i = i + 1
-			c.buf = append(c.buf, '"')
+			c.write(src[from:c.i])
 			return nil
 		}
 		// A backslash.
+		c.write(src[from:i])
 		c.i = i
 		if i+1 >= len(src) {
 			return c.fail(errJSONSyntax)
@@ -602,10 +946,8 @@ func (c *canonicaliser) str(key bool) error {
 			return c.fail(errJSONSyntax)
 		}
 		i += 2
-		c.buf = appendEscapedRune(c.buf, r)
-		if key {
-			c.keys = utf8.AppendRune(c.keys, r)
-		}
+		from = i
+		c.write(appendEscapedRune(c.tmp[:0], r))
 	}
 }
 
@@ -618,7 +960,6 @@ var plainStringByte = func() (t [256]bool) {
 	return t
 }()
 
-// hex4 decodes four hex digits at the start of b, or returns -1.
 func hex4(b []byte) rune {
 	if len(b) < 4 {
 		return -1
@@ -668,6 +1009,23 @@ func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 // writes it in canonical form; see CanonicalJSON.
 func (c *canonicaliser) number() error {
 	src := c.src
+	// The common case first: an integer of at most 21 digits without a
+	// leading zero (and not -0) is its own canonical form.
+	d0 := c.i
+	if d0 < len(src) && src[d0] == '-' {
+		d0++
+	}
+	d1 := d0
+	for d1 < len(src) && isDigit(src[d1]) {
+		d1++
+	}
+	if n := d1 - d0; n > 0 && n <= 21 && (src[d0] != '0' || n == 1 && d0 == c.i) &&
+		(d1 == len(src) || src[d1] != '.' && src[d1] != 'e' && src[d1] != 'E') {
+		c.write(src[c.i:d1])
+		c.i = d1
+		return nil
+	}
+
 	i := c.i
 	neg := false
 	if i < len(src) && src[i] == '-' {
@@ -750,7 +1108,7 @@ func (c *canonicaliser) number() error {
 	}
 	if first == n {
 		c.i = numEnd
-		c.buf = append(c.buf, '0')
+		c.writeByte('0')
 		return nil
 	}
 	last := n - 1
@@ -770,105 +1128,46 @@ func (c *canonicaliser) number() error {
 	}
 	c.i = numEnd
 
-	buf := c.buf
 	if neg {
-		buf = append(buf, '-')
+		c.writeByte('-')
 	}
-	digits := func(buf []byte, a, b int) []byte { // s[a:b]
+	digits := func(a, b int) { // s[a:b]
 		if a < len(intPart) {
-			buf = append(buf, intPart[a:min(b, len(intPart))]...)
+			c.write(intPart[a:min(b, len(intPart))])
 		}
 		if b > len(intPart) {
-			buf = append(buf, frac[max(a, len(intPart))-len(intPart):b-len(intPart)]...)
+			c.write(frac[max(a, len(intPart))-len(intPart) : b-len(intPart)])
 		}
-		return buf
 	}
-	d0, d1 := first, last+1
+	zeros := func(n int64) {
+		for range n {
+			c.writeByte('0')
+		}
+	}
+	d0, d1 = first, last+1
 	switch {
 	case k <= p && p <= 21: // integer
-		buf = digits(buf, d0, d1)
-		for range p - k {
-			buf = append(buf, '0')
-		}
+		digits(d0, d1)
+		zeros(p - k)
 	case 0 < p && p <= 21: // point inside the digits
-		buf = digits(buf, d0, d0+int(p))
-		buf = append(buf, '.')
-		buf = digits(buf, d0+int(p), d1)
+		digits(d0, d0+int(p))
+		c.writeByte('.')
+		digits(d0+int(p), d1)
 	case -6 < p && p <= 0: // 0.000ddd
-		buf = append(buf, '0', '.')
-		for range -p {
-			buf = append(buf, '0')
-		}
-		buf = digits(buf, d0, d1)
+		c.writeString("0.")
+		zeros(-p)
+		digits(d0, d1)
 	default: // d.ddde±x
-		buf = digits(buf, d0, d0+1)
+		digits(d0, d0+1)
 		if k > 1 {
-			buf = append(buf, '.')
-			buf = digits(buf, d0+1, d1)
+			c.writeByte('.')
+			digits(d0+1, d1)
 		}
-		buf = append(buf, 'e')
+		c.writeByte('e')
 		if p-1 >= 0 {
-			buf = append(buf, '+')
+			c.writeByte('+')
 		}
-		buf = strconv.AppendInt(buf, p-1, 10)
+		c.write(strconv.AppendInt(c.tmp[:0], p-1, 10))
 	}
-	c.buf = buf
 	return nil
-}
-
-// appendCanonical runs the second pass: it appends the canonical document to
-// dst.
-func (c *canonicaliser) appendCanonical(dst []byte) []byte {
-	if !c.unsorted {
-		return append(dst, c.buf...)
-	}
-	return c.emit(dst, 0, int32(len(c.buf)), 0)
-}
-
-// appendSelected appends the canonical form of the top-level object with
-// only the members whose names are in sel. It reports false when the top
-// level is not an object.
-func (c *canonicaliser) appendSelected(dst []byte, sel map[string]struct{}) ([]byte, bool) {
-	if len(c.buf) == 0 || c.buf[0] != '{' {
-		return dst, false
-	}
-	o := c.objs[0]
-	dst = append(dst, '{')
-	n := 0
-	for _, m := range c.done[o.m0:o.m1] {
-		if _, ok := sel[string(c.memberKey(m))]; !ok {
-			continue
-		}
-		if n > 0 {
-			dst = append(dst, ',')
-		}
-		n++
-		dst = c.emit(dst, m.start, m.end, m.firstObj)
-	}
-	return append(dst, '}'), true
-}
-
-// emit appends buf[a:b] with the members of each object that was not in
-// order put in order; k is the index in objs of the first object that
-// starts at or after a.
-func (c *canonicaliser) emit(dst []byte, a, b, k int32) []byte {
-	pos := a
-	for int(k) < len(c.objs) && c.objs[k].start < b {
-		o := &c.objs[k]
-		if o.sorted {
-			k++ // copied as it is; its descendants come next in objs
-			continue
-		}
-		dst = append(dst, c.buf[pos:o.start]...)
-		dst = append(dst, '{')
-		for j, m := range c.done[o.m0:o.m1] {
-			if j > 0 {
-				dst = append(dst, ',')
-			}
-			dst = c.emit(dst, m.start, m.end, m.firstObj)
-		}
-		dst = append(dst, '}')
-		pos, k = o.end, o.skip
-	}
-	return append(dst, c.buf[pos:b]...)
 }

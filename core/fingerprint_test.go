@@ -12,7 +12,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,9 +47,23 @@ func TestCanonicalJSON(t *testing.T) {
 		{"ok, top-level number", `1.0`, `1`},
 		{"ok, keys compared after unescaping", `{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},
 		{"ok, quote key sorts before letters", `{"A":1,"\"":2}`, `{"\"":2,"A":1}`},
-		{"ok, backslash key sorts after upper case", `{"a":1,"\\":2,"Z":3}`, `{"Z":3,"\\":2,"a":1}`},
+		{"ok, names compared case-insensitively", `{"a":1,"\\":2,"Z":3}`, `{"a":1,"Z":3,"\\":2}`},
+		{"ok, lower case before a later upper case", `{"B":1,"a":2}`, `{"a":2,"B":1}`},
 		{"ok, control key sorts first", `{" ":1,"\n":2}`, `{"\n":2," ":1}`},
-		{"ok, keys sorted bytewise as UTF-8", `{"é":1,"z":2,"Z":3,"":4,"\ud83d\ude00":5,"\uffff":6}`, "{\"\":4,\"Z\":3,\"z\":2,\"é\":1,\"\uffff\":6,\"😀\":5}"},
+		{"ok, keys sorted by folded code point", `{"é":1,"z":2,"":4,"\ud83d\ude00":5,"\uffff":6,"ß":7}`, "{\"\":4,\"z\":2,\"é\":1,\"ß\":7,\"\uffff\":6,\"😀\":5}"},
+
+		// Names that collide when case-folded keep their order.
+		{"ok, a repeated name keeps the order", `{"b":2,"a":1,"a":2}`, `{"a":1,"a":2,"b":2}`},
+		{"ok, a repeated name keeps the order, reversed", `{"a":2,"b":2,"a":1}`, `{"a":2,"a":1,"b":2}`},
+		{"ok, colliding names keep their order, others sorted", `{"z":0,"Q":9,"item":"tea","q":1}`, `{"item":"tea","Q":9,"q":1,"z":0}`},
+		{"ok, a repeated name after unescaping keeps the order", `{"a":1,"\u0061":2}`, `{"a":1,"a":2}`},
+		{"ok, names equal but for case keep the order", `{"item":"tea","quantity":1,"Quantity":9}`, `{"item":"tea","quantity":1,"Quantity":9}`},
+		{"ok, names equal but for case keep the order, reversed", `{"item":"tea","Quantity":9,"quantity":1}`, `{"item":"tea","Quantity":9,"quantity":1}`},
+		{"ok, Kelvin sign collides with k", `{"k":1,"\u212a":2}`, "{\"k\":1,\"\u212a\":2}"},
+		{"ok, long s collides with S", `{"ſ":1,"S":2}`, `{"ſ":1,"S":2}`},
+		{"ok, colliding object inside a sorted parent", `{"b":{"x":1,"X":2},"a":{"d":1,"c":2}}`, `{"a":{"c":2,"d":1},"b":{"x":1,"X":2}}`},
+		{"ok, sorted object inside a colliding parent", `{"b":{"d":1,"c":2},"B":0}`, `{"b":{"c":2,"d":1},"B":0}`},
+		{"ok, duplicate empty names keep the order", `{"":1,"":2}`, `{"":1,"":2}`},
 		{"ok, prefix key sorts first", `{"ab":1,"a":2}`, `{"a":2,"ab":1}`},
 		{"ok, keys sorted lexically, not by length", `{"b":1,"aa":2}`, `{"aa":2,"b":1}`},
 		{"ok, many members", `{"j":0,"i":1,"h":2,"g":3,"f":4,"e":5,"d":6,"c":7,"b":8,"a":9}`, `{"a":9,"b":8,"c":7,"d":6,"e":5,"f":4,"g":3,"h":2,"i":1,"j":0}`},
@@ -216,14 +232,6 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{"nok, surrogates reversed", `"\udc00\ud800"`, errJSONSurrogate},
 		{"nok, two high surrogates", `"\ud800\ud800"`, errJSONSurrogate},
 
-		{"nok, duplicate keys", `{"a":1,"a":2}`, errJSONDuplicateKey},
-		{"nok, duplicate keys with same value", `{"a":1,"a":1}`, errJSONDuplicateKey},
-		{"nok, duplicate keys after unescaping", `{"a":1,"\u0061":2}`, errJSONDuplicateKey},
-		{"nok, duplicate keys apart", `{"b":1,"a":2,"b":3}`, errJSONDuplicateKey},
-		{"nok, duplicate keys nested", `[{"x":{"y":1,"y":2}}]`, errJSONDuplicateKey},
-		{"nok, duplicate empty keys", `{"":1,"":2}`, errJSONDuplicateKey},
-		{"nok, duplicate keys beside a huge number", `{"n":1e400,"a":1,"a":2}`, errJSONDuplicateKey},
-
 		{"nok, depth 129 arrays", deep(MaxJSONDepth + 1), errJSONTooDeep},
 		{"nok, depth 129 objects", deepObj(MaxJSONDepth + 1), errJSONTooDeep},
 		{"nok, depth 100000", deep(100000), errJSONTooDeep},
@@ -377,6 +385,14 @@ func checkCanonical(t *testing.T, src, c []byte) {
 	if path, ok := sameJSON(v1, v2, "$"); !ok {
 		t.Fatalf("canonical form %.200q of %.200q differs at %s", c, src, path)
 	}
+	if s1, s2, ok := sameStruct(src, c); !ok {
+		t.Fatalf("canonical form %.200q of %.200q decodes into a struct differently:\n%s\n%s", c, src, s1, s2)
+	}
+	if hasCollision(src) {
+		// encoding/json keeps one of the colliding members only, and
+		// reorders them: its re-serialisation is another request.
+		return
+	}
 	var re bytes.Buffer
 	enc := json.NewEncoder(&re)
 	enc.SetIndent(" ", "\t")
@@ -387,6 +403,47 @@ func checkCanonical(t *testing.T, src, c []byte) {
 	if err != nil || !bytes.Equal(c, c3) {
 		t.Fatalf("re-serialised %.200q\n-> %.200q, %v\nwant %.200q", re.Bytes(), c3, err, c)
 	}
+}
+
+// probe is what a handler decoding into a struct reads: encoding/json
+// matches member names to its fields case-insensitively, and the last of
+// colliding members wins. The field names are ones the tests and fuzzers
+// use.
+type probe struct {
+	A, B, K, Amount, Quantity, Item any
+	Items                           []struct{ A, B, Sku, Qty any }
+	Nested                          *probe
+}
+
+// sameStruct decodes a and b into a probe each (numbers as json.Number) and
+// compares them with sameJSON, and whether decoding failed; it returns the
+// two decoded values as text for a message.
+func sameStruct(a, b []byte) (string, string, bool) { return sameDecoded[probe](a, b) }
+
+// sameDecoded is sameStruct for a struct of type T.
+func sameDecoded[T any](a, b []byte) (string, string, bool) {
+	decode := func(src []byte) (T, error) {
+		var p T
+		d := json.NewDecoder(bytes.NewReader(src))
+		d.UseNumber()
+		err := d.Decode(&p)
+		return p, err
+	}
+	pa, errA := decode(a)
+	pb, errB := decode(b)
+	va, _ := json.Marshal(pa)
+	vb, _ := json.Marshal(pb)
+	sa, sb := fmt.Sprintf("%s (%v)", va, errA), fmt.Sprintf("%s (%v)", vb, errB)
+	if (errA == nil) != (errB == nil) {
+		return sa, sb, false
+	}
+	da, err1 := decodeUseNumber(va)
+	db, err2 := decodeUseNumber(vb)
+	if err1 != nil || err2 != nil {
+		return sa, sb, false
+	}
+	_, ok := sameJSON(da, db, "$")
+	return sa, sb, ok
 }
 
 func decodeUseNumber(b []byte) (any, error) {
@@ -479,8 +536,7 @@ func parseDecimal(s string) (decimal, bool) {
 }
 
 // checkAgainstEncodingJSON checks that CanonicalJSON accepts src exactly when
-// encoding/json does, except for what it refuses on purpose: duplicate keys,
-// nesting beyond MaxJSONDepth, invalid UTF-8 and lone surrogates in strings
+// encoding/json does, except for what it refuses on purpose: nesting beyond MaxJSONDepth, invalid UTF-8 and lone surrogates in strings
 // (which encoding/json replaces with U+FFFD), exponents out of range. Each
 // such refusal is confirmed independently.
 func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
@@ -492,10 +548,6 @@ func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
 	case err != nil && valid:
 		var why string
 		switch {
-		case errors.Is(err, errJSONDuplicateKey):
-			if !hasDuplicateKey(src) {
-				why = "no duplicate key found"
-			}
 		case errors.Is(err, errJSONTooDeep):
 			if depthOf(src) <= MaxJSONDepth {
 				why = "nesting is not too deep"
@@ -526,13 +578,14 @@ var (
 	bigExponent     = regexp.MustCompile(`[eE][-+]?0*[1-9][0-9]{8}`)
 )
 
-// hasDuplicateKey walks src with encoding/json's tokenizer and reports
-// whether an object has two members with the same (decoded) name.
-func hasDuplicateKey(src []byte) bool {
+// hasCollision walks src with encoding/json's tokenizer and reports
+// whether an object has two members whose (decoded) names are equal under
+// strings.EqualFold, a repeated name included.
+func hasCollision(src []byte) bool {
 	d := json.NewDecoder(bytes.NewReader(src))
 	d.UseNumber() // 1e400 is not an error
 	type obj struct {
-		keys   map[string]bool
+		names  []string
 		expKey bool
 	}
 	var stack []*obj
@@ -547,17 +600,19 @@ func hasDuplicateKey(src []byte) bool {
 		}
 		if top != nil && top.expKey {
 			if k, ok := tok.(string); ok {
-				if top.keys[k] {
-					return true
+				for _, n := range top.names {
+					if strings.EqualFold(n, k) {
+						return true
+					}
 				}
-				top.keys[k] = true
+				top.names = append(top.names, k)
 				top.expKey = false
 				continue
 			}
 		}
 		switch tok {
 		case json.Delim('{'):
-			stack = append(stack, &obj{keys: map[string]bool{}, expKey: true})
+			stack = append(stack, &obj{names: []string{}, expKey: true})
 			continue
 		case json.Delim('['):
 			stack = append(stack, &obj{})
@@ -566,7 +621,7 @@ func hasDuplicateKey(src []byte) bool {
 			stack = stack[:len(stack)-1]
 		}
 		// A value ended: the enclosing object expects a key next.
-		if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+		if len(stack) > 0 && stack[len(stack)-1].names != nil {
 			stack[len(stack)-1].expKey = true
 		}
 	}
@@ -668,11 +723,9 @@ func randomValue(rng *rand.Rand, depth int) any {
 		return a
 	default:
 		var o randObject
-		seen := map[string]bool{}
 		for range rng.IntN(7) {
 			k := randomString(rng)
-			if !seen[k] {
-				seen[k] = true
+			if !slices.ContainsFunc(o, func(m randMember) bool { return strings.EqualFold(m.key, k) }) {
 				o = append(o, randMember{k, randomValue(rng, depth+1)})
 			}
 		}
@@ -918,13 +971,26 @@ func fp(t *testing.T, f Fingerprinter, contentType, scope, body string) []byte {
 	return got
 }
 
-// wantFingerprint builds the documented preimage by hand.
+// wantFingerprint builds the documented preimage of a request from
+// newRequest (POST /orders/1, no query) by hand.
 func wantFingerprint(scope string, kind byte, form string) []byte {
-	var p []byte
-	p = append(p, "idem/fp/v1\n"...)
-	p = binary.BigEndian.AppendUint64(p, uint64(len(scope)))
-	p = append(p, scope...)
-	p = append(p, '\n', kind)
+	return preimageHash(scope, "POST", "/orders/1", "", 'q', "", kind, form)
+}
+
+// preimageHash builds the documented preimage by hand and hashes it.
+func preimageHash(scope, method, path, rawPath string, qkind byte, query string, kind byte, form string) []byte {
+	part := func(p []byte, s string) []byte {
+		p = binary.BigEndian.AppendUint64(p, uint64(len(s)))
+		return append(p, s...)
+	}
+	p := []byte("idem/fp/v2\n")
+	p = part(p, scope)
+	p = part(p, method)
+	p = part(p, path)
+	p = part(p, rawPath)
+	p = append(p, qkind)
+	p = part(p, query)
+	p = append(p, kind)
 	p = append(p, form...)
 	sum := sha256.Sum256(p)
 	return sum[:]
@@ -953,7 +1019,7 @@ func TestDefaultFingerprintFormat(t *testing.T) {
 	// The format is persisted in stores: changing it turns every retry
 	// across an upgrade into a mismatch. This pins it.
 	got := fp(t, DefaultFingerprint, "application/json", "POST /orders", `{"amount":1.50,"currency":"eur"}`)
-	if want := "aba25803"; fmt.Sprintf("%x", got)[:8] != want {
+	if want := "f1ec6442"; fmt.Sprintf("%x", got)[:8] != want {
 		t.Fatalf("fingerprint format changed: got %x, want prefix %s", got, want)
 	}
 }
@@ -1030,7 +1096,7 @@ func TestDefaultFingerprint(t *testing.T) {
 
 func TestDefaultFingerprintNilRequest(t *testing.T) {
 	got, err := DefaultFingerprint(nil, "s", []byte("x"))
-	if err != nil || !bytes.Equal(got, wantFingerprint("s", 'r', "x")) {
+	if err != nil || !bytes.Equal(got, preimageHash("s", "", "", "", 'q', "", 'r', "x")) {
 		t.Fatalf("got %x, %v", got, err)
 	}
 }
@@ -1052,7 +1118,7 @@ func TestDefaultFingerprintDoesNotRetainBody(t *testing.T) {
 		t.Fatalf("fingerprint changed: %x vs %x", first, again)
 	}
 	s := getScratch()
-	s.c.parse(orig)
+	_ = s.c.parse(orig, nil)
 	s.release()
 	if s.c.src != nil {
 		t.Fatal("released scratch still references the input")
@@ -1184,6 +1250,172 @@ func BenchmarkCanonicalJSONLarge(b *testing.B) {
 		var err error
 		if dst, err = CanonicalJSON(dst[:0], src); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestDefaultFingerprintRequest: the fingerprint covers the method, the
+// escaped path and the query (sorted by name, repeated values in order)
+// besides the scope and the body.
+func TestDefaultFingerprintRequest(t *testing.T) {
+	const scope = "POST /orders/:id/payments"
+	at := func(method, target string) []byte {
+		t.Helper()
+		r := httptest.NewRequest(method, target, nil)
+		r.Header.Set("Content-Type", "application/json")
+		got, err := DefaultFingerprint(r, scope, []byte(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	same := []struct{ name, a, b string }{
+		{"ok, parameters sorted by name", "/orders/1/payments?a=1&b=2", "/orders/1/payments?b=2&a=1"},
+		{"ok, query escapes decoded", "/orders/1/payments?note=a+b&x=%2F", "/orders/1/payments?x=/&note=a%20b"},
+		{"ok, empty query and none", "/orders/1/payments?", "/orders/1/payments"},
+		{"ok, empty segments of the query ignored", "/orders/1/payments?a=1&&b=2", "/orders/1/payments?a=1&b=2"},
+	}
+	for _, tt := range same {
+		t.Run(tt.name, func(t *testing.T) {
+			if a, b := at("POST", tt.a), at("POST", tt.b); !bytes.Equal(a, b) {
+				t.Fatalf("%s and %s: fingerprints differ", tt.a, tt.b)
+			}
+		})
+	}
+	differ := []struct{ name, methodB, a, b string }{
+		{"nok, another resource", "POST", "/orders/1/payments", "/orders/2/payments"},
+		{"nok, another query value", "POST", "/orders/1/payments?dry_run=true", "/orders/1/payments?dry_run=false"},
+		{"nok, a query and none", "POST", "/orders/1/payments?dry_run=true", "/orders/1/payments"},
+		{"nok, repeated values in another order", "POST", "/orders/1/payments?tag=a&tag=b", "/orders/1/payments?tag=b&tag=a"},
+		{"nok, an escaped slash is not a slash", "POST", "/files/a%2Fb", "/files/a/b"},
+		{"nok, a path escaped otherwise", "POST", "/files/a\"b", "/files/a%22b"},
+		{"nok, unparseable query hashed raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?a=1&b=2"},
+		{"nok, unparseable queries differ raw", "POST", "/orders/1/payments?a=1;b=2", "/orders/1/payments?b=2;a=1"},
+		{"nok, another method", "PATCH", "/orders/1/payments", "/orders/1/payments"},
+		{"nok, query name and value not run together", "POST", "/orders/1/payments?ab=c", "/orders/1/payments?a=bc"},
+	}
+	for _, tt := range differ {
+		t.Run(tt.name, func(t *testing.T) {
+			if a, b := at("POST", tt.a), at(tt.methodB, tt.b); bytes.Equal(a, b) {
+				t.Fatalf("POST %s and %s %s: fingerprints agree", tt.a, tt.methodB, tt.b)
+			}
+		})
+	}
+	t.Run("ok, matches the documented preimage", func(t *testing.T) {
+		got := at("POST", "/orders/1/payments?b=2&a=x+y")
+		want := preimageHash(scope, "POST", "/orders/1/payments", "", 'q', "a=x+y&b=2", 'j', `{"amount":1}`)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("got %x, want %x", got, want)
+		}
+		got = at("POST", "/a%2Fb?a=1;b")
+		want = preimageHash(scope, "POST", "/a/b", "/a%2Fb", 'r', "a=1;b", 'j', `{"amount":1}`)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("raw query: got %x, want %x", got, want)
+		}
+	})
+	// Every part is framed: moving bytes from one part to the next changes
+	// the fingerprint.
+	t.Run("nok, parts never run together", func(t *testing.T) {
+		req := func(method, path, query string) *http.Request {
+			return &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{}}
+		}
+		fps := map[string]string{}
+		for _, c := range []struct {
+			scope string
+			r     *http.Request
+			body  string
+		}{
+			{"s", req("POST", "/a", "b=c"), "d"},
+			{"sPOST", req("", "/a", "b=c"), "d"},
+			{"s", req("POST/a", "", "b=c"), "d"},
+			{"s", req("POST", "/ab=c", ""), "d"},
+			{"s", req("POST", "/a", ""), "b=cd"},
+			{"s", req("POST", "/a", "b=cd"), ""},
+			{"s", nil, "POST/ab=cd"},
+		} {
+			got, _ := DefaultFingerprint(c.r, c.scope, []byte(c.body))
+			name := fmt.Sprintf("%q %v %q", c.scope, c.r, c.body)
+			if c.r != nil {
+				name = fmt.Sprintf("%q %q %q %q %q", c.scope, c.r.Method, c.r.URL.Path, c.r.URL.RawQuery, c.body)
+			}
+			if prev, ok := fps[string(got)]; ok {
+				t.Fatalf("%s and %s: fingerprints agree", prev, name)
+			}
+			fps[string(got)] = name
+		}
+	})
+}
+
+// TestFingerprintCollidingNames: bodies that encoding/json reads
+// differently because names collide case-insensitively (last wins) never
+// share a fingerprint; DefaultFingerprint and FingerprintFields alike.
+func TestFingerprintCollidingNames(t *testing.T) {
+	const scope = "POST /orders"
+	for _, f := range []struct {
+		name string
+		fp   Fingerprinter
+	}{{"DefaultFingerprint", DefaultFingerprint}, {"FingerprintFields", FingerprintFields("item", "quantity", "a", "k")}} {
+		t.Run(f.name, func(t *testing.T) {
+			for _, tt := range []struct{ name, a, b string }{
+				{"nok, names equal but for case reordered", `{"item":"tea","quantity":1,"Quantity":9}`, `{"item":"tea","Quantity":9,"quantity":1}`},
+				{"nok, a repeated name reordered", `{"a":1,"a":2}`, `{"a":2,"a":1}`},
+				{"nok, names equal after unescaping reordered", `{"a":1,"\u0041":2}`, `{"\u0041":2,"a":1}`},
+				{"nok, Kelvin sign and k reordered", `{"a":0,"k":1,"\u212a":2}`, `{"a":0,"\u212a":2,"k":1}`},
+			} {
+				t.Run(tt.name, func(t *testing.T) {
+					a, b := fp(t, f.fp, "application/json", scope, tt.a), fp(t, f.fp, "application/json", scope, tt.b)
+					if bytes.Equal(a, b) {
+						t.Fatalf("%s and %s: fingerprints agree", tt.a, tt.b)
+					}
+					if _, _, ok := sameStruct([]byte(tt.a), []byte(tt.b)); ok {
+						t.Fatalf("%s and %s: a struct reads them alike; the test is void", tt.a, tt.b)
+					}
+				})
+			}
+			for _, tt := range []struct{ name, a, b string }{
+				{"ok, colliding names in order, others moved", `{"item":"tea","quantity":1,"Quantity":9}`, `{"quantity":1,"Quantity":9,"item":"tea"}`},
+				{"ok, colliding names interleaved with others", `{"a":1,"item":"tea","A":2}`, `{"item":"tea","a":1,"A":2}`},
+			} {
+				t.Run(tt.name, func(t *testing.T) {
+					a, b := fp(t, f.fp, "application/json", scope, tt.a), fp(t, f.fp, "application/json", scope, tt.b)
+					if !bytes.Equal(a, b) {
+						t.Fatalf("%s and %s: fingerprints differ", tt.a, tt.b)
+					}
+				})
+			}
+		})
+	}
+	t.Run("nok, FingerprintFields keeps names that match a field but for case", func(t *testing.T) {
+		f := FingerprintFields("amount")
+		a := fp(t, f, "application/json", scope, `{"Amount":1}`)
+		b := fp(t, f, "application/json", scope, `{"Amount":2}`)
+		if bytes.Equal(a, b) {
+			t.Fatal("Amount is read into a field amount, yet 1 and 2 agree")
+		}
+		c := fp(t, f, "application/json", scope, `{"amount":1,"AMOUNT":2}`)
+		d := fp(t, f, "application/json", scope, `{"AMOUNT":2,"amount":1}`)
+		if bytes.Equal(c, d) {
+			t.Fatal("colliding selected names reordered, yet the fingerprints agree")
+		}
+	})
+}
+
+func TestCountColons(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{`{"a":1,"b":{"c":2}}`, 3},
+		{`{"a:b":"c:d"}`, 1},
+		{`{"a\":":1}`, 1},
+		{`{"a\\":1}`, 1},
+		{`{"a\\\":b":1}`, 1},
+		{`["\\\\",":",{"x":1}]`, 1},
+		{`{"unterminated:`, 0},
+		{`::`, 2},
+	} {
+		if got := countColons([]byte(tt.in)); got != tt.want {
+			t.Errorf("countColons(%s) = %d, want %d", tt.in, got, tt.want)
 		}
 	}
 }

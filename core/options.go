@@ -275,7 +275,10 @@ func WithRawKeysInLogs() Option {
 
 // Scope names the unit of work explicitly (default: the request method and
 // the router's route pattern, such as "POST /orders/:id/refunds"). A
-// hand-written name survives refactoring of routes.
+// hand-written name survives refactoring of routes: routes that share it
+// share records. The default fingerprint still covers the method and the
+// concrete path, so a key used on one of them and then on another path is a
+// 422 (bound to its first request), not a replay.
 func Scope(name string) RouteOption {
 	if strings.TrimSpace(name) == "" {
 		panic("idem: Scope with an empty name")
@@ -315,7 +318,10 @@ func WaitInFlight(d time.Duration) RouteOption {
 // are always in leased mode.
 func Leased() RouteOption { return routeOption(func(p *policy) { p.leased = true }) }
 
-// Fingerprint replaces the request fingerprint (default DefaultFingerprint).
+// Fingerprint replaces the request fingerprint (default DefaultFingerprint,
+// which covers the method, path, query and body). f replaces all of it:
+// whatever f leaves out, two requests under one key may differ in and still
+// replay each other.
 func Fingerprint(f Fingerprinter) RouteOption {
 	if f == nil {
 		panic("idem: Fingerprint(nil)")

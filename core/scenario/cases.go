@@ -20,6 +20,10 @@ var scenarios = []scenario{
 	{"nok, 422 on a different body", "A request under a used key with a different body gets a 422 key-reused problem document: nothing runs, nothing is replayed, and the record is unchanged.", both, testMismatch},
 	{"ok, the same JSON or form written differently is a replay, not a 422", "Reformatted JSON, reordered keys, 1.0 for 1 and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
 	{"ok, a record without a fingerprint is not contradicted", "A record stored without a fingerprint replays to any later request under its key, whatever its body.", both, testNoFingerprint},
+	{"nok, 422 when one key is sent to another resource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments is a key reused for a different request: a 422, never order 1's answer; the handler runs once.", both, testOtherResource},
+	{"nok, 422 when one key is sent with another query", "The same key sent with ?dry_run=true and then ?dry_run=false (or no query) gets a 422; parameters reordered or escaped differently are the same query and replay; repeated values reordered are not.", both, testOtherQuery},
+	{"nok, 422 when one key is sent with another method under one scope", "Two routes sharing an explicit Scope, POST and PATCH: the same key and body with the other method gets a 422.", both, testOtherMethod},
+	{"nok, 422 when member names that collide case-insensitively come in another order", "A JSON body whose member names repeat or are equal but for case (encoding/json: case-insensitive, last wins) is not reordered: the same members in another order get a 422.", both, testCaseCollision},
 
 	// In flight.
 	{"nok, 409 with Retry-After at once while the first is in flight", "By default a duplicate of a request that is still running gets a 409 in-progress problem document with Retry-After before the first finishes, never waiting for it, and the handler does not run again.", both, testInFlightReject},
@@ -88,9 +92,9 @@ var scenarios = []scenario{
 	{"ok, a sealed record replays byte for byte and keeps no plaintext at rest", "With WithSealer(NewAESGCM) the replay is identical to the first answer and the stored response holds no plaintext of the body.", both, testSealing},
 
 	// Scope.
-	{"ok, routes with the same explicit Scope share records", "Two routes with the same core.Scope name share records: the same key and body on the second route replay the first route's answer; another body is a 422.", both, testExplicitScope},
+	{"ok, routes with the same explicit Scope share records", "Two routes with the same core.Scope name share records: the same key on the second route meets the first route's record, and since the fingerprint covers the path, gets a 422 whatever the body; the second handler never runs.", both, testExplicitScope},
 	{"ok, by default different routes never share a record", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
-	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second replays the first.", both, testPatternScope},
+	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second, whose path differs, gets a 422 from it (a record of its own would have run the handler).", both, testPatternScope},
 
 	// The handler's context.
 	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt (AttemptFrom: identity, attempt 1, the mode), a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
@@ -99,10 +103,12 @@ var scenarios = []scenario{
 // globalScenarios is the suite RunGlobal runs.
 var globalScenarios = []scenario{
 	{"ok, replays the stored 201 with Idempotent-Replayed", "A duplicate gets the recorded answer plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
-	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second replays the first.", both, testPatternScope},
+	{"ok, the default scope is the route pattern, not the concrete path", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second, whose path differs, gets a 422 from it (a record of its own would have run the handler).", both, testPatternScope},
 	{"ok, by default different routes never share a record", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time and are never replayed.", both, testMethodsDefault},
 	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt, a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
 	{"nok, 400 on a missing or malformed key", "A covered request without a key or with a malformed one gets a 400 problem document and the handler does not run.", both, testBadKeys},
 	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
+	{"nok, 422 when one key is sent to another resource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments gets a 422, never order 1's answer.", both, testOtherResource},
+	{"nok, 422 when one key is sent with another query", "The same key sent with ?dry_run=true and then ?dry_run=false gets a 422; the query reordered replays.", both, testOtherQuery},
 }

@@ -36,7 +36,9 @@
 //     middleware passes on: the request carries the engine's context
 //     (core.AttemptFrom, core.MarkEffect, core.Release, the transaction),
 //     and the handler reads the request body, which the middleware has
-//     already read to fingerprint it.
+//     already read to fingerprint it. The middleware must see the URL as
+//     the client sent it: the default fingerprint covers the method, the
+//     concrete path and the query besides the body.
 //   - Install no recovery middleware and nothing else that writes
 //     responses: a panic in a handler must propagate out of ServeHTTP. The
 //     suite wraps the router in its own recovery and checks that the panic

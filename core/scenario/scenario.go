@@ -52,9 +52,10 @@ func Run(t *testing.T, f Factory) {
 }
 
 // RunGlobal runs the scenarios that concern a middleware installed for the
-// whole router, above all that the scope is the route pattern: two
-// requests to /orders/1/refunds and /orders/2/refunds with the same key
-// address one record.
+// whole router, above all that the scope is the route pattern while the
+// fingerprint covers the concrete path and query: two requests to
+// /orders/1/refunds and /orders/2/refunds with the same key address one
+// record, and the second gets a 422.
 func RunGlobal(t *testing.T, f GlobalFactory) {
 	t.Helper()
 	if f == nil {
