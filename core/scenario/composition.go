@@ -40,7 +40,7 @@ var nestedScenarios = []scenario{
 	{"ok, nested: the handler runs once and a retry replays its answer", "With the middleware installed globally and again on the route, the first request runs the handler once and gets its answer (never the inner layer's own 409), a retry replays it, and only one record is left in the store.", both, testNestedOnce},
 	{"ok, nested: the inner Leased applies", "A per-route Leased under a global install runs the handler in leased mode, outside any transaction, and its answer is recorded and replayed.", both, testNestedLeased},
 	{"ok, nested: the inner Retention applies", "A per-route Retention under a global install decides when the record expires: after it the same key runs again.", both, testNestedRetention},
-	{"ok, nested: the inner Scope applies and the outer records nothing", "A per-route Scope under a global install is the record's scope (two routes sharing it share records); nothing is recorded under the outer layer's scope.", both, testNestedScope},
+	{"ok, nested: the inner Scope applies and the outer records nothing", "A per-route Scope under a global install is the record's scope (two routes sharing it share records: the other route's path is a different request, 422); nothing is recorded under the outer layer's scope.", both, testNestedScope},
 	{"nok, nested: a real duplicate in flight gets 409, the first its own answer", "Under a nested install a duplicate of a running request gets a 409 in-progress; the first request gets its handler's answer, which retries then replay.", both, testNestedInFlight},
 	{"ok, nested: a panic releases the key and reaches the outer recovery", "A panic under a nested install propagates to the outer recovery exactly once and releases the record: a retry runs again.", both, testNestedPanic},
 	{"ok, leased: nested: a flushed response streams through both layers", "In leased mode a handler that flushes under a nested install streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document.", leased, testNestedStream},
@@ -126,8 +126,10 @@ func testNestedScope(t *testing.T, x *harness) {
 
 	first := x.do(post("/orders", orderJSON, "k1"))
 	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
-	wantReplay(t, first, x.do(post("/v2/orders", orderJSON, "k1")))
-	wantProblem(t, x.do(post("/v2/orders", `{"amount":1}`, "k1")), http.StatusUnprocessableEntity, "key-reused")
+	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	// The shared scope means one record: the same key on the other route
+	// is another request (another path) for it, a 422, not a new order.
+	wantProblem(t, x.do(post("/v2/orders", orderJSON, "k1")), http.StatusUnprocessableEntity, "key-reused")
 	wantCalls(t, &na, 1)
 	wantCalls(t, &nb, 0)
 	for _, scope := range []string{"POST /orders", "POST /v2/orders"} {
