@@ -208,6 +208,14 @@ func (l *lazyTx) started() bool {
 	return l.conn != nil || l.err != nil
 }
 
+// live reports whether the transaction has begun and not ended: whether
+// it may hold locks.
+func (l *lazyTx) live() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn != nil && !l.closed
+}
+
 // connection begins the transaction if it has not begun, and returns its
 // connection.
 func (l *lazyTx) connection() (Conn, error) {

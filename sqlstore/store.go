@@ -271,8 +271,19 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
-// hiddenTx marks a context whose transaction WithoutTx hid.
-type hiddenTx struct{}
+// hiddenTx marks a context whose transaction WithoutTx hid; tx is what
+// it hid (a *lazyTx or the caller's Conn).
+type hiddenTx struct{ tx any }
+
+// mayHoldLock reports whether the hidden transaction may hold locks: a
+// transaction of Begin that has begun and not ended, or any caller's
+// transaction (the store cannot tell whether it has ended).
+func (h hiddenTx) mayHoldLock() bool {
+	if l, ok := h.tx.(*lazyTx); ok {
+		return l.live()
+	}
+	return true
+}
 
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
 // WithConn) hidden: store methods called with it run on the pool, in
@@ -283,14 +294,16 @@ type hiddenTx struct{}
 // waits (busy_timeout) for the hidden transaction, which holds the write
 // lock from BEGIN IMMEDIATE (the recommended _txlock=immediate) or from
 // its first write, and which in turn waits for the request. So on SQLite,
-// Claim with a context whose transaction was hidden fails at once with an
-// error matching core.ErrConfig: keep leased routes out of a
+// Claim with a context whose transaction was hidden, and may hold that
+// lock, fails at once with an error matching core.ErrConfig: keep leased routes out of a
 // transaction-per-request middleware.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
-	if ctx.Value(connKey{}) == nil {
+	switch v := ctx.Value(connKey{}).(type) {
+	case nil, hiddenTx:
 		return ctx
+	default:
+		return context.WithValue(ctx, connKey{}, hiddenTx{tx: v})
 	}
-	return context.WithValue(ctx, connKey{}, hiddenTx{})
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
@@ -393,8 +406,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	// across stores) is treated like a caller-managed one: its end would
 	// clear the other store's registry, not this one's.
 	v := ctx.Value(connKey{})
-	if _, hidden := v.(hiddenTx); hidden {
-		if s.d == SQLite {
+	if h, hidden := v.(hiddenTx); hidden {
+		if s.d == SQLite && h.mayHoldLock() {
 			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
 				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
 				"keep leased routes out of the middleware's transaction", core.ErrConfig)
