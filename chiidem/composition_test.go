@@ -217,3 +217,39 @@ func TestBodyConsumedUpstream(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 0", runs)
 	}
 }
+
+// TestRewritersCombinedAfterTheMiddleware: two of chi's rewriting
+// middlewares installed after chiidem route a request only together
+// (neither rewrite alone reaches the route): the request is refused, never
+// passed through unprotected.
+func TestRewritersCombinedAfterTheMiddleware(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mws  []func(http.Handler) http.Handler
+		path string
+	}{
+		{"StripSlashes, URLFormat", []func(http.Handler) http.Handler{middleware.StripSlashes, middleware.URLFormat}, "/orders.json/"},
+		{"CleanPath, URLFormat", []func(http.Handler) http.Handler{middleware.CleanPath, middleware.URLFormat}, "//orders.json"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := newEngine(t, nil)
+			r := chi.NewRouter()
+			r.Use(chiidem.New(e))
+			r.Use(c.mws...)
+			runs := 0
+			r.Post("/orders", counter(&runs))
+			for _, key := range []string{"", "k1", "k1"} {
+				w := do(r, "POST", c.path, key)
+				if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+					t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
+				}
+			}
+			if runs != 0 {
+				t.Errorf("the handler ran %d times unprotected", runs)
+			}
+			if w := do(r, "POST", "/nowhere.json/", "k1"); w.Code != http.StatusNotFound {
+				t.Errorf("a path no rewrite routes: %d, want the router's 404", w.Code)
+			}
+		})
+	}
+}
