@@ -161,24 +161,50 @@ func routePattern(r *http.Request) (string, result) {
 	if p := find(s, routes, r.Method, routePath); p != "" {
 		return normalise(s, prefix+p), routed
 	}
-	// Not found. Would one of chi's rewriting middlewares, installed after
-	// this one (in this router, or in a router the request goes on to),
-	// route it? (Had it run before, the routing path would be rewritten
-	// already.)
-	for _, rw := range rewriters {
-		q := rw.rewrite(routePath)
-		if q == routePath {
-			continue
-		}
-		p := find(s, routes, r.Method, q)
-		if p == "" {
-			continue
-		}
-		if installed(routes, s.RoutePatterns, rw.fn) {
-			return normalise(s, prefix+p), rewrittenLater
-		}
+	// Not found. Would chi's rewriting middlewares installed after this
+	// one (in this router, or in a router the request goes on to) route
+	// it, alone or one after another? (Had they run before, the routing
+	// path would be rewritten already.)
+	if p := findRewritten(s, routes, r.Method, routePath, 0); p != "" {
+		return normalise(s, prefix+p), rewrittenLater
 	}
 	return "", notRouted
+}
+
+// findRewritten returns the pattern of a route that path reaches after
+// a sequence of the rewriters not in used (a bit set of rewriters already
+// applied), every one of them installed in routes or in a router the
+// search goes on to, or "". There are three rewriters, so at most 15
+// sequences are tried, and only for a request that matched no route.
+func findRewritten(s *chi.Context, routes chi.Routes, method, path string, used int) string {
+	for i, rw := range rewriters {
+		if used&(1<<i) != 0 {
+			continue
+		}
+		q := rw.rewrite(path)
+		if q == path {
+			continue
+		}
+		seq := used | 1<<i
+		if p := find(s, routes, method, q); p != "" && allInstalled(routes, s.RoutePatterns, seq) {
+			return p
+		}
+		if p := findRewritten(s, routes, method, q, seq); p != "" {
+			return p
+		}
+	}
+	return ""
+}
+
+// allInstalled reports whether every rewriter in the bit set seq is
+// installed (see installed).
+func allInstalled(routes chi.Routes, patterns []string, seq int) bool {
+	for i, rw := range rewriters {
+		if seq&(1<<i) != 0 && !installed(routes, patterns, rw.fn) {
+			return false
+		}
+	}
+	return true
 }
 
 // installed reports whether the middleware at address fn is installed in

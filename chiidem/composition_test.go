@@ -253,3 +253,21 @@ func TestRewritersCombinedAfterTheMiddleware(t *testing.T) {
 		})
 	}
 }
+
+// TestRewriterNotInstalledKeepsTheRouterAnswer: a path that only a
+// sequence including a rewriter that is not installed would route is the
+// router's 404, not a refusal.
+func TestRewriterNotInstalledKeepsTheRouterAnswer(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := chi.NewRouter()
+	r.Use(chiidem.New(e))
+	r.Use(middleware.URLFormat) // StripSlashes is not installed
+	runs := 0
+	r.Post("/orders", counter(&runs))
+	if w := do(r, "POST", "/orders.json/", "k1"); w.Code != http.StatusNotFound {
+		t.Errorf("%d %q, want the router's 404", w.Code, w.Body)
+	}
+	if runs != 0 {
+		t.Errorf("the handler ran %d times", runs)
+	}
+}
