@@ -56,6 +56,7 @@ var scenarios = []scenario{
 	{"ok, atomic: past the cap the engine commits, then streams; memory stays bounded", "In atomic mode a 50 MiB answer is not held: past the recording cap the record commits (status, body not kept) before the client sees anything, the rest streams through, the heap stays far below 50 MiB, and a duplicate gets the status with a response-not-kept problem document.", atomicMode, testAtomicStreamPastCap},
 	{"nok, atomic: when the commit at the cap fails the client gets 503 and none of the body", "In atomic mode, when the commit at the recording cap fails, the handler's write fails with ErrStoreUnavailable, the client gets the 503 store-unavailable problem and nothing of the handler's body, and the retry runs.", atomicMode, testAtomicCapCommitFails},
 	{"nok, 413 on a request body over the limit", "A request body over WithMaxRequestBody, with or without Content-Length, gets a 413 body-too-large problem document and the handler does not run.", both, testRequestCap},
+	{"nok, 413 on a request body over an upstream http.MaxBytesReader", "A request body over a limit the application set before the middleware (http.MaxBytesReader) gets a 413 body-too-large problem document, as over the engine's own limit, and the handler does not run.", both, testUpstreamBodyLimit},
 
 	// Problem documents.
 	{"ok, rejections use the configured problem base and error writer", "Every rejection (400, 401, 422) is written by the engine's error writer (WithErrorWriter) with types under its problem base (WithProblemBase).", both, testProblemShape},

@@ -425,6 +425,23 @@ func testRequestCap(t *testing.T, x *harness) {
 	wantOriginal(t, x.do(post("/orders", fits, "k1")), http.StatusCreated, orderBody(1, "alice", fits))
 }
 
+func testUpstreamBodyLimit(t *testing.T, x *harness) {
+	const limit = 16
+	var n atomic.Int32
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&n)})
+	router := x.h
+	x.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, limit) // the application's own, tighter limit
+		router.ServeHTTP(w, r)
+	})
+
+	over := `{"note":"` + strings.Repeat("x", 100) + `"}`
+	res := x.do(post("/orders", over, "k1"))
+	wantProblem(t, res, http.StatusRequestEntityTooLarge, "body-too-large")
+	wantNoSecrets(t, "upstream body limit", res)
+	wantCalls(t, &n, 0)
+}
+
 func testProblemShape(t *testing.T, x *harness) {
 	const base = "https://errors.example.com/idem/"
 	var n atomic.Int32
