@@ -540,6 +540,10 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 		}
 		if err != nil {
 			*b.buf = buf
+			var mbe *http.MaxBytesError // an application's own, tighter limit (http.MaxBytesReader)
+			if errors.As(err, &mbe) {
+				return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", mbe.Limit, mbe.Limit)
+			}
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
