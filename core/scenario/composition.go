@@ -44,6 +44,7 @@ var nestedScenarios = []scenario{
 	{"nok, nested: a real duplicate in flight gets 409, the first its own answer", "Under a nested install a duplicate of a running request gets a 409 in-progress; the first request gets its handler's answer, which retries then replay.", both, testNestedInFlight},
 	{"ok, nested: a panic releases the key and reaches the outer recovery", "A panic under a nested install propagates to the outer recovery exactly once and releases the record: a retry runs again.", both, testNestedPanic},
 	{"ok, leased: nested: a flushed response streams through both layers", "In leased mode a handler that flushes under a nested install streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document.", leased, testNestedStream},
+	{"ok, nested: an inner layer that passes the request through leaves no attempt in its context", "When the inner layer's options pass a request through (a method it does not cover), the handler runs unprotected, and MarkEffect, DownstreamKey and AttemptFrom say so (ErrNoAttempt), instead of acting on the outer layer's given-up attempt.", both, testNestedPassThroughNoAttempt},
 	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 }
 
@@ -240,5 +241,27 @@ func testRouterAnswers(t *testing.T, x *harness) {
 	wantCalls(t, &n, 0)
 	if got := x.mem.Len(); got != 0 {
 		t.Errorf("%d records in the store after the router's own answers, want 0", got)
+	}
+}
+
+func testNestedPassThroughNoAttempt(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var mu sync.Mutex
+	var markErr, keyErr error
+	var found bool
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{core.Methods("PUT")}, Handler: func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		markErr = core.MarkEffect(r.Context())
+		_, keyErr = core.DownstreamKey(r.Context(), "charge")
+		_, found = core.AttemptFrom(r.Context())
+		mu.Unlock()
+		writeOrder(w, r, int(n.Add(1)))
+	}})
+
+	wantOriginal(t, x.do(post("/orders", orderJSON, "k1")), http.StatusCreated, orderBody(1, "alice", orderJSON))
+	mu.Lock()
+	defer mu.Unlock()
+	if !errors.Is(markErr, core.ErrNoAttempt) || !errors.Is(keyErr, core.ErrNoAttempt) || found {
+		t.Errorf("unprotected handler: MarkEffect %v, DownstreamKey %v, AttemptFrom found %v; want ErrNoAttempt, ErrNoAttempt, false", markErr, keyErr, found)
 	}
 }
