@@ -580,7 +580,9 @@ func attemptFrom(ctx context.Context) *attempt {
 	case *attempt:
 		return v
 	case *call:
-		if v.claimed {
+		// A superseded call's attempt was given up (a nested layer took
+		// the request over): it protects nothing any more.
+		if v.claimed && v.phase.Load() != phaseSuperseded {
 			return &v.att
 		}
 	}
