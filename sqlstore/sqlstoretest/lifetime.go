@@ -37,6 +37,8 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased Once in the caller's transaction: the record commits on its own connection", leasedOnceInCallerTx},
 		{"ok, atomic: a 50 MiB answer commits at the cap and streams with bounded memory", atomicStream},
 		{"ok, atomic: a client that goes away rolls the transaction back and the retry runs", atomicClientGone},
+		{"ok, atomic: a client that goes away after MarkEffect: the retry does not run the effect again", atomicClientGoneAfterEffect},
+		{"ok, atomic: a client that goes away while a handler that ignores it answers 201: the retry runs, nothing logged as an error", atomicClientGoneIgnored},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, cfg) })
 	}
@@ -519,5 +521,142 @@ func leasedOnceInCallerTx(t *testing.T, cfg Config) {
 	}
 	if n := f.Count(t, "consumer-"+msg.ID); n != 0 {
 		t.Errorf("%d consumer rows after the rollbacks, want 0", n)
+	}
+}
+
+// goneClient sends a request with key to srv, waits until the handler
+// signalled entered, and goes away (cancels it). It returns once the
+// request has failed on the client's side.
+func goneClient(t *testing.T, srv *httptest.Server, key string, entered <-chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
+		if err != nil {
+			errc <- err
+			return
+		}
+		req.Header.Set(core.HeaderKey, key)
+		res, err := srv.Client().Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(failsafe):
+		t.Fatal("the first request did not reach its handler")
+	}
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+}
+
+// atomicClientGoneAfterEffect: an atomic route marks an external effect
+// ("charges" a provider), and its client goes away before the handler
+// answers; the transaction, bound to the request's context, rolls back.
+// The effect may have happened, so the record must not vanish with the
+// transaction: a retry gets the indeterminate outcome (the recorded
+// answer, never a second charge), whether the handler answered 201 or 502.
+func atomicClientGoneAfterEffect(t *testing.T, cfg Config) {
+	for _, status := range []int{http.StatusCreated, http.StatusBadGateway} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			f := cfg.New(t)
+			e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var charges atomic.Int64
+			entered, release, done := make(chan struct{}, 1), make(chan struct{}), make(chan struct{}, 2)
+			srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer func() { done <- struct{}{} }()
+				if err := core.MarkEffect(r.Context()); err != nil {
+					t.Error(err)
+				}
+				if charges.Add(1) == 1 {
+					entered <- struct{}{}
+					<-release // the provider is slow; the client gives up
+				}
+				w.WriteHeader(status)
+				fmt.Fprint(w, "charged")
+			})))
+			t.Cleanup(srv.Close)
+
+			key := "gone-effect-" + Table()
+			goneClient(t, srv, key, entered)
+			close(release)
+			<-done // the first attempt has settled
+
+			req, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(core.HeaderKey, key)
+			res, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if n := charges.Load(); n != 1 {
+				t.Errorf("the provider was charged %d times, want 1 (the retry ran the effect again; it answered %d %q)", n, res.StatusCode, b)
+			}
+			if res.StatusCode < 500 {
+				t.Errorf("retry: %d %q, want the indeterminate outcome's 5xx", res.StatusCode, b)
+			}
+		})
+	}
+}
+
+// atomicClientGoneIgnored: a handler that does not watch its context
+// answers 201 after its client went away; the transaction was rolled back
+// with the request's context, so nothing is recorded and the retry runs.
+// A client going away is routine: nothing is logged at ERROR (no
+// "store unavailable" for a store that is fine).
+func atomicClientGoneIgnored(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	logs := new(lockedBuffer)
+	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	entered, release, done := make(chan struct{}, 1), make(chan struct{}), make(chan struct{}, 2)
+	srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { done <- struct{}{} }()
+		if runs.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", runs.Load())
+	})))
+	t.Cleanup(srv.Close)
+
+	key := "gone-ignored-" + Table()
+	goneClient(t, srv, key, entered)
+	close(release)
+	<-done
+
+	req, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(core.HeaderKey, key)
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated || string(b) != "order 2" {
+		t.Errorf("retry: %d %q, want the second execution's 201", res.StatusCode, b)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
 	}
 }
