@@ -92,3 +92,20 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	}
 	return decision, nil
 }
+
+// afterClientGone settles a middleware-managed atomic attempt whose
+// request's context ended (the client went away, a deadline passed) before
+// its outcome was committed: the transaction, bound to that context, was
+// rolled back with the handler's writes and the claim. A response that
+// holds without those writes is recorded as afterAbort does (in a short
+// transaction of the engine's own): above all, after MarkEffect the
+// outcome is indeterminate, so a retry does not repeat the external
+// effect. A success without an effect is not recorded (its writes are
+// gone): the key is free again, and since a client going away is routine,
+// that is a release, not a store error.
+func (a *attempt) afterClientGone(v verdict, resp *Response, err error) (Decision, error) {
+	if v != vIndeterminate && resp.Status < 400 && !a.effect.Load() {
+		return Released, &RetryError{Err: storeErr(err), RetryAfter: a.e.cfg.retryAfter}
+	}
+	return a.afterAbort(v, resp, err)
+}

@@ -546,6 +546,9 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrTxAborted) {
 			return a.afterAbort(v, resp, err)
 		}
+		if a.tx != nil && a.ctx.Err() != nil {
+			return a.afterClientGone(v, resp, err)
+		}
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
