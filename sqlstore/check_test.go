@@ -113,3 +113,45 @@ func TestCheckOnAnUnreachableServer(t *testing.T) {
 		t.Fatalf("Check with a cancelled context: %v, want core.ErrStoreUnavailable", err)
 	}
 }
+
+// TestCheckFindsAWrongColumnType: a table with the store's columns and
+// primary key, but a column type the store's records do not fit (a text
+// id where the store writes 32 bytes), fails Check with core.ErrConfig
+// naming the schema, instead of passing and failing every request with 503.
+func TestCheckFindsAWrongColumnType(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		d        sqlstore.Dialect
+		old, new string
+	}{
+		{sqlstore.Postgres, "id          BYTEA        NOT NULL PRIMARY KEY", "id TEXT NOT NULL PRIMARY KEY"},
+		{sqlstore.MySQL, "id          BINARY(32)   NOT NULL PRIMARY KEY", "id VARCHAR(64) CHARACTER SET utf8mb4 NOT NULL PRIMARY KEY"},
+	} {
+		t.Run(c.d.String(), func(t *testing.T) {
+			db, _ := openDB(t, c.d)
+			table := sqlstoretest.Table()
+			ddl := sqlstore.Schema(c.d, table)
+			if !strings.Contains(ddl, c.old) {
+				t.Fatalf("the schema has no %q", c.old)
+			}
+			for _, stmt := range strings.Split(strings.ReplaceAll(ddl, c.old, c.new), ";") {
+				if strings.TrimSpace(stmt) == "" {
+					continue
+				}
+				if _, err := db.ExecContext(ctx, stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			s, err := sqlstore.New(db, c.d, sqlstore.WithTable(table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantConfigError(t, "Check", s.Check(ctx), table, "sqlstore.Schema")
+			var n int
+			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table).Scan(&n); err != nil || n != 0 {
+				t.Errorf("Check left %d rows (%v), want none", n, err)
+			}
+		})
+	}
+}
