@@ -2,10 +2,13 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem/core"
 )
@@ -22,17 +25,65 @@ import (
 //
 // A misconfiguration is an error wrapping core.ErrConfig whose text names
 // the fix; a server that cannot be reached is an error wrapping
-// core.ErrStoreUnavailable. Check runs a few catalog queries and writes
-// nothing.
+// core.ErrStoreUnavailable. Check runs a few catalog queries, then claims,
+// completes and reads one probe record in a transaction that it rolls back
+// (so a column whose type does not fit the store's records is found too);
+// it leaves nothing behind.
 func (s *Store) Check(ctx context.Context) error {
-	c, _, err := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
 	if err := s.checkServer(ctx, c); err != nil {
 		return err
 	}
-	return s.checkTable(ctx, c)
+	if err := s.checkTable(ctx, c); err != nil {
+		return err
+	}
+	if inTx {
+		return nil // the caller's transaction: write nothing in it
+	}
+	return s.checkRecords(ctx)
+}
+
+// checkRecords writes a probe record the way the engine does (Claim,
+// Complete, Get) in a transaction it rolls back.
+func (s *Store) checkRecords(ctx context.Context) error {
+	tctx, tx, err := s.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var id core.ID
+	if _, err := rand.Read(id[:]); err != nil {
+		return err
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	const token = 1
+	fail := func(op string, err error) error {
+		return fmt.Errorf("%w: sqlstore: table %q does not take the store's records (%s failed; are its column types those of sqlstore.Schema(%s, %q)?): %v",
+			core.ErrConfig, s.table, op, dialectName(s.d), s.table, err) // %v: a configuration error, not a store to retry
+	}
+	res, err := s.Claim(tctx, core.ClaimRequest{ID: id, Caller: "idem/check", Scope: "idem/check", Key: "idem/check",
+		Fingerprint: id[:], Token: token, Now: now, ExpiresAt: now.Add(time.Hour), LeaseUntil: now.Add(time.Minute)})
+	if err != nil {
+		return fail("claim", err)
+	}
+	if !res.Claimed {
+		return fail("claim", errors.New("a new record was not claimed"))
+	}
+	err = s.Complete(tctx, id, token, core.Completion{State: core.StateCompleted, Status: 201, Response: []byte{0, 0xff, 1}, ExpiresAt: now.Add(time.Hour)})
+	if err != nil {
+		return fail("complete", err)
+	}
+	rec, err := s.Get(tctx, id, now)
+	if err != nil {
+		return fail("get", err)
+	}
+	if rec.ID != id || rec.State != core.StateCompleted || rec.Status != 201 || string(rec.Response) != "\x00\xff\x01" {
+		return fail("get", fmt.Errorf("the record read back differs: %+v", rec))
+	}
+	return nil
 }
 
 // server is what a database answered about itself.
