@@ -44,6 +44,7 @@ var nestedScenarios = []scenario{
 	{"nok, nested: a real duplicate in flight gets 409, the first its own answer", "Under a nested install a duplicate of a running request gets a 409 in-progress; the first request gets its handler's answer, which retries then replay.", both, testNestedInFlight},
 	{"ok, nested: a panic releases the key and reaches the outer recovery", "A panic under a nested install propagates to the outer recovery exactly once and releases the record: a retry runs again.", both, testNestedPanic},
 	{"ok, leased: nested: a flushed response streams through both layers", "In leased mode a handler that flushes under a nested install streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document.", leased, testNestedStream},
+	{"ok, nested: a handler that reads the body after its request was answered reads its own bytes", "Under a nested install, a handler behind http.TimeoutHandler that reads the request body after the timeout answered the client, while other requests run, reads its own request's body whole and never another request's bytes.", both, testLateBodyReader},
 	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 }
 
