@@ -51,6 +51,16 @@ var (
 	// ErrFenced: a store refused Complete, Extend or Release because the
 	// record is gone or its fencing token differs from the caller's.
 	ErrFenced = errors.New("idem: fencing token does not match")
+	// ErrLostRace: a store's claim, write or commit lost to a concurrent
+	// transaction and the database rolled the whole transaction back:
+	// nothing it wrote persists. On a multi-primary cluster (MariaDB
+	// Galera) this is how a node learns that another node claimed the same
+	// identity first (a failed certification, or a brute-force abort by
+	// the other node's replicated write); on a single server, a deadlock
+	// victim. The engine answers it like any duplicate of an attempt that
+	// is in flight or completed (409 + Retry-After, or the replay), never
+	// as an outage. Stores return it wrapped.
+	ErrLostRace = errors.New("idem: lost a race to a concurrent transaction (rolled back)")
 )
 
 // RetryError carries a Retry-After hint with a sentinel (ErrInProgress,

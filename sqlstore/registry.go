@@ -267,7 +267,13 @@ func (l *lazyTx) end(commit bool) error {
 	}
 	switch {
 	case l.tx != nil && commit:
-		return l.tx.Commit()
+		err := l.tx.Commit()
+		if err != nil && isLostRace(err) {
+			// Galera: another node's write to the same rows was certified
+			// first; nothing of this transaction persists.
+			return unavailable("commit", err)
+		}
+		return err
 	case l.tx != nil:
 		return l.tx.Rollback()
 	case l.err != nil && commit:

@@ -515,13 +515,31 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 
 // --- helpers -----------------------------------------------------------------
 
-// unavailable wraps a driver error with core.ErrStoreUnavailable; both stay
-// inspectable with errors.Is / errors.As.
+// unavailable wraps a driver error with core.ErrStoreUnavailable, or with
+// core.ErrLostRace when the database rolled the transaction back for a
+// concurrent one (see lostRace); both stay inspectable with errors.Is /
+// errors.As.
 func unavailable(op string, err error) error {
-	if errors.Is(err, core.ErrStoreUnavailable) {
+	if errors.Is(err, core.ErrStoreUnavailable) || errors.Is(err, core.ErrLostRace) {
 		return err
 	}
+	if isLostRace(err) {
+		return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrLostRace, op, err)
+	}
 	return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrStoreUnavailable, op, err)
+}
+
+// isLostRace reports whether err says that the database rolled the whole
+// transaction back in favour of a concurrent one: MySQL/MariaDB error 1213
+// (SQLSTATE 40001), which InnoDB gives a deadlock victim and MariaDB
+// Galera gives a transaction that failed certification at COMMIT or was
+// aborted by another node's replicated write ("WSREP detected
+// deadlock/conflict and aborted the transaction"). Galera's 1047 ("WSREP
+// has not yet prepared node for application use": the node is not in the
+// primary component) is not one: that node is out of service, so it stays
+// ErrStoreUnavailable (503), and fail-open applies to it.
+func isLostRace(err error) bool {
+	return mysqlErrno(err) == erDeadlock
 }
 
 func nullBytes(b []byte) any {

@@ -1,0 +1,119 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+// openGalera opens a pool on each node of the Galera cluster the
+// environment names (IDEM_TEST_GALERA_DSNS), closed at cleanup.
+func openGalera(t testing.TB) []*sql.DB {
+	t.Helper()
+	var dbs []*sql.DB
+	for _, dsn := range sqlstoretest.DSNs(t, sqlstoretest.EnvGalera, 2) {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatalf("%s: %v", sqlstoretest.EnvGalera, err)
+		}
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		db.SetMaxIdleConns(40)
+		t.Cleanup(func() { db.Close() })
+		if err := db.PingContext(context.Background()); err != nil {
+			t.Fatalf("galera node %s: %v", cfg.Addr, err)
+		}
+		dbs = append(dbs, db)
+	}
+	return dbs
+}
+
+// galeraFixtures returns one fixture per Galera node, all on one fresh
+// table (and business table), created on the first node.
+func galeraFixtures(t *testing.T, opts ...sqlstore.Option) []sqlstoretest.Fixture {
+	t.Helper()
+	dbs := openGalera(t)
+	table := sqlstoretest.Table()
+	orders := table + "_orders"
+	ctx := context.Background()
+	s0, err := sqlstore.New(dbs[0], sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s0.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Galera replicates only InnoDB tables with a primary key.
+	if _, err := dbs[0].ExecContext(ctx, "CREATE TABLE "+orders+" (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(100) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, tb := range []string{table, orders} {
+			if _, err := dbs[0].ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
+		}
+	})
+	fs := make([]sqlstoretest.Fixture, len(dbs))
+	for i, db := range dbs {
+		s := s0
+		if i > 0 {
+			if s, err = sqlstore.New(db, sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs[i] = sqlstoretest.Fixture{
+			Store: s,
+			Insert: func(ctx context.Context, name string) error {
+				tx := sqlstore.TxFrom(ctx)
+				if tx == nil {
+					return errors.New("no transaction in the context")
+				}
+				_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
+				return err
+			},
+			Count: func(t testing.TB, name string) int {
+				var n int
+				// Wait until this node has applied what the others committed.
+				if err := db.QueryRowContext(context.Background(), "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*) FROM "+orders+" WHERE name = ?", name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			},
+			CallerManaged: func(ctx context.Context, fn func(ctx context.Context) error) error {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if err := fn(sqlstore.WithTx(ctx, tx)); err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+				return tx.Commit()
+			},
+			DB: db,
+		}
+	}
+	return fs
+}
+
+// TestGaleraExactlyOnce: one key's concurrent requests spread over the
+// nodes of a Galera cluster, in atomic and leased mode: one execution,
+// every other answer its replay or 409, never 503.
+func TestGaleraExactlyOnce(t *testing.T) {
+	sqlstoretest.RunExactlyOnceAcross(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return galeraFixtures(t)
+	}})
+}
+
+var _ core.TxStore = (*sqlstore.Store)(nil)
