@@ -432,6 +432,12 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
+	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
+		if err := a.lostClaim(); err != nil {
+			_ = a.tx.Rollback()
+			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
+	}
 	if v == vRelease {
 		var err error
 		switch {
@@ -496,6 +502,28 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
+}
+
+// lostClaim reports (as an error wrapping ErrLostRace) that the database
+// already rolled back the transaction of an attempt in middleware-managed
+// atomic mode whose handler answered 5xx: on a multi-primary cluster
+// (Galera) another node's claim of the identity aborts this transaction,
+// and the handler's next statement is the one that fails, so the handler's
+// 5xx is the lost race's doing. Read in the transaction, the claim is then
+// gone (or the read fails with ErrLostRace); on a healthy transaction it is
+// the attempt's own, and nil is returned (as for any other failure of the
+// read, such as Postgres refusing statements after a failed one).
+func (a *attempt) lostClaim() error {
+	rec, err := a.e.store.Get(a.storeCtx(), a.id, a.e.cfg.clock())
+	switch {
+	case errors.Is(err, ErrLostRace):
+		return err
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("%w: the transaction's claim is gone", ErrLostRace)
+	case err == nil && rec.Token != a.token:
+		return fmt.Errorf("%w: the identity is held by another attempt", ErrLostRace)
+	}
+	return nil
 }
 
 // afterLostRace answers an attempt in atomic mode whose transaction the

@@ -118,10 +118,10 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		v = vRelease
 	}
 	decision, ferr := att.finish(v, resp)
-	if err == nil && !att.joined && errors.Is(ferr, ErrLostRace) {
+	if !att.joined && errors.Is(ferr, ErrLostRace) {
 		// The database rolled our transaction back for a concurrent claim
-		// (another Galera node's): fn's writes are gone; answer as the
-		// duplicate this was. In the caller's transaction the caller must
+		// (another Galera node's; fn's error, if any, was its doing): fn's
+		// writes are gone; answer as the duplicate this was. In the caller's transaction the caller must
 		// roll back: ferr matches ErrInProgress (and ErrLostRace).
 		ans := rt.afterLostRace(ctx, id, fp, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, ferr)

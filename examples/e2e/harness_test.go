@@ -85,6 +85,7 @@ type config struct {
 	framework string // gin, echo, chi
 	store     string // gorm, sql
 	db        *database
+	dsn       string   // the service's -dsn, when not db.serviceDSN (a Galera node's)
 	extra     []string // more flags: -work-delay, -lease, ...
 }
 
@@ -157,7 +158,11 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 // waitReady), so that several can start at the same moment.
 func launch(t, owner testing.TB, name string, c config) *server {
 	t.Helper()
-	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", c.db.serviceDSN}
+	dsn := c.dsn
+	if dsn == "" {
+		dsn = c.db.serviceDSN
+	}
+	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", dsn}
 	args = append(args, c.extra...)
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0 exitcode=66")
@@ -271,6 +276,9 @@ type database struct {
 	kind       string // sqlite, postgres, mysql (the service's -db)
 	serviceDSN string
 	db         *sql.DB
+	// nodeDSNs: on a Galera cluster, the database on each node (the
+	// first is serviceDSN).
+	nodeDSNs []string
 }
 
 func randomHex(n int) string {
