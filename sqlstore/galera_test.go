@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -13,16 +14,33 @@ import (
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
+// galeraLayout says where galeraFixtures opens its pools.
+type galeraLayout struct {
+	oneNode  bool // every pool on the first node (replicas on one node)
+	syncWait bool // wsrep_sync_wait=1 in the DSN (the README's advice)
+}
+
 // openGalera opens a pool on each node of the Galera cluster the
 // environment names (IDEM_TEST_GALERA_DSNS), closed at cleanup.
-func openGalera(t testing.TB) []*sql.DB {
+func openGalera(t testing.TB, l galeraLayout) []*sql.DB {
 	t.Helper()
 	var dbs []*sql.DB
-	for _, dsn := range sqlstoretest.DSNs(t, sqlstoretest.EnvGalera, 2) {
+	dsns := sqlstoretest.DSNs(t, sqlstoretest.EnvGalera, 2)
+	for _, dsn := range dsns {
+		if l.oneNode {
+			dsn = dsns[0]
+		}
 		cfg, err := mysql.ParseDSN(dsn)
 		if err != nil {
 			t.Fatalf("%s: %v", sqlstoretest.EnvGalera, err)
 		}
+		if l.syncWait {
+			if cfg.Params == nil {
+				cfg.Params = map[string]string{}
+			}
+			cfg.Params["wsrep_sync_wait"] = "1"
+		}
+
 		conn, err := mysql.NewConnector(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -40,9 +58,9 @@ func openGalera(t testing.TB) []*sql.DB {
 
 // galeraFixtures returns one fixture per Galera node, all on one fresh
 // table (and business table), created on the first node.
-func galeraFixtures(t *testing.T, opts ...sqlstore.Option) []sqlstoretest.Fixture {
+func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sqlstoretest.Fixture {
 	t.Helper()
-	dbs := openGalera(t)
+	dbs := openGalera(t, l)
 	table := sqlstoretest.Table()
 	orders := table + "_orders"
 	ctx := context.Background()
@@ -112,8 +130,41 @@ func galeraFixtures(t *testing.T, opts ...sqlstore.Option) []sqlstoretest.Fixtur
 // every other answer its replay or 409, never 503.
 func TestGaleraExactlyOnce(t *testing.T) {
 	sqlstoretest.RunExactlyOnceAcross(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
-		return galeraFixtures(t)
+		return galeraFixtures(t, galeraLayout{})
 	}})
+}
+
+// TestGaleraStormMeasure (with -stores.measure) measures storms of one
+// key's duplicates with three replicas on one Galera node and spread over
+// three (BENCHMARKS.md): throughput, and the share of first executions
+// that lost certification and were rolled back.
+func TestGaleraStormMeasure(t *testing.T) {
+	if !sqlstoretest.Measure() {
+		t.Skip("a measurement: run with -stores.measure")
+	}
+	const (
+		workers = 4
+		dup     = 6
+		d       = 5 * time.Second
+	)
+	for _, leased := range []bool{false, true} {
+		mode := map[bool]string{false: "atomic", true: "leased"}[leased]
+		for _, l := range []struct {
+			name string
+			l    galeraLayout
+		}{
+			{"one-node", galeraLayout{oneNode: true}},
+			{"three-nodes", galeraLayout{}},
+			{"three-nodes-sync-wait", galeraLayout{syncWait: true}},
+		} {
+			t.Run(mode+"/"+l.name, func(t *testing.T) {
+				st := sqlstoretest.MeasureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
+				t.Logf("MEASURE %s %s: %d storms of %d in %v: %.0f storms/s, %.0f requests/s; %d handler runs, %d lost certification (%.1f %% of first executions); %d unexpected answers",
+					mode, l.name, st.Storms, dup, st.Elapsed.Round(time.Millisecond), float64(st.Storms)/st.Elapsed.Seconds(),
+					float64(st.Requests)/st.Elapsed.Seconds(), st.Runs, st.Lost, 100*float64(st.Lost)/float64(max(st.Runs, 1)), st.Unexpected)
+			})
+		}
+	}
 }
 
 var _ core.TxStore = (*sqlstore.Store)(nil)
