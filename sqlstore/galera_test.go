@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -167,4 +169,28 @@ func TestGaleraStormMeasure(t *testing.T) {
 	}
 }
 
-var _ core.TxStore = (*sqlstore.Store)(nil)
+// TestGaleraConformance runs core/storetest on a Galera cluster: every
+// case on a store on the first node, and the race cases with their racers
+// spread over the three nodes (storetest.Peers), each node's store reading
+// with wsrep_sync_wait=1 as the README advises.
+func TestGaleraConformance(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		peers = map[core.Store][]core.Store{}
+	)
+	storetest.Run(t, func(t *testing.T) core.Store {
+		fs := galeraFixtures(t, galeraLayout{syncWait: true})
+		var others []core.Store
+		for _, f := range fs[1:] {
+			others = append(others, f.Store)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		peers[fs[0].Store] = others
+		return fs[0].Store
+	}, storetest.Peers(func(t *testing.T, s core.Store) []core.Store {
+		mu.Lock()
+		defer mu.Unlock()
+		return peers[s]
+	}))
+}
