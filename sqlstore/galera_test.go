@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -193,4 +194,73 @@ func TestGaleraConformance(t *testing.T) {
 		defer mu.Unlock()
 		return peers[s]
 	}))
+}
+
+// TestGaleraOnceCallerManaged: two consumers on two Galera nodes run
+// Engine.Once for one message, each in its own transaction (caller-managed,
+// sqlstore.WithTx). Both claim (neither node sees the other's uncommitted
+// claim); the first commits, and the second, whose transaction the first's
+// replicated write aborted, gets an error matching core.ErrInProgress (so
+// it can nack and retry), never ErrStoreUnavailable; its retry gets the
+// first's value.
+func TestGaleraOnceCallerManaged(t *testing.T) {
+	fs := galeraFixtures(t, galeraLayout{syncWait: true})
+	ctx := t.Context()
+	engines := make([]*core.Engine, 2)
+	for i := range engines {
+		e, err := core.New(fs[i].Store, core.WithSingleCaller())
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines[i] = e
+	}
+	msg := core.Message{Consumer: "ledger", ID: "msg-" + sqlstoretest.Table()}
+	loserClaimed, winnerCommitted := make(chan struct{}), make(chan struct{})
+	var loserErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		loserErr = fs[1].CallerManaged(ctx, func(ctx context.Context) error {
+			_, err := engines[1].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+				if err := fs[1].Insert(ctx, msg.ID); err != nil {
+					return nil, err
+				}
+				close(loserClaimed)
+				<-winnerCommitted
+				return []byte("loser"), nil
+			})
+			return err
+		})
+	})
+	<-loserClaimed
+	err := fs[0].CallerManaged(ctx, func(ctx context.Context) error {
+		res, err := engines[0].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+			return []byte("winner"), fs[0].Insert(ctx, msg.ID)
+		})
+		if err == nil && (res.Replayed || string(res.Value) != "winner") {
+			err = fmt.Errorf("first run: %+v", res)
+		}
+		return err
+	})
+	close(winnerCommitted)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("winner: %v", err)
+	}
+	if !errors.Is(loserErr, core.ErrInProgress) || errors.Is(loserErr, core.ErrStoreUnavailable) {
+		t.Fatalf("loser: %v, want an error matching core.ErrInProgress", loserErr)
+	}
+	if n := fs[0].Count(t, msg.ID); n != 1 {
+		t.Errorf("business rows: %d, want 1", n)
+	}
+	var res core.Result
+	err = fs[1].CallerManaged(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = engines[1].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+			return nil, errors.New("ran again")
+		})
+		return err
+	})
+	if err != nil || !res.Replayed || string(res.Value) != "winner" {
+		t.Fatalf("the loser's retry: %+v, %v, want the winner's value replayed", res, err)
+	}
 }
