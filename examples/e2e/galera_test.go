@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -50,7 +51,23 @@ func newGaleraDatabase(t testing.TB) *database {
 	}
 	d.serviceDSN = d.nodeDSNs[0]
 	d.db = openDB(t, "mysql", d.serviceDSN)
+	// The other nodes apply the CREATE DATABASE a moment later (and a
+	// connection names its database before wsrep_sync_wait applies).
+	for _, dsn := range d.nodeDSNs[1:] {
+		waitFor(t, "the database on every node", 10*time.Second, func() bool {
+			db, err := sql.Open("mysql", dsn)
+			if err == nil {
+				err = db.PingContext(ctx)
+				db.Close()
+			}
+			return err == nil
+		})
+		d.nodeDBs = append(d.nodeDBs, openDB(t, "mysql", dsn))
+	}
 	t.Cleanup(func() {
+		for _, db := range d.nodeDBs {
+			db.Close()
+		}
 		d.db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -96,10 +113,35 @@ func TestGaleraReplicas(t *testing.T) {
 			t.Run(fw.framework+"/"+fw.store, func(t *testing.T) {
 				t.Parallel()
 				base := config{framework: fw.framework, store: fw.store}
-				t.Run("storm-and-replay", func(t *testing.T) {
+				t.Run("storms", func(t *testing.T) {
 					c := base
 					c.db = newGaleraDatabase(t)
 					testGaleraStorm(t, c)
+				})
+				// The replica tests of one database server, with replica
+				// i on node i.
+				t.Run("storm-and-replay", func(t *testing.T) {
+					c := base
+					c.db = newGaleraDatabase(t)
+					testReplicaStorm(t, c)
+				})
+				t.Run("sigkill-atomic", func(t *testing.T) {
+					c := base
+					c.db = newGaleraDatabase(t)
+					c.extra = []string{"-work-delay", workDelay.String()}
+					testReplicaKillAtomic(t, c)
+				})
+				t.Run("sigkill-leased", func(t *testing.T) {
+					c := base
+					c.db = newGaleraDatabase(t)
+					c.extra = []string{"-work-delay", workDelay.String(), "-lease", lease.String()}
+					testReplicaKillLeased(t, c)
+				})
+				t.Run("sweepers", func(t *testing.T) {
+					c := base
+					c.db = newGaleraDatabase(t)
+					c.extra = []string{"-retention", sweepRetention.String(), "-sweep-every", "200ms"}
+					testReplicaSweepers(t, c)
 				})
 				t.Run("payment-storm", func(t *testing.T) {
 					c := base

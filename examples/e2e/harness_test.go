@@ -277,8 +277,9 @@ type database struct {
 	serviceDSN string
 	db         *sql.DB
 	// nodeDSNs: on a Galera cluster, the database on each node (the
-	// first is serviceDSN).
+	// first is serviceDSN), and a pool on each of the others.
 	nodeDSNs []string
+	nodeDBs  []*sql.DB
 }
 
 func randomHex(n int) string {
@@ -439,8 +440,23 @@ func (d *database) inTransaction(t testing.TB) bool {
 		// it only when nobody read it for 100 ms, so polling it (from any
 		// session on the server) can freeze it. A locking read that must
 		// not wait runs into the implicit lock of the request's
-		// uncommitted order instead.
-		tx, err := d.db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		// uncommitted order instead. On Galera, locks are local to a
+		// node: ask every node.
+		for _, db := range d.nodeDBs {
+			if ordersLocked(t, db) {
+				return true
+			}
+		}
+		return ordersLocked(t, d.db)
+	}
+}
+
+// ordersLocked reports whether a MariaDB transaction of another session on
+// db's server holds a row of orders.
+func ordersLocked(t testing.TB, db *sql.DB) bool {
+	t.Helper()
+	{
+		tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			t.Fatalf("mysql: begin: %v", err)
 		}
