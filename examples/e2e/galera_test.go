@@ -193,6 +193,11 @@ func testGaleraStorm(t *testing.T, c config) {
 // never driver text.
 func testGaleraPaymentStorm(t *testing.T, c config) {
 	_, b := startReplicasOnNodes(t, c)
+	testGaleraPaymentStormOn(t, c, b)
+}
+
+// testGaleraPaymentStormOn is testGaleraPaymentStorm through b.
+func testGaleraPaymentStormOn(t *testing.T, c config, b *balancer) {
 	account := "gpayer"
 	oa, _, err := b.send(http.MethodPost, "/orders", account, "gpay-order", orderBody("yacht", 1))
 	if err != nil || oa.status != http.StatusCreated {
