@@ -1,8 +1,10 @@
 // Package sqlstoretest holds what the tests of idem's SQL stores share: the
 // test databases from the environment, a statement-counting driver wrapper,
 // and RunAtomic, the atomic-mode scenarios that sqlstore and gormstore both
-// run against Postgres, MySQL/MariaDB and SQLite. It imports no database
-// driver: the tests bring their own.
+// run against Postgres, MySQL/MariaDB and SQLite, and RunExactlyOnceAcross,
+// one key's storm spread over the nodes of a multi-primary cluster (MariaDB
+// Galera, EnvGalera). It imports no database driver: the tests bring their
+// own.
 package sqlstoretest
 
 import (
