@@ -130,10 +130,13 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 
 // TestGaleraExactlyOnce: one key's concurrent requests spread over the
 // nodes of a Galera cluster, in atomic and leased mode: one execution,
-// every other answer its replay or 409, never 503.
+// every other answer its replay or 409, never 503. The stores read with
+// wsrep_sync_wait=1, as the README advises: the sequential requests after
+// the storm must replay on every node, and without it a node may not have
+// applied the completion yet (it then answers 409: safe, not a replay).
 func TestGaleraExactlyOnce(t *testing.T) {
 	sqlstoretest.RunExactlyOnceAcross(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
-		return galeraFixtures(t, galeraLayout{})
+		return galeraFixtures(t, galeraLayout{syncWait: true})
 	}})
 }
 
