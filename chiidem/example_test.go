@@ -63,3 +63,21 @@ func ExampleNew() {
 	fmt.Println("ok")
 	// Output: ok
 }
+
+// chi's idiom for "every route but these": a Config with a Skipper over
+// the request, as middleware.Maybe takes (a middleware installed with Use
+// runs before routing, so it sees the path, not the pattern).
+func ExampleNewWithConfig() {
+	e, _ := core.New(memstore.New(), core.WithSingleCaller())
+	r := chi.NewRouter()
+	r.Use(chiidem.NewWithConfig(chiidem.Config{
+		Engine:  e,
+		Skipper: func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/webhooks/") },
+	}))
+	r.Post("/webhooks/{provider}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest("POST", "/webhooks/stripe", nil)) // no key needed: skipped
+	fmt.Println(w.Code)
+	// Output: 204
+}

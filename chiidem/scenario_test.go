@@ -32,3 +32,14 @@ func TestScenariosGlobal(t *testing.T) {
 		return r
 	})
 }
+
+func TestScenariosNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiidem.New(e))
+		for _, rt := range routes {
+			r.With(chiidem.New(e, rt.Options...)).MethodFunc(rt.Method, rt.Pattern, rt.Handler)
+		}
+		return r
+	})
+}

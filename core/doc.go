@@ -14,23 +14,27 @@
 // recorded status, body and allowlisted headers with Idempotent-Replayed:
 // true; a different body under the same key gets 422; a duplicate of a
 // request still running gets 409 with Retry-After (or waits, WaitInFlight).
-// 408, 429, Release, panics and (in atomic mode) 5xx release the record; a
-// 5xx after MarkEffect, or any 5xx in leased mode, leaves it indeterminate:
-// the 5xx is replayed until a Resolver settles it. Records expire after the
-// retention window (DefaultRetention, 24 hours); a Sweeper deletes them.
+// 408, 429, Release, panics and 5xx release the record; a 5xx or a panic
+// after MarkEffect leaves it indeterminate: the 5xx is replayed until a
+// Resolver settles it. Records expire after the retention window
+// (DefaultRetention, 24 hours); a Sweeper deletes them.
 //
 // # Two modes
 //
 // Atomic mode (stores that implement TxStore): the claim, the handler's
 // business writes and the recorded response commit in one database
 // transaction, which the handler reaches from its request context through
-// the store (sqlstore.TxFrom, gormstore.DB). The client gets the response
-// only after the commit. Leased mode (any store, or the Leased route
-// option): the claim commits first with a lease that a heartbeat extends;
-// completion is fenced by a token, so an attempt that lost its lease to a
-// takeover cannot overwrite the new owner's record. DownstreamKey gives a
-// deterministic key to pass to external APIs so a takeover repeats their
-// calls safely.
+// the store (sqlstore.Tx, gormstore.DB). The client gets the response
+// only after the commit (past the recording cap, the engine commits first
+// and then streams the rest); a client that goes away rolls the transaction
+// back. Leased mode (any store, or the Leased route option): the claim
+// commits first with a lease that a heartbeat extends, on its own
+// connection whatever transaction the request's context carries
+// (TxStore.WithoutTx); the attempt outlives its client (its context ends
+// only when the lease is lost); completion is fenced by a token, so an
+// attempt that lost its lease to a takeover cannot overwrite the new
+// owner's record. DownstreamKey gives a deterministic key to pass to
+// external APIs so a takeover repeats their calls safely.
 //
 // # Using it
 //

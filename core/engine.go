@@ -157,6 +157,7 @@ type attempt struct {
 	ctx    context.Context // carries the transaction in atomic mode
 	tx     Tx              // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
+	fp     []byte          // the request's fingerprint (to claim again: afterAbort)
 	effect atomic.Bool     // the handler marked an external effect as started
 	// recordAllow filters the headers finish records: the allowlist for a
 	// captured response, nil for responses the engine built.
@@ -168,6 +169,12 @@ type attempt struct {
 	// ErrLeaseLost when a takeover fenced it.
 	lost   atomic.Bool
 	cancel context.CancelCauseFunc
+
+	// finish ran (atomic mode: at the response cap, before the handler
+	// returned): later calls return its result.
+	finished bool
+	decision Decision
+	err      error
 }
 
 // answer is the engine's decision for a request that did not get to run:
@@ -214,9 +221,17 @@ func newToken() int64 {
 // A claimed attempt is written to dst (so a caller can embed it) and
 // returned; cancel, when not nil, cancels the context the handler will run
 // with (leased mode: on a lost lease).
+//
+// In leased mode every store call (the claim, the resolver's, and later
+// the attempt's extensions and completion, through attempt.ctx) runs with
+// the store's transaction hidden (TxStore.WithoutTx): the record commits on
+// its own connection, whatever transaction the request's context carries
+// (a transaction-per-request middleware's), so a rollback of that
+// transaction cannot take the record with it (CONTRACT section 5).
 func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, answer) {
 	e := rt.e
 	joined := rt.atomic && e.tx.InTx(ctx)
+	sctx := rt.leasedCtx(ctx)
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
 	// A lapsed lease is taken over only after the engine has compared the
@@ -227,7 +242,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
 		req.Takeover, takeover = takeover, false
-		cctx, tx := ctx, Tx(nil)
+		cctx, tx := sctx, Tx(nil)
 		if rt.atomic && !joined {
 			var err error
 			cctx, tx, err = e.tx.Begin(ctx)
@@ -241,7 +256,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 				dst = new(attempt)
 			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
-				start: start, ctx: cctx, tx: tx, joined: joined, cancel: cancel}
+				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel}
 			return dst, answer{}
 		}
 		if tx != nil {
@@ -250,8 +265,23 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		if errors.Is(err, ErrLostRace) {
 			// Another transaction (on a multi-primary cluster, another
 			// node) claimed the identity first and the database rolled
-			// this claim back: a duplicate of an attempt in flight.
+			// this claim back: a duplicate of an attempt in flight. In the
+			// caller's transaction, which is dead (ErrTxAborted too), the
+			// error matches ErrInProgress, ErrLostRace and ErrTxAborted:
+			// the caller rolls back and retries later.
+			if joined {
+				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+			}
 			res, err = ClaimResult{Record: Record{ID: id, State: StateInProgress}}, nil
+		}
+		if err != nil && joined && errors.Is(err, ErrTxAborted) {
+			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
+		}
+		if errors.Is(err, ErrConfig) {
+			// The store refused the combination (for example a leased claim
+			// beside a SQLite transaction it would wait for): a
+			// configuration error, never a reason to fail open.
+			return nil, answer{err: err, decision: StoreError}
 		}
 		if err != nil {
 			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
@@ -262,9 +292,9 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		switch rec.State {
 		case StateCompleted:
-			return nil, rt.replay(ctx, rec)
+			return nil, rt.replay(sctx, rec)
 		case StateIndeterminate:
-			a, retry := rt.resolve(ctx, rec)
+			a, retry := rt.resolve(sctx, rec)
 			if !retry {
 				return nil, a
 			}
@@ -278,7 +308,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			}
 			// A lapsed lease without takeover: the attempt died and may have
 			// had an effect. Settle it as indeterminate, then resolve.
-			e.markIndeterminate(ctx, rec)
+			e.markIndeterminate(sctx, rec)
 			continue
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
@@ -295,6 +325,22 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		case <-t.C:
 		}
 	}
+}
+
+// leasedCtx is ctx for the route's store calls outside an atomic
+// transaction. In leased mode it keeps ctx's values but not its
+// cancellation (the attempt outlives its client: its record must be
+// written whatever happens to the request), with any transaction of the
+// store that ctx carries hidden (see acquire).
+func (rt *Route) leasedCtx(ctx context.Context) context.Context {
+	if rt.atomic {
+		return ctx
+	}
+	ctx = context.WithoutCancel(ctx)
+	if rt.e.tx != nil {
+		ctx = rt.e.tx.WithoutTx(ctx)
+	}
+	return ctx
 }
 
 func storeErr(err error) error {
@@ -337,7 +383,10 @@ const (
 
 // Resolver settles an indeterminate record, for example by asking the
 // payment provider about the downstream key of the failed attempt
-// (DownstreamKeyFor). It is called for a duplicate that meets the record.
+// (DownstreamKeyFor). It is called for a duplicate that meets the record,
+// with that request's context; for a leased route, with any transaction of
+// the store that the context carries hidden (TxStore.WithoutTx), as for
+// every store call of a leased attempt.
 type Resolver func(ctx context.Context, rec Record) (Resolution, error)
 
 // resolve handles an indeterminate record. retry reports that the record
@@ -386,7 +435,8 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 // markIndeterminate turns an in-progress record whose lease lapsed into an
 // indeterminate one (WithTakeover(false)).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
-	p := e.problemFor(fmt.Errorf("%w: the attempt holding the key stopped before recording an outcome", ErrIndeterminate))
+	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
+	p.RecordID = rec.ID.String()
 	resp := problemResponse(p)
 	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
@@ -415,7 +465,10 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 	case a.release.Load():
 		return vRelease
 	case panicked || status >= 500:
-		if a.effect.Load() || (!a.rt.atomic && !panicked) {
+		// Either mode: before MarkEffect nothing happened yet (atomic mode:
+		// the transaction rolls back); after it, the effect may have
+		// happened and the outcome is unknown.
+		if a.effect.Load() {
 			return vIndeterminate
 		}
 		return vRelease
@@ -428,8 +481,19 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // finish records the outcome and, in middleware-managed atomic mode,
 // commits or rolls back. It returns the decision, and an error when the
 // outcome could not be made durable: the client must then not see the
-// handler's answer.
+// handler's answer. It acts once: a second call (the handler returns, or
+// panics, after an atomic answer passed the response cap and was committed
+// early) returns the first call's result.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
+	if !a.finished {
+		a.decision, a.err = a.record(v, resp)
+		a.finished = true
+	}
+	return a.decision, a.err
+}
+
+// record is finish's work.
+func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
@@ -450,6 +514,11 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 			// Taken over meanwhile: the new owner's record stays; the
 			// handler's answer (nothing happened) is still true.
 			return LeaseLost, nil
+		}
+		if err != nil && a.tx != nil && a.ctx.Err() != nil {
+			// The request's context ended (the client went away): the
+			// transaction is bound to it and was rolled back already.
+			err = nil
 		}
 		if err != nil {
 			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
@@ -492,12 +561,19 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrFenced) {
 			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
-		if a.rt.atomic && errors.Is(err, ErrLostRace) {
+		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect.Load()) {
 			// The database rolled the transaction back in favour of a
 			// concurrent one (on Galera: another node's claim of this
 			// identity won certification). The handler's writes are gone:
 			// this attempt is a duplicate after all (see afterLostRace).
+			// Checked before ErrTxAborted, which a lost race in a
+			// transaction matches too. After MarkEffect, afterAbort
+			// records the attempt as indeterminate instead, unless
+			// another attempt holds the identity.
 			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
+		if errors.Is(err, ErrTxAborted) {
+			return a.afterAbort(v, resp, err)
 		}
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
@@ -614,38 +690,62 @@ func attemptFrom(ctx context.Context) *attempt {
 	return nil
 }
 
+// noAttempt is the error of MarkEffect, Release and DownstreamKey called
+// with a context that carries no protected request.
+func noAttempt(call string) error {
+	return fmt.Errorf("%w: %s needs the request's context: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi), "+
+		"or ginidem.DownstreamKey(c, step) / echoidem.DownstreamKey(c, step); a request that passed through unprotected (method not covered, KeyOptional without a key, fail-open) has none",
+		ErrNoAttempt, call)
+}
+
 // MarkEffect tells the engine that the handler is about to cause an effect
 // outside the store's transaction (a payment, an email, a call to another
 // service). From then on a 5xx or a panic leaves the record indeterminate
-// instead of releasing it, so a retry does not blindly run again. It is a
-// no-op outside a protected request.
-func MarkEffect(ctx context.Context) {
-	if a := attemptFrom(ctx); a != nil {
-		a.effect.Store(true)
+// instead of releasing it, so a retry does not blindly run again. Call it
+// right before the external call: a 5xx before it releases the key (in
+// either mode: nothing happened yet). Outside a protected request it does
+// nothing and returns an error wrapping ErrNoAttempt (usually: a
+// framework's context was passed instead of the request's).
+func MarkEffect(ctx context.Context) error {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return noAttempt("core.MarkEffect")
 	}
+	a.effect.Store(true)
+	return nil
 }
 
 // Release tells the engine that nothing happened (for example validation
 // failed before any effect): whatever the handler answers, the record is
 // released and, in atomic mode, the transaction rolled back, so a corrected
-// request may use the same key. It is a no-op outside a protected request.
-func Release(ctx context.Context) {
-	if a := attemptFrom(ctx); a != nil {
-		a.release.Store(true)
+// request may use the same key. Outside a protected request it does nothing
+// and returns an error wrapping ErrNoAttempt.
+func Release(ctx context.Context) error {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return noAttempt("core.Release")
 	}
+	a.release.Store(true)
+	return nil
 }
 
 // DownstreamKey returns a deterministic idempotency key for step (such as
 // "charge") of the protected request in ctx, to pass to an external API:
 // the same for every attempt of the same (caller, scope, key), so a takeover
-// repeats the external call safely. It returns "" outside a protected
-// request.
-func DownstreamKey(ctx context.Context, step string) string {
+// repeats the external call safely. It never returns an empty key: outside
+// a protected request (a framework's context passed instead of the
+// request's, or a request that passed through unprotected) it returns an
+// error wrapping ErrNoAttempt that names the right call. Gin and Echo
+// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey.
+func DownstreamKey(ctx context.Context, step string) (string, error) {
 	a := attemptFrom(ctx)
 	if a == nil {
-		return ""
+		return "", noAttempt("core.DownstreamKey")
 	}
-	return DownstreamKeyFor(a.id, step)
+	if step == "" {
+		return "", fmt.Errorf("%w: core.DownstreamKey: empty step name (name the external call, such as \"charge\")", ErrConfig)
+	}
+	return DownstreamKeyFor(a.id, step), nil
 }
 
 // DownstreamKeyFor is DownstreamKey for a record ID (for resolvers).

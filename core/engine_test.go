@@ -268,7 +268,8 @@ func TestResolverReadBackFailure(t *testing.T) {
 	}
 	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		w.WriteHeader(http.StatusBadGateway) // leased mode: indeterminate
+		core.MarkEffect(r.Context())
+		w.WriteHeader(http.StatusBadGateway) // after MarkEffect: indeterminate
 	}))
 	if w := post(h, "k"); w.Code != http.StatusBadGateway {
 		t.Fatalf("first: %d, want the handler's 502", w.Code)

@@ -29,6 +29,17 @@ var (
 	ErrStoreUnavailable = errors.New("idem: idempotency store unavailable")
 	// ErrBodyTooLarge: the request body exceeds the fingerprint limit (HTTP 413).
 	ErrBodyTooLarge = errors.New("idem: request body too large to fingerprint")
+	// ErrBodyConsumed: the request announced a body (Content-Length) but
+	// less was left to read: something before the middleware consumed it,
+	// so it cannot be fingerprinted (HTTP 500: a wiring error of the
+	// server, logged with the fix; never fingerprinted as empty).
+	ErrBodyConsumed = errors.New("idem: the request body was consumed before the idempotency middleware")
+	// ErrNotProtected: an adapter could not establish how to protect the
+	// request (for example which route it reaches, when a middleware after
+	// it rewrites the path), so it refuses it instead of passing it
+	// through unprotected (HTTP 500: a wiring error of the server, logged
+	// with the fix).
+	ErrNotProtected = errors.New("idem: the request could not be protected")
 	// ErrNoCaller: the caller function could not identify the caller (HTTP 401).
 	ErrNoCaller = errors.New("idem: caller not identified")
 	// ErrNotKept: the first response was too large or streamed, so its body
@@ -45,21 +56,52 @@ var (
 	// ErrConfig: New or an adapter was given an invalid configuration.
 	ErrConfig = errors.New("idem: invalid configuration")
 
+	// ErrNoAttempt: DownstreamKey, MarkEffect or Release was called with a
+	// context that carries no protected request: usually a framework's
+	// context (*gin.Context, echo.Context) instead of the request's
+	// (c.Request.Context(), c.Request().Context(), r.Context()), or a
+	// request that passed through unprotected (method not covered,
+	// KeyOptional without a key, fail-open).
+	ErrNoAttempt = errors.New("idem: the context carries no protected request")
+	// ErrNoTx: a store's transaction accessor (sqlstore.Tx, gormstore.DB)
+	// was called with a context that carries no transaction of the store:
+	// a framework's context instead of the request's, a Leased route (idem
+	// holds no transaction for it), or code outside a protected request.
+	ErrNoTx = errors.New("idem: the context carries no transaction")
+
 	// ErrNotFound: a store has no live record for the identity (absent or
 	// expired).
 	ErrNotFound = errors.New("idem: record not found")
 	// ErrFenced: a store refused Complete, Extend or Release because the
 	// record is gone or its fencing token differs from the caller's.
 	ErrFenced = errors.New("idem: fencing token does not match")
+	// ErrTxAborted: the database aborted the transaction a store method
+	// ran in, so nothing more can be written or committed in it: on
+	// Postgres a statement of the handler failed (SQLSTATE 25P02 for every
+	// later statement) or the transaction hit a serialization failure or a
+	// deadlock (40001, 40P01); on MySQL/MariaDB the transaction was chosen
+	// as a deadlock victim or failed Galera certification (error 1213) and
+	// was rolled back: that error matches ErrLostRace too. In
+	// middleware-managed atomic mode the engine handles it (see
+	// Store.Complete); with the caller's own transaction (sqlstore.WithTx,
+	// gormstore.WithTx) Once returns it: roll the transaction back; the
+	// work may be retried in a new one.
+	ErrTxAborted = errors.New("idem: the database aborted the transaction")
 	// ErrLostRace: a store's claim, write or commit lost to a concurrent
 	// transaction and the database rolled the whole transaction back:
 	// nothing it wrote persists. On a multi-primary cluster (MariaDB
 	// Galera) this is how a node learns that another node claimed the same
 	// identity first (a failed certification, or a brute-force abort by
-	// the other node's replicated write); on a single server, a deadlock
-	// victim. The engine answers it like any duplicate of an attempt that
-	// is in flight or completed (409 + Retry-After, or the replay), never
-	// as an outage. Stores return it wrapped.
+	// the other node's replicated write); on a single MySQL/MariaDB
+	// server, a deadlock victim (error 1213 in both cases). The engine
+	// answers it like any duplicate of an attempt that is in flight or
+	// completed (409 + Retry-After, or the replay), never as an outage.
+	// Stores return it wrapped; inside a transaction it comes with
+	// ErrTxAborted (the transaction is dead). Postgres's stores do not
+	// return it: there the claims of one identity serialize on an advisory
+	// lock and the unique index, so two attempts never both reach their
+	// commit, and a serialization failure or deadlock (40001, 40P01) is
+	// about the handler's own rows: ErrTxAborted alone (docs/decisions.md).
 	ErrLostRace = errors.New("idem: lost a race to a concurrent transaction (rolled back)")
 )
 

@@ -76,7 +76,11 @@ func ExampleMarkEffect() {
 			return
 		}
 		core.MarkEffect(ctx) // a 5xx from here on is indeterminate, not released
-		chargeKey := core.DownstreamKey(ctx, "charge")
+		chargeKey, err := core.DownstreamKey(ctx, "charge")
+		if err != nil { // not the request's context: a bug, never call the provider without a key
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
 		_ = chargeKey // pass as the provider's Idempotency-Key
 		w.WriteHeader(http.StatusCreated)
 	}

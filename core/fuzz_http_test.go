@@ -66,6 +66,7 @@ func FuzzMiddleware(f *testing.F) {
 		{fzTwice, "k", "application/json", []byte(strings.Repeat("[", 2000) + strings.Repeat("]", 2000)), "", -1},
 		{fzTwice, "k", "application/json", []byte(strings.Repeat(`{"a":`, 600) + "1" + strings.Repeat("}", 600)), "", -1},
 		{0, "k", "application/json", []byte(`{"a":1}`), "", 1 << 40}, // declared huge
+		{fzTwice, "k", "application/json", nil, "", 7},               // declared, consumed upstream
 		{fzTwice | fzUnknownCL, "k", "application/json", []byte(`{"a":1}`), "", 0},
 		{fzTwice, "k", "application/json; charset=utf-8", []byte(`{"a":1e400,"b":12345678901234567890.5}`), "Idempotency-Key: other\nX-Caller: c2", -1},
 		{fzTwice | fzFields, "k", "application/json", []byte(`{"amount":1,"note":"x"}`), "X-Caller: \xff", -1},
@@ -173,6 +174,9 @@ func fuzzMiddlewareOnce(t *testing.T, mode uint8, keys, ctype string, body []byt
 		}
 	}
 	tooLarge := declared > fuzzMaxBody || len(body) > fuzzMaxBody
+	// A declared body of which nothing is left to read was consumed before
+	// the middleware: refused (500), never fingerprinted as empty.
+	consumed := !tooLarge && declared > 0 && len(body) == 0
 
 	w := send(body)
 	switch {
@@ -182,6 +186,8 @@ func fuzzMiddlewareOnce(t *testing.T, mode uint8, keys, ctype string, body []byt
 		wantProblem(t, w, http.StatusBadRequest, "invalid or missing key: "+keyErr)
 	case tooLarge:
 		wantProblem(t, w, http.StatusRequestEntityTooLarge, "body over the cap")
+	case consumed:
+		wantProblem(t, w, http.StatusInternalServerError, "body consumed upstream")
 	default:
 		wantHandler(t, w, &ran, 1, body, seen)
 	}
@@ -195,7 +201,7 @@ func fuzzMiddlewareOnce(t *testing.T, mode uint8, keys, ctype string, body []byt
 		switch {
 		case !covered:
 			wantHandler(t, w, &ran, 2, body, seen)
-		case keyErr != "" || tooLarge:
+		case keyErr != "" || tooLarge || consumed:
 			wantProblem(t, w, first.Code, "the same rejection again")
 			if ran.Load() != 0 {
 				t.Fatalf("nok, the handler ran for a rejected request")
@@ -211,7 +217,7 @@ func fuzzMiddlewareOnce(t *testing.T, mode uint8, keys, ctype string, body []byt
 		}
 	}
 
-	if mode&fzOther != 0 && covered && keyErr == "" && !tooLarge && len(body) < fuzzMaxBody {
+	if mode&fzOther != 0 && covered && keyErr == "" && !tooLarge && !consumed && len(body) < fuzzMaxBody {
 		// A different body under the same key: 422 unless the
 		// fingerprints agree (same canonical JSON, same selected fields),
 		// then a replay. Never a second run.

@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,11 +25,43 @@ const HeaderReplayed = "Idempotent-Replayed"
 // defaults to the method and the net/http ServeMux pattern that matched
 // (Request.Pattern), so register the wrapped handler on a ServeMux
 // ("POST /orders"), or name the scope with Scope.
+//
+// next may also be a whole *http.ServeMux (protecting every route): the
+// pattern is then asked of the mux (ServeMux.Handler) before it routes,
+// and the requests the mux answers itself (404, 405, redirects) pass
+// through untouched.
 func (e *Engine) Handler(next http.Handler, opts ...RouteOption) http.Handler {
 	rt := e.Route(opts...)
+	if mux, ok := next.(*http.ServeMux); ok {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !rt.Protects(r) {
+				rt.Serve(w, r, "", nil, mux.ServeHTTP) // passes through
+				return
+			}
+			h, pattern := mux.Handler(r)
+			if pattern == "" || reflect.TypeOf(h) == redirectHandlerType {
+				mux.ServeHTTP(w, r) // the mux answers itself
+				return
+			}
+			rt.Serve(w, r, trimMuxPattern(pattern), nil, mux.ServeHTTP)
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt.Serve(w, r, "", nil, next.ServeHTTP)
 	})
+}
+
+// redirectHandlerType is the type of http.RedirectHandler's handler, which
+// ServeMux.Handler returns for a path it redirects (with a pattern).
+var redirectHandlerType = reflect.TypeOf(http.RedirectHandler("/", http.StatusTemporaryRedirect))
+
+// trimMuxPattern drops the method of a ServeMux pattern ("POST /orders"
+// → "/orders"); a host stays.
+func trimMuxPattern(pattern string) string {
+	if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
+		return strings.TrimSpace(pattern[i+1:])
+	}
+	return pattern
 }
 
 // Middleware is Handler as a middleware, for routers built on
@@ -42,12 +77,17 @@ type call struct {
 	context.Context
 	native  any
 	claimed bool
-	att     attempt
-	body    bodyReader
-	rec     recorder
-	resp    Response
-	fp      [sha256.Size]byte // the request's fingerprint
-	hv      [4]string         // a replay's header values (see recorded.writeHeader)
+	// phase of a claimed call: running until either a nested layer takes
+	// the request over (superseded: this layer's attempt is given up and it
+	// records nothing) or this layer settles its attempt. The two race only
+	// when the nested layer runs on another goroutine (http.TimeoutHandler).
+	phase atomic.Int32
+	att   attempt
+	body  bodyReader
+	rec   recorder
+	resp  Response
+	fp    [sha256.Size]byte // the request's fingerprint
+	hv    [4]string         // a replay's header values (see recorded.writeHeader)
 }
 
 func (c *call) Value(key any) any {
@@ -76,7 +116,25 @@ func NativeFrom(ctx context.Context) any {
 // protected (method not covered, KeyOptional without a key, fail-open),
 // next receives w itself, so adapters can tell pass-through from
 // capture by comparing writers.
+//
+// Nested layers (the middleware installed globally and again on the route)
+// run as one: a layer whose request already carries another layer's
+// claimed attempt, and whose writer is (or unwraps to) that layer's
+// capture, takes the request over (see call.supersede) and protects it
+// alone, with its own options; the outer layer then records nothing. A
+// protected request that only carries the context of another one (an
+// in-process sub-request) is protected on its own, unless it has the
+// same identity: then it is the same request nested behind a writer
+// without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	var around *call // a protected request this one runs inside of
+	if outer := claimedCall(r.Context()); outer != nil {
+		if !outer.writesTo(w) {
+			around = outer
+		} else if ctx, ok := outer.supersede(r.Context()); ok {
+			r = r.WithContext(ctx)
+		}
+	}
 	if !rt.covers(r.Method) {
 		next(w, r)
 		return
@@ -115,7 +173,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		if err == nil && caller == "" {
 			err = ErrNoCaller
 		} else if err != nil && !errors.Is(err, ErrNoCaller) {
-			err = fmt.Errorf("%w: %w", ErrNoCaller, err)
+			err = &callerError{err: err} // the function failed: logged at WARN
 		}
 		if err != nil {
 			ev.Decision, ev.Err = Invalid, err
@@ -126,6 +184,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	defer c.body.free()
+	if errors.Is(err, ErrBodyConsumed) {
+		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
+			slog.String("scope", scope), slog.String("error", err.Error()))
+	}
 	if err != nil {
 		ev.Decision, ev.Err = Invalid, err
 		rt.reject(w, rc, ev, start)
@@ -147,6 +210,11 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ident := Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = ident.ID()
+	if around != nil && around.att.id == ev.ID {
+		if ctx, ok := around.supersede(c.Context); ok {
+			c.Context = ctx
+		}
+	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
@@ -170,9 +238,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	ev.Attempt = att.number
 	hctx := att.ctx // atomic mode: carries the transaction
 	if !rt.atomic {
-		// Leased mode: the handler's context ends when the lease is lost.
+		// Leased mode: the attempt outlives its client. A client that
+		// disconnects does not cancel it halfway through an external
+		// effect: the handler's context keeps the request's values (the
+		// application's own transaction, if any, which the handler may
+		// use) but not its cancellation, and ends only when the lease is
+		// lost (cause ErrLeaseLost). The attempt's own store calls
+		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(hctx)
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
@@ -181,15 +255,18 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
+	if rt.atomic {
+		rec.owner = c // commits at the cap (commitAtCap)
+	}
 	defer rec.free()
 	panicked := true
 	defer func() {
-		if !panicked {
-			return
+		if !panicked || !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+			return // superseded: the inner layer settled its own attempt
 		}
 		v := recover()
-		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
-		p.Type, p.Title = e.cfg.problemBase+"internal", "Internal error"
+		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v)) // an internal problem: the value is not shown
+		p.RecordID = ev.ID.String()
 		resp := problemResponse(p)
 		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
 		e.emit(ctx, ev, start)
@@ -197,13 +274,20 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}()
 	next(rec, r)
 	panicked = false
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+		// A nested layer protected the request with its own options and
+		// its answer went out through rec untouched; this layer's claim
+		// was given up before the handler ran.
+		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", scope))
+		return
+	}
 
 	resp := &c.resp
 	rec.response(resp)
 	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
 	ev.Status, ev.Err = resp.Status, err
-	if errors.Is(err, ErrLostRace) && !rec.through {
+	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
 		// Atomic mode, and the database rolled the transaction back for a
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
@@ -212,6 +296,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
 			p := e.problemFor(ans.err)
+			p.RecordID = ev.ID.String()
 			e.cfg.errorWriter(w, r, p)
 			ev.Status = p.Status
 		} else {
@@ -225,12 +310,110 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// and the failure logged; the record's lease will lapse.)
 		clear(w.Header())
 		p := e.problemFor(err)
+		p.RecordID = ev.ID.String()
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
 	} else {
 		rec.deliver()
 	}
 	e.emit(ctx, ev, start)
+}
+
+// commitAtCap finishes an atomic attempt whose answer just passed the
+// recording cap: the outcome (the status, the body not kept) is recorded
+// and the transaction committed before anything reaches the client, so the
+// rest of the answer can stream through instead of being held in memory.
+// The verdict is the status's (a 5xx without MarkEffect rolls back and
+// releases); a later Release or MarkEffect does not change it. After it the
+// transaction is over: the handler's further statements on it fail with
+// the transaction's own error (sql.ErrTxDone for database/sql).
+func (c *call) commitAtCap() error {
+	att := &c.att
+	c.rec.response(&c.resp)
+	att.recordAllow = att.e.cfg.recorded
+	_, err := att.finish(att.classify(c.resp.Status, false), &c.resp)
+	return err
+}
+
+// callerError is a caller function's own failure (not "no caller"): the
+// client gets 401, and since its text may name internal systems ("ldap
+// bind failed ..."), it goes to the log only, at WARN.
+type callerError struct{ err error }
+
+func (e *callerError) Error() string {
+	return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error()
+}
+func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
+
+// Refuse answers r with the engine's problem document for err, which
+// wraps ErrNotProtected and says how to fix the wiring, and logs err at
+// error level (the client's detail does not carry it). Adapters call it
+// when they cannot establish how to protect a covered request: failing
+// closed instead of passing it through.
+func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if !errors.Is(err, ErrNotProtected) {
+		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
+	}
+	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
+	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+}
+
+// Phases of a claimed call.
+const (
+	phaseRunning    int32 = iota // the handler chain runs
+	phaseSuperseded              // a nested layer took the request over
+	phaseSettled                 // this layer settles its attempt
+)
+
+// claimedCall returns the protected call in ctx whose attempt is claimed
+// and still running, or nil.
+func claimedCall(ctx context.Context) *call {
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() == phaseRunning {
+		return c
+	}
+	return nil
+}
+
+// supersede hands the request over from the layer of c (the outer one) to
+// a layer nested in it, and returns ctx for the nested layer to go on
+// with. The outer attempt is given up (its claim rolled back or released:
+// its record never persists), its recorder turns transparent (what the
+// inner layer sends, held until its own commit, passes out as is,
+// streaming included), and the outer's transaction is hidden from the
+// returned context, so the inner layer claims on its own: in a
+// transaction it begins (atomic mode), or committed on its own (leased).
+// When control returns to the outer layer it records nothing. It reports
+// false, and changes nothing, when the outer layer has settled its
+// attempt already (the nested layer ran on after it, on another
+// goroutine): the nested layer then protects the request on its own.
+func (c *call) supersede(ctx context.Context) (context.Context, bool) {
+	if !c.phase.CompareAndSwap(phaseRunning, phaseSuperseded) {
+		return ctx, false
+	}
+	c.att.abort()
+	c.rec.passThrough()
+	if tx := c.att.e.tx; tx != nil {
+		ctx = tx.WithoutTx(ctx)
+	}
+	return ctx, true
+}
+
+// writesTo reports whether w is c's capture, or wraps it (Unwrap, as
+// http.ResponseController follows): the layer serving with w runs in c's
+// response chain, nested in c's layer, not in a request of its own that
+// merely carries c's context.
+func (c *call) writesTo(w http.ResponseWriter) bool {
+	for w != nil {
+		if w == http.ResponseWriter(&c.rec) {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
 }
 
 // ErrInvalidRequest: the request body could not be read or fingerprinted
@@ -242,11 +425,7 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 		return rt.p.scope
 	}
 	if pattern == "" {
-		pattern = r.Pattern
-		if i := strings.IndexByte(pattern, ' '); i >= 0 && !strings.HasPrefix(pattern, "/") {
-			// A ServeMux pattern with a method ("POST /orders"), maybe a host.
-			pattern = strings.TrimSpace(pattern[i+1:])
-		}
+		pattern = trimMuxPattern(r.Pattern) // maybe with a host
 	}
 	if pattern == "" {
 		return r.Method + " " + r.URL.Path // concrete paths are not cached
@@ -290,8 +469,8 @@ func (rt *Route) joinScope(method, pattern string) string {
 func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
 	e := rt.e
 	p := e.problemFor(ev.Err)
-	if errors.Is(ev.Err, ErrInvalidRequest) {
-		p.Status, p.Type, p.Title = http.StatusBadRequest, e.cfg.problemBase+"invalid-request", "Request body could not be read"
+	if ev.ID != (ID{}) {
+		p.RecordID = ev.ID.String()
 	}
 	e.cfg.errorWriter(w, r, p)
 	ev.Status = p.Status
@@ -305,7 +484,6 @@ func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recor
 	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
 		p.Status = resp.status
-		p.Detail = "the first response was too large or streamed, so only its status was recorded"
 		delete(h, "Content-Encoding")
 		rt.e.cfg.errorWriter(w, r, p)
 		return p.Status
@@ -344,10 +522,13 @@ type bodyReader struct {
 
 func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
+		if r.ContentLength > 0 {
+			return nil, fmt.Errorf("%w: Content-Length is %d but the body is gone", ErrBodyConsumed, r.ContentLength)
+		}
 		return nil, nil
 	}
 	if r.ContentLength > max {
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, max)
+		return nil, clientErrorf(ErrBodyTooLarge, "%d bytes, the limit is %d", r.ContentLength, max)
 	}
 	b.buf = bufPool.Get().(*[]byte)
 	buf := (*b.buf)[:0]
@@ -359,9 +540,17 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > max {
 			*b.buf = buf
-			return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, max)
+			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
 		}
 		if err == io.EOF {
+			if r.ContentLength > 0 && len(buf) == 0 {
+				// A server's body reader fails with io.ErrUnexpectedEOF on
+				// a short body; a clean EOF before the first byte means it
+				// was read before us. (A body replaced by a middleware
+				// with a different length is not refused.)
+				*b.buf = buf
+				return nil, fmt.Errorf("%w: Content-Length is %d but nothing was left to read", ErrBodyConsumed, r.ContentLength)
+			}
 			break
 		}
 		if err != nil {
@@ -394,21 +583,29 @@ func (b *bodyReader) free() {
 
 // --- response capture ------------------------------------------------------
 
-// recorder captures a handler's response. In atomic mode it holds the whole
-// response until the transaction commits (Flush is deferred, Hijack is
-// refused). In leased mode it holds the response until the outcome is
-// recorded, unless the body passes the cap or the handler flushes or
-// hijacks: then it writes through and the record says the body was not kept.
-// It keeps http.Flusher, http.Hijacker and Unwrap working and ignores 1xx.
+// recorder captures a handler's response. It holds the response until the
+// outcome is recorded, unless the body passes the cap (both modes) or, in
+// leased mode, the handler flushes or hijacks: then it writes through and
+// the record says the body was not kept. In atomic mode nothing reaches the
+// client before the commit: Flush is deferred and Hijack refused, and at
+// the cap the attempt commits first (call.commitAtCap); if that fails, the
+// write fails and the client gets the engine's 503 instead. So a response
+// holds at most the cap in memory. It keeps http.Flusher, http.Hijacker
+// and Unwrap working and ignores 1xx.
 type recorder struct {
 	w        http.ResponseWriter
 	atomic   bool
+	owner    *call // atomic mode: commits at the cap
 	status   int
 	max      int
 	buf      *[]byte
-	kept     bool // the body is complete in buf
-	through  bool // writing through to w
+	kept     bool  // the body is complete in buf
+	through  bool  // writing through to w
+	failed   error // the commit at the cap failed: every write fails
 	hijacked bool
+	// transparent: a nested layer took over (call.supersede); every call
+	// goes to w unchanged.
+	transparent bool
 }
 
 func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
@@ -427,6 +624,10 @@ func (rec *recorder) free() {
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 func (rec *recorder) WriteHeader(code int) {
+	if rec.transparent {
+		rec.w.WriteHeader(code)
+		return
+	}
 	if code < 200 || rec.status != 0 {
 		if code >= 100 && code < 200 && rec.through {
 			rec.w.WriteHeader(code)
@@ -440,8 +641,14 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.transparent {
+		return rec.w.Write(p)
+	}
 	if rec.hijacked {
 		return 0, http.ErrHijacked
+	}
+	if rec.failed != nil {
+		return 0, rec.failed
 	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
@@ -449,12 +656,16 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.through {
 		return rec.w.Write(p)
 	}
-	if rec.kept && len(*rec.buf)+len(p) > rec.max {
+	if len(*rec.buf)+len(p) > rec.max {
 		rec.kept = false
-		if !rec.atomic {
-			rec.goThrough()
-			return rec.w.Write(p)
+		if rec.owner != nil {
+			if err := rec.owner.commitAtCap(); err != nil {
+				rec.failed = err
+				return 0, err
+			}
 		}
+		rec.goThrough()
+		return rec.w.Write(p)
 	}
 	*rec.buf = append(*rec.buf, p...)
 	return len(p), nil
@@ -462,7 +673,10 @@ func (rec *recorder) Write(p []byte) (int, error) {
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
-	if rec.through || rec.hijacked || (rec.kept && len(*rec.buf)+len(s) > rec.max) {
+	if rec.transparent {
+		return io.WriteString(rec.w, s)
+	}
+	if rec.through || rec.hijacked || rec.failed != nil || len(*rec.buf)+len(s) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {
@@ -485,10 +699,28 @@ func (rec *recorder) goThrough() {
 	}
 }
 
+// passThrough makes the recorder transparent (call.supersede). Anything
+// already held (a status or bytes written before the nested layer took
+// over) is sent first.
+func (rec *recorder) passThrough() {
+	if rec.transparent {
+		return
+	}
+	if !rec.through && (rec.status != 0 || len(*rec.buf) > 0) {
+		rec.goThrough()
+	}
+	rec.transparent = true
+}
+
 // Flush streams the response in leased mode (the body is then not kept);
-// in atomic mode it is deferred until the transaction commits.
+// in atomic mode it is deferred until the transaction commits (or, past
+// the cap, flushes what streams after the commit).
 func (rec *recorder) Flush() {
-	if rec.atomic || rec.hijacked {
+	if rec.transparent {
+		_ = http.NewResponseController(rec.w).Flush()
+		return
+	}
+	if rec.hijacked || (rec.atomic && !rec.through) {
 		return
 	}
 	if !rec.through {
@@ -501,6 +733,9 @@ func (rec *recorder) Flush() {
 // kept); atomic mode refuses it, since nothing may reach the client before
 // the commit.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.transparent {
+		return http.NewResponseController(rec.w).Hijack()
+	}
 	if rec.atomic {
 		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
 	}

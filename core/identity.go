@@ -3,7 +3,6 @@ package core
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -54,7 +53,7 @@ func KeyFromHeader(h http.Header) (string, error) {
 		return "", nil
 	case 1:
 	default:
-		return "", fmt.Errorf("%w: the header appears %d times", ErrInvalidKey, len(vs))
+		return "", clientErrorf(ErrInvalidKey, "the header appears %d times", len(vs))
 	}
 	return ParseKey(vs[0])
 }
@@ -63,23 +62,23 @@ func KeyFromHeader(h http.Header) (string, error) {
 func ParseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" {
-		return "", fmt.Errorf("%w: empty value", ErrInvalidKey)
+		return "", clientErrorf(ErrInvalidKey, "empty value")
 	}
 	if v[0] == '"' {
 		return parseQuoted(v)
 	}
 	if len(v) > MaxKeyLen {
-		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxKeyLen)
+		return "", clientErrorf(ErrInvalidKey, "longer than %d bytes", MaxKeyLen)
 	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; c < 0x20 || c == 0x7f {
-			return "", fmt.Errorf("%w: control character at byte %d", ErrInvalidKey, i)
+			return "", clientErrorf(ErrInvalidKey, "control character at byte %d", i)
 		}
 	}
 	// A comma in a raw value is how a proxy would join two header fields:
 	// refuse it rather than guess which one the client meant.
 	if strings.IndexByte(v, ',') >= 0 {
-		return "", fmt.Errorf("%w: a raw key cannot contain a comma (use the quoted form)", ErrInvalidKey)
+		return "", clientErrorf(ErrInvalidKey, "a raw key cannot contain a comma (use the quoted form)")
 	}
 	return v, nil
 }
@@ -88,14 +87,14 @@ func ParseKey(v string) (string, error) {
 // / "\")) DQUOTE, unescaped being %x20-21 / %x23-5B / %x5D-7E.
 func parseQuoted(v string) (string, error) {
 	if len(v) < 2 || v[len(v)-1] != '"' {
-		return "", fmt.Errorf("%w: unterminated quoted string", ErrInvalidKey)
+		return "", clientErrorf(ErrInvalidKey, "unterminated quoted string")
 	}
 	inner := v[1 : len(v)-1]
 	if strings.IndexByte(inner, '\\') < 0 {
 		// Fast path: no escapes.
 		for i := 0; i < len(inner); i++ {
 			if c := inner[i]; c < 0x20 || c > 0x7e || c == '"' {
-				return "", fmt.Errorf("%w: invalid character in quoted string at byte %d", ErrInvalidKey, i+1)
+				return "", clientErrorf(ErrInvalidKey, "invalid character in quoted string at byte %d", i+1)
 			}
 		}
 		return checkLen(inner)
@@ -107,11 +106,11 @@ func parseQuoted(v string) (string, error) {
 		case c == '\\':
 			i++
 			if i == len(inner) || (inner[i] != '"' && inner[i] != '\\') {
-				return "", fmt.Errorf("%w: invalid escape in quoted string", ErrInvalidKey)
+				return "", clientErrorf(ErrInvalidKey, "invalid escape in quoted string")
 			}
 			b.WriteByte(inner[i])
 		case c < 0x20 || c > 0x7e || c == '"':
-			return "", fmt.Errorf("%w: invalid character in quoted string at byte %d", ErrInvalidKey, i+1)
+			return "", clientErrorf(ErrInvalidKey, "invalid character in quoted string at byte %d", i+1)
 		default:
 			b.WriteByte(c)
 		}
@@ -122,9 +121,9 @@ func parseQuoted(v string) (string, error) {
 func checkLen(k string) (string, error) {
 	switch {
 	case k == "" || strings.Trim(k, " ") == "":
-		return "", fmt.Errorf("%w: empty value", ErrInvalidKey)
+		return "", clientErrorf(ErrInvalidKey, "empty value")
 	case len(k) > MaxKeyLen:
-		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalidKey, MaxKeyLen)
+		return "", clientErrorf(ErrInvalidKey, "longer than %d bytes", MaxKeyLen)
 	}
 	return k, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -17,7 +18,7 @@ const (
 	Replayed      Decision = "replayed"      // the recorded response was returned
 	RejectedBusy  Decision = "in_progress"   // an in-flight duplicate was refused (409) or declined
 	Mismatch      Decision = "mismatch"      // same key, different fingerprint (422)
-	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx in atomic mode)
+	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx before MarkEffect)
 	Indeterminate Decision = "indeterminate" // the handler ran, may have had an effect, and failed: recorded as indeterminate
 	Resolved      Decision = "resolved"      // the Resolver settled an indeterminate record
 	LeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused
@@ -40,12 +41,21 @@ type Event struct {
 	Err      error         // the error behind a rejection or failure
 }
 
-func (d Decision) level() slog.Level {
-	switch d {
-	case Executed, Replayed, Released, Resolved:
+// level is the log level of ev: DEBUG for the routine decisions (executed,
+// replayed, in progress, mismatch, released, resolved, invalid requests);
+// WARN or ERROR only for what an operator must act on: store errors and
+// fail-open (ERROR), indeterminate outcomes, lost leases and failing
+// caller functions (WARN).
+func (ev *Event) level() slog.Level {
+	switch ev.Decision {
+	case Executed, Replayed, Released, Resolved, RejectedBusy, Mismatch:
 		return slog.LevelDebug
-	case RejectedBusy, Mismatch, Invalid:
-		return slog.LevelInfo
+	case Invalid:
+		var ce *callerError
+		if errors.As(ev.Err, &ce) {
+			return slog.LevelWarn
+		}
+		return slog.LevelDebug
 	case Indeterminate, LeaseLost:
 		return slog.LevelWarn
 	}
@@ -64,7 +74,7 @@ func (e *Engine) logKey(key string) string {
 // emit reports ev (whose Key is still the raw key) to the observer and the
 // logger; the key is hashed only when someone listens.
 func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
-	lvl := ev.Decision.level()
+	lvl := ev.level()
 	logging := e.cfg.logger.Enabled(ctx, lvl)
 	if e.cfg.observer == nil && !logging {
 		return // nobody looks: no clock read, no key hashing
@@ -77,13 +87,16 @@ func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
 	if !logging {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 8)
+	attrs := make([]slog.Attr, 0, 9)
 	attrs = append(attrs,
 		slog.String("decision", string(ev.Decision)),
 		slog.String("caller", ev.Caller),
 		slog.String("scope", ev.Scope),
 		slog.String("key", ev.Key),
 		slog.Duration("duration", ev.Duration))
+	if ev.ID != (ID{}) {
+		attrs = append(attrs, slog.String("id", ev.ID.String())) // a problem's record_id
+	}
 	if ev.Status != 0 {
 		attrs = append(attrs, slog.Int("status", ev.Status))
 	}

@@ -43,21 +43,28 @@ type Result struct {
 //     transaction back for a concurrent run of the same message, as a
 //     Galera node does when another node's claim was certified first):
 //     answered like the duplicate it was (the first run's value, or
-//     ErrInProgress). In a caller's transaction, an error matching both
-//     ErrInProgress and ErrLostRace: roll back and nack.
+//     ErrInProgress). In a caller's transaction, an error matching
+//     ErrInProgress, ErrLostRace and ErrTxAborted: roll back and nack.
 //
 // With a TxStore, fn runs inside a transaction that commits with the record
 // (fetch it from ctx with the store's accessor). If ctx already carries a
 // transaction of the store (sqlstore.WithTx, gormstore.WithTx), Once joins it
 // and neither commits nor rolls back: when Once returns an error, roll the
-// transaction back.
+// transaction back. With the Leased option the record is written outside
+// that transaction instead, on connections of its own, so the caller's
+// rollback does not erase it; fn still gets ctx with the caller's
+// transaction.
+// An error matching ErrTxAborted says that the database aborted that
+// transaction (a statement of fn failed on Postgres, a deadlock victim, a
+// failed Galera certification): nothing of it can commit; run the whole
+// unit again in a new one.
 func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Context) ([]byte, error), opts ...RouteOption) (Result, error) {
 	rt := e.def
 	if len(opts) > 0 {
 		rt = e.Route(opts...)
 	}
 	if m.ID == "" || len(m.ID) > MaxKeyLen {
-		return Result{}, fmt.Errorf("%w: message id must be 1 to %d bytes", ErrInvalidKey, MaxKeyLen)
+		return Result{}, clientErrorf(ErrInvalidKey, "message id must be 1 to %d bytes", MaxKeyLen)
 	}
 	start := e.cfg.clock()
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
@@ -88,7 +95,14 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		return answered(ans)
 	}
 	ev.Attempt = att.number
-	hctx := context.WithValue(att.ctx, attemptKey{}, att)
+	// Atomic mode: fn runs in the attempt's transaction. Leased mode: fn
+	// gets ctx as it came (with whatever transaction the caller put in
+	// it), while the attempt's own store calls hide that transaction.
+	base := att.ctx
+	if !rt.atomic {
+		base = ctx
+	}
+	hctx := context.WithValue(base, attemptKey{}, att)
 	e.hold(att)
 
 	var value []byte
@@ -118,11 +132,12 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		v = vRelease
 	}
 	decision, ferr := att.finish(v, resp)
-	if !att.joined && errors.Is(ferr, ErrLostRace) {
+	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
 		// The database rolled our transaction back for a concurrent claim
 		// (another Galera node's; fn's error, if any, was its doing): fn's
-		// writes are gone; answer as the duplicate this was. In the caller's transaction the caller must
-		// roll back: ferr matches ErrInProgress (and ErrLostRace).
+		// writes are gone; answer as the duplicate this was. In the
+		// caller's transaction the caller must roll back: ferr matches
+		// ErrInProgress, ErrLostRace and ErrTxAborted.
 		ans := rt.afterLostRace(ctx, id, fp, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, ferr)
 		e.emit(ctx, ev, start)

@@ -177,7 +177,10 @@ func WithMaxRequestBody(n int64) Option {
 
 // WithMaxResponseBody sets how many bytes of a response body are recorded
 // (default DefaultMaxResponseBody). A larger response is still delivered to
-// the first client; its record says the body was not kept.
+// the first client; its record says the body was not kept. It also bounds
+// what a request holds in memory: in atomic mode, the write that passes it
+// commits the transaction (recording the status) before anything is sent,
+// then the response streams through.
 func WithMaxResponseBody(n int) Option {
 	return engineOption(func(c *config) error {
 		if n < 0 {
@@ -302,8 +305,14 @@ func WaitInFlight(d time.Duration) RouteOption {
 
 // Leased selects leased mode on a store that supports atomic mode: the claim
 // commits first, with a lease, and the handler runs outside any store
-// transaction. Use it for handlers whose effects live outside the database.
-// Stores without transactions are always in leased mode.
+// transaction of the engine's. Use it for handlers whose effects live
+// outside the database. The record is written on its own connection even
+// when the request's context carries a transaction of the store (a
+// transaction-per-request middleware's, sqlstore.WithTx, gormstore.WithTx);
+// the handler's context keeps that transaction for the application's own
+// writes. The handler's context is not cancelled when the client
+// disconnects, only when the lease is lost. Stores without transactions
+// are always in leased mode.
 func Leased() RouteOption { return routeOption(func(p *policy) { p.leased = true }) }
 
 // Fingerprint replaces the request fingerprint (default DefaultFingerprint).

@@ -66,7 +66,10 @@ func (s *Sweeper) Start(ctx context.Context) {
 		return
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	s.done = make(chan struct{})
+	// The goroutine closes its own channel: Stop clears s.done, and a
+	// later Start makes a new one, so the field may not be read here.
+	done := make(chan struct{})
+	s.done = done
 	every := s.Every
 	if every <= 0 {
 		every = DefaultSweepEvery
@@ -76,7 +79,7 @@ func (s *Sweeper) Start(ctx context.Context) {
 		logger = slog.Default()
 	}
 	go func() {
-		defer close(s.done)
+		defer close(done)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -94,7 +97,8 @@ func (s *Sweeper) Start(ctx context.Context) {
 	}()
 }
 
-// Stop stops a started sweeper and waits for a running sweep to end.
+// Stop stops a started sweeper and waits for a running sweep to end. It
+// may be called at any time: before Start, twice, or right after Start.
 func (s *Sweeper) Stop() {
 	s.mu.Lock()
 	cancel, done := s.cancel, s.done

@@ -11,4 +11,8 @@
 // answered by Echo's HTTPErrorHandler inside the capture, so a replay
 // equals the first answer. In atomic mode handlers reach the transaction
 // through c.Request().Context() (sqlstore.TxFrom, gormstore.DB).
+//
+// Installed globally and again on a route, the two run as one protection
+// with the route's options; Config.Skipper leaves routes out of a global
+// install (NewWithConfig). Echo's own 404 and 405 pass through untouched.
 package echoidem

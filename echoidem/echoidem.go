@@ -3,6 +3,7 @@ package echoidem
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 
 	"github.com/idemkit/idem/core"
@@ -28,12 +29,17 @@ type Config struct {
 //
 // The scope defaults to the method and c.Path(), the route pattern
 // ("POST /orders/:id/refunds"), so every order shares one scope. Requests
-// that matched no route pass through untouched. An error returned by the
+// Echo answers itself pass through untouched: no route (404, also through
+// a group's RouteNotFound catch-alls) or another method (405). Installed
+// both globally and on a route, the two run as one layer with the route's
+// options (the inner layer takes the request over); Config.Skipper leaves
+// routes out of a global install. A body consumed before the middleware
+// is refused (500, logged with the fix). An error returned by the
 // handlers is sent through Echo's HTTPErrorHandler inside the capture, so it
 // is recorded and a replay equals the first answer; the middleware then
 // returns nil. While the rest of the chain runs, c.Request() carries the
 // engine's context (in atomic mode the transaction:
-// sqlstore.TxFrom(c.Request().Context()), gormstore.DB(c.Request().Context()))
+// sqlstore.Tx(c.Request().Context()), gormstore.DB(c.Request().Context()))
 // and c.Response() writes into the engine's capture; both are restored
 // afterwards.
 //
@@ -63,9 +69,24 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 		skip = middleware.DefaultSkipper
 	}
 	rt := config.Engine.Route(config.Options...)
+	var routes routeSet
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			if c.Path() == "" || skip(c) { // no route matched, or skipped
+			if skip(c) {
+				return next(c)
+			}
+			if rt.Protects(c.Request()) && !routes.matched(c) {
+				if c.Path() == "" && routes.routable(c) {
+					// Installed with Pre: Echo has not routed yet.
+					req := c.Request()
+					rt.Refuse(c.Response(), req, fmt.Errorf("%w: echoidem: %s %s reaches a route, but the middleware runs before Echo routes the request (installed with Pre?); install it with Use, on a group or on a route",
+						core.ErrNotProtected, req.Method, req.URL.Path))
+					return nil
+				}
+				// The router answers itself (404, 405). A request the
+				// route does not protect still goes to Serve, which passes
+				// it through (and takes it over from an outer layer, as a
+				// nested layer does).
 				return next(c)
 			}
 			var err error
@@ -96,6 +117,72 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 	}, nil
 }
 
+// routeSet tells requests that matched a route from those Echo answers
+// itself. For a 404 or a 405 Echo still sets c.Path() to the nearest route
+// path (or to a RouteNotFound route's, which groups with middleware
+// register), so the path alone cannot tell.
+type routeSet struct {
+	known sync.Map // routeKey → struct{}: a route registered for the method and path
+}
+
+type routeKey struct{ method, path string }
+
+// notFound is Echo's global 404 handler, as the router sets it.
+var notFound = reflect.ValueOf(echo.NotFoundHandler).Pointer()
+
+// matched reports whether c's request matched a route registered for its
+// method: false when no route matched, when the router found the path but
+// not the method (405: it set the Allow value), when it chose its 404
+// handler, or a handler registered with RouteNotFound.
+func (s *routeSet) matched(c echo.Context) bool {
+	path := c.Path()
+	if path == "" || c.Get(echo.ContextKeyHeaderAllow) != nil {
+		return false
+	}
+	if reflect.ValueOf(c.Handler()).Pointer() == notFound {
+		return false
+	}
+	k := routeKey{c.Request().Method, path}
+	if _, ok := s.known.Load(k); ok {
+		return true
+	}
+	// Not seen yet: look the route up (once per route; requests the router
+	// answers with a RouteNotFound handler look it up every time, since a
+	// route may be added later).
+	e := c.Echo()
+	found := hasRoute(e.Router(), k)
+	for _, r := range e.Routers() { // host routers
+		found = found || hasRoute(r, k)
+	}
+	if found {
+		s.known.Store(k, struct{}{})
+	}
+	return found
+}
+
+// routable reports whether Echo's router would route c's request to a
+// route registered for its method: for a middleware that runs before
+// routing (Pre), where c.Path() is still empty.
+func (s *routeSet) routable(c echo.Context) bool {
+	e, req := c.Echo(), c.Request()
+	router := e.Router()
+	if r, ok := e.Routers()[req.Host]; ok {
+		router = r
+	}
+	probe := e.NewContext(req, nil)
+	router.Find(req.Method, echo.GetPath(req), probe)
+	return s.matched(probe)
+}
+
+func hasRoute(r *echo.Router, k routeKey) bool {
+	for _, rt := range r.Routes() {
+		if rt.Method == k.method && rt.Path == k.path {
+			return true
+		}
+	}
+	return false
+}
+
 // responses recycles the Echo responses that write into the engine's
 // capture. Like Echo's own, which are recycled with its pooled Context, one
 // must not be used once the chain has returned.
@@ -120,4 +207,13 @@ func Caller(f func(echo.Context) (string, error)) core.CallerFunc {
 		}
 		return f(c)
 	}
+}
+
+// DownstreamKey is core.DownstreamKey for an Echo handler: the
+// deterministic key of step (such as "charge") of the protected request c
+// runs, to pass to an external API. It reads c.Request().Context(), which
+// is what core.DownstreamKey needs. Outside a protected request it returns
+// an error wrapping core.ErrNoAttempt, never an empty key.
+func DownstreamKey(c echo.Context, step string) (string, error) {
+	return core.DownstreamKey(c.Request().Context(), step)
 }

@@ -37,3 +37,14 @@ func TestScenariosGlobal(t *testing.T) {
 		return r
 	})
 }
+
+func TestScenariosNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New()
+		r.Use(echoidem.New(e))
+		for _, rt := range routes {
+			r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler), echoidem.New(e, rt.Options...))
+		}
+		return r
+	})
+}

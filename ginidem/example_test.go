@@ -57,3 +57,23 @@ func ExampleNew() {
 	fmt.Println(len(r.Routes()), "route protected")
 	// Output: 1 route protected
 }
+
+// Gin's idiom for "every route but these": a Config with a Skipper, called
+// after routing (c.FullPath() is the route pattern). A route with options
+// of its own installs the middleware again: the two run as one protection
+// with the route's options.
+func ExampleNewWithConfig() {
+	e, _ := core.New(memstore.New(), core.WithSingleCaller())
+	r := gin.New()
+	r.Use(ginidem.NewWithConfig(ginidem.Config{
+		Engine:  e,
+		Skipper: func(c *gin.Context) bool { return c.FullPath() == "/webhooks/:provider" },
+	}))
+	r.POST("/webhooks/:provider", func(c *gin.Context) { c.Status(http.StatusNoContent) })
+	r.POST("/payments", ginidem.New(e, core.Leased()), func(c *gin.Context) { c.Status(http.StatusCreated) })
+
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest("POST", "/webhooks/stripe", nil)) // no key needed: skipped
+	fmt.Println(w.Code)
+	// Output: 204
+}

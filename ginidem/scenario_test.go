@@ -32,9 +32,22 @@ func TestScenarios(t *testing.T) {
 func TestScenariosGlobal(t *testing.T) {
 	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
 		r := gin.New()
+		r.HandleMethodNotAllowed = true // so the router's own 405 is checked too
 		r.Use(ginidem.New(e))
 		for _, rt := range routes {
 			r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapF(rt.Handler))
+		}
+		return r
+	})
+}
+
+func TestScenariosNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New()
+		r.HandleMethodNotAllowed = true
+		r.Use(ginidem.New(e))
+		for _, rt := range routes {
+			r.Handle(rt.Method, ginPattern(rt.Pattern), ginidem.New(e, rt.Options...), gin.WrapF(rt.Handler))
 		}
 		return r
 	})

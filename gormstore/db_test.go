@@ -148,6 +148,11 @@ type order struct {
 	Name string `gorm:"size:100;not null"`
 }
 
+// uniqueRow is a row of a table whose names are unique (Fixture.Unique).
+type uniqueRow struct {
+	Name string `gorm:"primaryKey;size:100"`
+}
+
 func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture { return fixtureOn(t, d, nil) }
 
 func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) sqlstoretest.Fixture {
@@ -161,6 +166,11 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Migrator().DropTable(orders) })
+	unique := s.Table() + "_unique"
+	if err := db.Table(unique).AutoMigrate(&uniqueRow{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Migrator().DropTable(unique) })
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
@@ -169,6 +179,13 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 				return errors.New("no GORM transaction in the context")
 			}
 			return tx.WithContext(ctx).Table(orders).Create(&order{Name: name}).Error
+		},
+		Unique: func(ctx context.Context, name string) error {
+			tx := gormstore.DB(ctx)
+			if tx == nil {
+				return errors.New("no GORM transaction in the context")
+			}
+			return tx.WithContext(ctx).Table(unique).Create(&uniqueRow{Name: name}).Error
 		},
 		Count: func(t testing.TB, name string) int {
 			var n int64
@@ -241,6 +258,18 @@ func TestExactlyOnce(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}
+
+// TestLifetime: a Leased() route under the application's
+// transaction-per-request middleware commits its record on its own
+// connection, and an atomic answer over the recording cap commits first and
+// streams, on every database.
+func TestLifetime(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
 		})
 	}
 }

@@ -8,6 +8,10 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/callbacks"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/logger"
+	"gorm.io/gorm/schema"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
@@ -93,12 +97,20 @@ func WithTx(ctx context.Context, tx *gorm.DB) context.Context {
 }
 
 // DB returns the *gorm.DB bound to the transaction ctx carries (set by
-// Begin or WithTx), or nil. In middleware-managed atomic mode handlers call
-// it with the request's context (c.Request.Context(),
-// c.Request().Context(), r.Context()) and run their business writes on it.
-// Begin defers BEGIN to the transaction's first statement (the claim, so a
-// handler's transaction has begun); DB begins it if nothing has, and if
-// that fails, the returned *gorm.DB carries the error.
+// Begin or WithTx). In middleware-managed atomic mode handlers call it with
+// the request's context (c.Request.Context(), c.Request().Context(),
+// r.Context()) and run their business writes on it. Begin defers BEGIN to
+// the transaction's first statement (the claim, so a handler's transaction
+// has begun); DB begins it if nothing has, and if that fails, the returned
+// *gorm.DB carries the error.
+//
+// DB never returns nil. When ctx carries no transaction, the returned
+// *gorm.DB carries an error (GORM's idiom: every statement on it fails with
+// it, and .Error has it) wrapping core.ErrNoTx that names the fix: a
+// framework's context was passed instead of the request's, the route is
+// Leased (idem holds no transaction for it: use your own *gorm.DB), or the
+// code does not run in a protected request. Code that runs both inside and
+// outside atomic mode uses TxFrom and falls back to its own *gorm.DB.
 func DB(ctx context.Context) *gorm.DB {
 	switch v := ctx.Value(txKey{}).(type) {
 	case *gorm.DB:
@@ -114,10 +126,71 @@ func DB(ctx context.Context) *gorm.DB {
 			_ = tx.AddError(err)
 			return tx
 		}
-		return v.get()
+		if tx := v.get(); tx != nil {
+			return tx
+		}
+	}
+	return failed(ctx, noTx(ctx))
+}
+
+// TxFrom returns the *gorm.DB bound to the transaction ctx carries, or
+// nil: for code that runs both inside and outside atomic mode and falls
+// back to its own *gorm.DB. Handlers of atomic routes call DB, which fails
+// loudly instead of returning nil.
+func TxFrom(ctx context.Context) *gorm.DB {
+	switch v := ctx.Value(txKey{}).(type) {
+	case *gorm.DB:
+		if inTransaction(v) {
+			return v
+		}
+	case *deferred:
+		if tx := v.get(); tx != nil {
+			return tx
+		}
+		if _, err := sqlstore.ConnFrom(ctx); err == nil {
+			return v.get()
+		}
 	}
 	return nil
 }
+
+// noTx is the error of DB given a context without a transaction.
+func noTx(ctx context.Context) error {
+	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
+		return fmt.Errorf("%w: gormstore.DB: this route is Leased: idem holds no transaction for it; use your own *gorm.DB", core.ErrNoTx)
+	}
+	return fmt.Errorf("%w: gormstore.DB needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
+		"code that holds its own transaction passes it with gormstore.WithTx", core.ErrNoTx)
+}
+
+// failed returns a *gorm.DB on no database that carries err: every
+// statement run on it fails with err, none reaches a database.
+func failed(ctx context.Context, err error) *gorm.DB {
+	db, oerr := gorm.Open(noDatabase{}, &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true, SkipDefaultTransaction: true})
+	if oerr != nil { // cannot happen: noDatabase.Initialize does not fail
+		panic(oerr)
+	}
+	db = db.WithContext(ctx)
+	_ = db.AddError(err)
+	return db
+}
+
+// noDatabase is the dialector of the *gorm.DB that DB returns when ctx
+// carries no transaction: it has no connection, and the error the
+// *gorm.DB carries stops every statement before one would be needed.
+type noDatabase struct{}
+
+func (noDatabase) Name() string { return "idem-no-transaction" }
+func (noDatabase) Initialize(db *gorm.DB) error {
+	callbacks.RegisterDefaultCallbacks(db, &callbacks.Config{})
+	return nil
+}
+func (noDatabase) Migrator(*gorm.DB) gorm.Migrator                     { return nil }
+func (noDatabase) DataTypeOf(*schema.Field) string                     { return "" }
+func (noDatabase) DefaultValueOf(*schema.Field) clause.Expression      { return clause.Expr{SQL: "DEFAULT"} }
+func (noDatabase) BindVarTo(w clause.Writer, _ *gorm.Statement, _ any) { _ = w.WriteByte('?') }
+func (noDatabase) QuoteTo(w clause.Writer, s string)                   { _, _ = w.WriteString(s) }
+func (noDatabase) Explain(sql string, _ ...any) string                 { return sql }
 
 func inTransaction(tx *gorm.DB) bool {
 	if tx == nil || tx.Statement == nil {
@@ -143,7 +216,10 @@ func (s *Store) InTx(ctx context.Context) bool {
 // InTx reports false (core.TxStore).
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(txKey{}) != nil {
-		ctx = context.WithValue(ctx, txKey{}, nil)
+		// A GORM transaction of WithTx becomes sqlstore's connection first,
+		// so that sqlstore knows a transaction was hidden (see
+		// sqlstore.Store.WithoutTx: SQLite refuses a leased claim beside it).
+		ctx = context.WithValue(s.ctx(ctx), txKey{}, nil)
 	}
 	return s.inner.WithoutTx(ctx)
 }
@@ -240,3 +316,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.inner.Now(s.ctx(ctx)) }
 
 var _ core.TimeSource = (*Store)(nil)
+
+// Check verifies, at start-up, that the table exists with the columns and
+// the primary key the store needs, and that the server is one the GORM
+// dialector's SQL runs on (see sqlstore.Store.Check). A misconfiguration is
+// an error wrapping core.ErrConfig whose text names the fix ("run
+// store.AutoMigrate"); an unreachable server wraps core.ErrStoreUnavailable.
+func (s *Store) Check(ctx context.Context) error { return s.inner.Check(s.ctx(ctx)) }

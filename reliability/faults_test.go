@@ -141,16 +141,16 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased, useGorm bool) {
 			_, err = db.ExecContext(r.Context(), ins, key, info.Attempt)
 		} else if useGorm {
 			gtx := gormstore.DB(r.Context())
-			if gtx == nil {
-				t.Error("atomic mode without a GORM transaction in the request context")
+			if gtx.Error != nil {
+				t.Errorf("atomic mode without a GORM transaction in the request context: %v", gtx.Error)
 				w.WriteHeader(http.StatusInternalServerError)
 				return
 			}
 			err = gtx.Exec("INSERT INTO "+biz+" (k, attempt) VALUES (?, ?)", key, info.Attempt).Error
 		} else {
-			tx := sqlstore.TxFrom(r.Context())
-			if tx == nil {
-				t.Error("atomic mode without a transaction in the request context")
+			tx, terr := sqlstore.Tx(r.Context())
+			if terr != nil {
+				t.Errorf("atomic mode without a transaction in the request context: %v", terr)
 				w.WriteHeader(http.StatusInternalServerError)
 				return
 			}

@@ -199,7 +199,7 @@ func (lh *leaseHarness) handle(w http.ResponseWriter, r *http.Request) {
 	core.MarkEffect(r.Context()) // the effect is a charge with a payment provider
 	lh.mu.Lock()
 	lh.ctxs[name] = r.Context()
-	lh.dkeys[name] = core.DownstreamKey(r.Context(), "charge")
+	lh.dkeys[name], _ = core.DownstreamKey(r.Context(), "charge")
 	hold, start := lh.hold[name], lh.start[name]
 	lh.mu.Unlock()
 	if start != nil {

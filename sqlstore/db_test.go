@@ -125,6 +125,11 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+orders) })
+	unique := s.Table() + "_unique"
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+unique+" (name VARCHAR(100) NOT NULL PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+unique) })
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
@@ -133,6 +138,14 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 				return errors.New("no transaction in the context")
 			}
 			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			return err
+		},
+		Unique: func(ctx context.Context, name string) error {
+			tx := sqlstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+unique+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Count: func(t testing.TB, name string) int {
@@ -174,6 +187,18 @@ func TestExactlyOnce(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}
+
+// TestLifetime: a Leased() route under the application's
+// transaction-per-request middleware commits its record on its own
+// connection, and an atomic answer over the recording cap commits first and
+// streams, on every database.
+func TestLifetime(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
 		})
 	}
 }

@@ -4,7 +4,7 @@
 // runs the same statements through GORM.
 //
 // Middleware-managed atomic mode: the engine calls Begin, and the handler
-// writes through TxFrom(r.Context()). Caller-managed: code that holds a
+// writes through Tx(r.Context()). Caller-managed: code that holds a
 // *sql.Tx passes WithTx(ctx, tx) to the engine (Engine.Once) or the store.
 // Outside a transaction the store runs in leased mode.
 //

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -43,7 +44,7 @@ func openExampleDB() (*sql.DB, *sqlstore.Store, func()) {
 }
 
 // Middleware-managed atomic mode: the engine begins the transaction, the
-// handler writes through sqlstore.TxFrom(r.Context()), and the order, the
+// handler writes through sqlstore.Tx(r.Context()), and the order, the
 // key and the recorded response commit together before the client gets
 // the answer.
 func Example() {
@@ -56,9 +57,14 @@ func Example() {
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		res, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+		tx, err := sqlstore.Tx(ctx) // fails (core.ErrNoTx) with a context that is not the request's
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError) // rolls back: nothing happened
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+		if err != nil {
+			http.Error(w, "could not store the order", http.StatusInternalServerError) // rolls back: nothing happened
 			return
 		}
 		id, _ := res.LastInsertId()
@@ -100,7 +106,7 @@ func ExampleWithTx() {
 		defer tx.Rollback() // no-op after Commit
 		res, err := e.Once(sqlstore.WithTx(ctx, tx), core.Message{Consumer: "orders", ID: msgID},
 			func(ctx context.Context) ([]byte, error) {
-				_, err := sqlstore.TxFrom(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea")
+				_, err := tx.ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "tea") // the consumer's own tx
 				return []byte("created"), err
 			})
 		if err != nil {
@@ -121,4 +127,26 @@ func ExampleWithTx() {
 	// created replayed: false
 	// created replayed: true
 	// orders: 1
+}
+
+// Check at start-up: a store created with the wrong dialect, or on a table
+// that was never migrated, stops the start with an error naming the fix
+// instead of answering 503 at the first request.
+func ExampleStore_Check() {
+	db, store, done := openExampleDB()
+	defer done()
+	ctx := context.Background()
+	fmt.Println("migrated:", store.Check(ctx))
+
+	wrong, _ := sqlstore.New(db, sqlstore.Postgres)
+	err := wrong.Check(ctx)
+	fmt.Println(errors.Is(err, core.ErrConfig), strings.Contains(err.Error(), "use sqlstore.SQLite"))
+
+	other, _ := sqlstore.New(db, sqlstore.SQLite, sqlstore.WithTable("not_migrated"))
+	err = other.Check(ctx)
+	fmt.Println(errors.Is(err, core.ErrConfig), strings.Contains(err.Error(), "run store.Migrate(ctx)"))
+	// Output:
+	// migrated: <nil>
+	// true true
+	// true true
 }

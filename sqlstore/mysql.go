@@ -125,6 +125,9 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 	l, _ := ctx.Value(connKey{}).(*lazyTx)
 	fresh := l != nil && !l.started()
 	if c, ok, err := s.conn(ctx); err != nil || ok {
+		if err == nil && l == nil {
+			return s.claimMySQLJoined(ctx, c, req)
+		}
 		for try := 1; ; try++ {
 			if err != nil {
 				return core.ClaimResult{}, err
@@ -174,6 +177,47 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			return core.ClaimResult{}, err
 		}
 	}
+}
+
+// claimMySQLJoined claims in a transaction that the caller began (WithTx,
+// WithConn), at an isolation level the store does not choose: REPEATABLE
+// READ, InnoDB's default, unless the caller asked for another. There the
+// NOWAIT probe of a missing id takes a next-key lock on the gap where the
+// id would go (on an empty table: the supremum), and two claims of
+// distinct ids in one gap that both probed before either inserted
+// deadlock, each INSERT waiting for the other's gap lock (SHOW ENGINE
+// INNODB STATUS: "lock_mode X insert intention waiting" on "supremum").
+// So no locking read comes before the INSERT here:
+//   - a plain read answers a live record that cannot be claimed (a replay:
+//     one statement, no lock);
+//   - otherwise INSERT: a new id takes no gap lock and waits for none;
+//   - a duplicate key (the row is there: expired, a lapsed lease, or
+//     committed after the read's snapshot) goes on as a claim of an
+//     existing row (claimMySQLIn, whose probe then locks that row only).
+//
+// An INSERT of an id that another open transaction inserted waits for that
+// transaction (InnoDB's duplicate-key check): it then answers from what
+// that transaction committed, or in progress after innodb_lock_wait_timeout
+// (see the README). The registry answers first when that transaction is
+// one of this store's (Begin). A deadlock that still makes InnoDB roll the
+// caller's transaction back is core.ErrTxAborted: the caller retries it.
+func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+	if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
+		return res, err
+	}
+	_, err := c.ExecContext(ctx, s.q.insert, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+	switch n := mysqlErrno(err); {
+	case err == nil:
+		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+	case n == erDupEntry:
+		return s.claimMySQLIn(ctx, c, req)
+	case n == erLockWaitTimeout:
+		// Another transaction inserted the id and did not end within
+		// innodb_lock_wait_timeout.
+		return inProgressElsewhere(req.ID), nil
+	}
+	return core.ClaimResult{}, s.failure(ctx, "claim", err)
 }
 
 // claimLeasedMySQL runs one leased claim in a short transaction on conn.
@@ -246,7 +290,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, unavailable("claim probe", err)
+			return core.ClaimResult{}, s.failure(ctx, "claim probe", err)
 		}
 		if found && live(rec, req.Now) && !takeable(rec, req) {
 			return core.ClaimResult{Record: rec}, nil
@@ -275,7 +319,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// (see the README), or the id kept changing under us.
 			return inProgressElsewhere(req.ID), nil
 		}
-		return core.ClaimResult{}, unavailable("claim", err)
+		return core.ClaimResult{}, s.failure(ctx, "claim", err)
 	}
 }
 

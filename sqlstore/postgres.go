@@ -99,7 +99,7 @@ func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.
 		}
 		found, err := scanRecord(c.QueryRowContext(ctx, q, args...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, unavailable("claim", err)
+			return core.ClaimResult{}, s.failure(ctx, "claim", err)
 		}
 		switch {
 		case inserted:

@@ -71,7 +71,8 @@ func WithTable(name string) Option {
 
 // WithTxOptions sets the options Begin starts transactions with (default:
 // READ COMMITTED on MySQL/MariaDB, where REPEATABLE READ would take gap
-// locks on the probe of a missing key; the database's default elsewhere).
+// locks on the probe of a missing key, which Begin's claim runs first;
+// the database's default elsewhere).
 // Pass &sql.TxOptions{} to use the session default on every dialect, for
 // example when the MySQL DSN already sets transaction_isolation.
 func WithTxOptions(opts *sql.TxOptions) Option {
@@ -146,7 +147,9 @@ func (s *Store) Table() string { return s.table }
 // statements of Schema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
 //
-// Several processes may migrate at once: on Postgres, where two concurrent
+// Migrate first checks the server against the dialect (as Check does), so
+// a wrong dialect fails with an error wrapping core.ErrConfig that names
+// the right one. Several processes may migrate at once: on Postgres, where two concurrent
 // CREATE TABLE IF NOT EXISTS can fail on the catalog's unique indexes, the
 // statements run in one transaction behind an advisory lock derived from
 // the table name; MySQL/MariaDB and SQLite need no lock.
@@ -155,6 +158,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
+	}
+	if err := s.checkServer(ctx, c); err != nil {
+		return err // a wrong dialect: say so, not "pg_advisory_xact_lock does not exist"
 	}
 	if s.d == Postgres && !inTx {
 		return s.inShortTx(ctx, func(c Conn) error {
@@ -202,13 +208,50 @@ func WithConn(ctx context.Context, c Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
 
-// TxFrom returns the *sql.Tx that ctx carries (set by Begin or WithTx), or
-// nil. In middleware-managed atomic mode handlers call it with the request's
-// context (r.Context(), c.Request.Context(), c.Request().Context()) and run
-// their business writes on it. Begin defers BEGIN to the transaction's
-// first statement (the claim, so a handler's transaction has begun); TxFrom
-// begins it if nothing has, and returns nil if that fails (ConnFrom
-// returns the error).
+// Tx returns the *sql.Tx of the transaction ctx carries (set by Begin or
+// WithTx). In middleware-managed atomic mode handlers call it with the
+// request's context (r.Context(), c.Request.Context(),
+// c.Request().Context()) and run their business writes on it. Begin defers
+// BEGIN to the transaction's first statement (the claim, so a handler's
+// transaction has begun); Tx begins it if nothing has, and returns that
+// error if it fails.
+//
+// When ctx carries no transaction, Tx returns an error wrapping
+// core.ErrNoTx that names the fix: a framework's context was passed
+// instead of the request's, the route is Leased (idem holds no
+// transaction for it: use your own *sql.DB), or the code does not run in a
+// protected request.
+func Tx(ctx context.Context) (*sql.Tx, error) {
+	c, err := ConnFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, noTx(ctx, "sqlstore.Tx", "*sql.DB")
+	}
+	tx, ok := c.(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("%w: sqlstore.Tx: the context carries a %T (WithConn), not a *sql.Tx: use sqlstore.ConnFrom", core.ErrNoTx, c)
+	}
+	return tx, nil
+}
+
+// noTx is the error of a transaction accessor (call) given a context
+// without a transaction; own names what the application should use
+// instead on a Leased route.
+func noTx(ctx context.Context, call, own string) error {
+	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
+		return fmt.Errorf("%w: %s: this route is Leased: idem holds no transaction for it; use your own %s", core.ErrNoTx, call, own)
+	}
+	return fmt.Errorf("%w: %s needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
+		"code that holds its own transaction passes it with sqlstore.WithTx", core.ErrNoTx, call)
+}
+
+// TxFrom returns the *sql.Tx that ctx carries, or nil: for code that runs
+// both inside and outside atomic mode and falls back to the pool itself.
+// Handlers of atomic routes call Tx, which fails loudly instead of
+// returning nil. If beginning the deferred transaction fails, TxFrom
+// returns nil (Tx and ConnFrom return the error).
 func TxFrom(ctx context.Context) *sql.Tx {
 	c, _ := ConnFrom(ctx)
 	tx, _ := c.(*sql.Tx)
@@ -228,19 +271,35 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
+// hiddenTx marks a context whose transaction WithoutTx hid.
+type hiddenTx struct{}
+
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
 // WithConn) hidden: store methods called with it run on the pool, in
-// autocommit, and InTx reports false (core.TxStore).
+// autocommit, and InTx reports false (core.TxStore). The engine claims and
+// completes leased routes with it.
+//
+// SQLite admits one writer at a time: a statement on another connection
+// waits (busy_timeout) for the hidden transaction, which holds the write
+// lock from BEGIN IMMEDIATE (the recommended _txlock=immediate) or from
+// its first write, and which in turn waits for the request. So on SQLite,
+// Claim with a context whose transaction was hidden fails at once with an
+// error matching core.ErrConfig: keep leased routes out of a
+// transaction-per-request middleware.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(connKey{}) == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, connKey{}, nil)
+	return context.WithValue(ctx, connKey{}, hiddenTx{})
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
 func (s *Store) InTx(ctx context.Context) bool {
-	return ctx.Value(connKey{}) != nil
+	switch ctx.Value(connKey{}).(type) {
+	case nil, hiddenTx:
+		return false
+	}
+	return true
 }
 
 // Begin starts a transaction (with the WithTxOptions options) and returns a
@@ -334,6 +393,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	// across stores) is treated like a caller-managed one: its end would
 	// clear the other store's registry, not this one's.
 	v := ctx.Value(connKey{})
+	if _, hidden := v.(hiddenTx); hidden {
+		if s.d == SQLite {
+			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
+				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
+				"keep leased routes out of the middleware's transaction", core.ErrConfig)
+		}
+		v = nil
+	}
 	l, _ := v.(*lazyTx)
 	wait := v == nil || (l != nil && !l.started())
 	if l != nil && l.s != s {
@@ -399,7 +466,7 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	lu := s.d.timeArg(leaseUntil)
 	res, err := s.exec(ctx, c, inTx, s.q.extend, lu, lu, id[:], token)
 	if err != nil {
-		return unavailable("extend", err)
+		return s.failure(ctx, "extend", err)
 	}
 	return s.fenced(ctx, c, res, s.q.isInProgress, id, token)
 }
@@ -415,7 +482,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	}
 	res, err := s.exec(ctx, c, inTx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
 	if err != nil {
-		return unavailable("complete", err)
+		return s.failure(ctx, "complete", err)
 	}
 	return s.fenced(ctx, c, res, s.q.isHeld, id, token)
 }
@@ -452,7 +519,7 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	}
 	res, err := s.exec(ctx, c, inTx, s.q.release, id[:], token)
 	if err != nil {
-		return unavailable("release", err)
+		return s.failure(ctx, "release", err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -515,12 +582,53 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 
 // --- helpers -----------------------------------------------------------------
 
+// failure wraps the driver error of a statement run with ctx: with
+// core.ErrTxAborted when the database aborted the transaction that ctx
+// carries (see aborted), and then also with core.ErrLostRace when it did so
+// in favour of a concurrent transaction (see isLostRace); else as
+// unavailable does.
+func (s *Store) failure(ctx context.Context, op string, err error) error {
+	if ctx.Value(connKey{}) != nil && s.aborted(err) {
+		if isLostRace(err) {
+			return fmt.Errorf("%w: %w: sqlstore: %s: %w", core.ErrTxAborted, core.ErrLostRace, op, err)
+		}
+		return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrTxAborted, op, err)
+	}
+	return unavailable(op, err)
+}
+
+// aborted reports whether err says that the database aborted the
+// transaction the statement ran in, so that no statement can run in it
+// any more: on Postgres SQLSTATE 25P02 (an earlier statement failed:
+// "current transaction is aborted, commands ignored until end of
+// transaction block"), 40001 (serialization failure) and 40P01 (deadlock
+// victim); on MySQL/MariaDB a deadlock victim or a failed Galera
+// certification (1213: the whole transaction was rolled back). SQLite and
+// MySQL undo a failed statement alone.
+func (s *Store) aborted(err error) bool {
+	switch s.d {
+	case Postgres:
+		var st interface{ SQLState() string } // pgconn.PgError, pq.Error
+		if !errors.As(err, &st) {
+			return false
+		}
+		switch st.SQLState() {
+		case "25P02", "40001", "40P01":
+			return true
+		}
+		return false
+	case MySQL:
+		return mysqlErrno(err) == erDeadlock
+	}
+	return false
+}
+
 // unavailable wraps a driver error with core.ErrStoreUnavailable, or with
 // core.ErrLostRace when the database rolled the transaction back for a
-// concurrent one (see lostRace); both stay inspectable with errors.Is /
+// concurrent one (see isLostRace); both stay inspectable with errors.Is /
 // errors.As.
 func unavailable(op string, err error) error {
-	if errors.Is(err, core.ErrStoreUnavailable) || errors.Is(err, core.ErrLostRace) {
+	if errors.Is(err, core.ErrStoreUnavailable) || errors.Is(err, core.ErrLostRace) || errors.Is(err, core.ErrTxAborted) {
 		return err
 	}
 	if isLostRace(err) {
@@ -537,7 +645,11 @@ func unavailable(op string, err error) error {
 // deadlock/conflict and aborted the transaction"). Galera's 1047 ("WSREP
 // has not yet prepared node for application use": the node is not in the
 // primary component) is not one: that node is out of service, so it stays
-// ErrStoreUnavailable (503), and fail-open applies to it.
+// ErrStoreUnavailable (503), and fail-open applies to it. Postgres's
+// serialization failures and deadlocks (40001, 40P01) are not either: its
+// claims of one identity serialize on an advisory lock and the unique
+// index, so those are about the handler's own rows (core.ErrTxAborted
+// alone; see core.ErrLostRace and docs/decisions.md).
 func isLostRace(err error) bool {
 	return mysqlErrno(err) == erDeadlock
 }

@@ -37,8 +37,8 @@ var scenarios = []scenario{
 	{"ok, a panic releases the key and reaches the outer recovery", "A panicking handler releases the record and its panic propagates to the outer recovery; a retry runs again.", both, testPanicReleases},
 
 	// 5xx and indeterminate outcomes.
-	{"ok, atomic: 5xx without MarkEffect rolls back and releases", "In atomic mode a 5xx with no external effect marked reaches the client, the record is released, and a retry runs again.", atomicMode, testAtomic5xxReleases},
-	{"ok, leased: 5xx is indeterminate and the retry replays it", "In leased mode a 5xx leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", leased, testLeased5xxIndeterminate},
+	{"ok, 5xx before MarkEffect releases the key: a retry runs", "A 5xx with no external effect marked reaches the client and releases the record (atomic mode: the transaction rolls back; leased mode: nothing happened yet), so a retry runs again.", both, test5xxBeforeEffectReleases},
+	{"ok, a 5xx before MarkEffect releases, a 5xx after it is indeterminate", "A first attempt that answers 5xx before marking an effect is released; the retry that answers 5xx after core.MarkEffect leaves the record indeterminate, and later requests replay that 5xx without running the handler.", both, test5xxBeforeThenAfterEffect},
 	{"ok, 5xx after MarkEffect is indeterminate and the retry replays it", "A 5xx after core.MarkEffect leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", both, testEffect5xxIndeterminate},
 	{"ok, a panic after MarkEffect is indeterminate and the retry replays a 500", "A panic after core.MarkEffect propagates to the outer recovery and leaves the record indeterminate: a retry replays a 500 problem document and the handler does not run.", both, testEffectPanicIndeterminate},
 	{"ok, a Resolver settles an indeterminate record as applied", "A Resolver that answers Applied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; DownstreamKeyFor gives the resolver the handler's downstream key.", both, testResolverApplied},
@@ -49,10 +49,17 @@ var scenarios = []scenario{
 	{"ok, leased: a flushed response reaches the first client; the replay says it was not kept", "In leased mode a handler that flushes streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", leased, testFlushLeased},
 	{"ok, leased: a hijacked response reaches the first client; the replay says it was not kept", "In leased mode a handler can hijack the connection through the adapter; a duplicate gets a final (non-1xx) answer with a response-not-kept problem document and the handler does not run.", leased, testHijackLeased},
 	{"ok, atomic: Flush is deferred and the body is kept", "In atomic mode nothing reaches the client before the commit: Flush is deferred, the whole body is recorded, and a duplicate replays it.", atomicMode, testFlushAtomic},
+	{"ok, atomic: past the cap the engine commits, then streams; memory stays bounded", "In atomic mode a 50 MiB answer is not held: past the recording cap the record commits (status, body not kept) before the client sees anything, the rest streams through, the heap stays far below 50 MiB, and a duplicate gets the status with a response-not-kept problem document.", atomicMode, testAtomicStreamPastCap},
+	{"nok, atomic: when the commit at the cap fails the client gets 503 and none of the body", "In atomic mode, when the commit at the recording cap fails, the handler's write fails with ErrStoreUnavailable, the client gets the 503 store-unavailable problem and nothing of the handler's body, and the retry runs.", atomicMode, testAtomicCapCommitFails},
 	{"nok, 413 on a request body over the limit", "A request body over WithMaxRequestBody, with or without Content-Length, gets a 413 body-too-large problem document and the handler does not run.", both, testRequestCap},
 
 	// Problem documents.
 	{"ok, rejections use the configured problem base and error writer", "Every rejection (400, 401, 422) is written by the engine's error writer (WithErrorWriter) with types under its problem base (WithProblemBase).", both, testProblemShape},
+
+	{"nok, no rejection carries internal error text", "No response (body or header) to any rejection (store failing at begin, claim, complete, commit or release, a record that cannot be opened, a caller, fingerprint or resolver function failing, a panic, a missing, malformed or reused key, a large body, a request in flight) carries the text of a store, driver or caller-function error; the problem carries a record_id, and the log has the internal error under the same id.", both, testNoInternalsReachTheClient},
+
+	// Logging.
+	{"ok, routine decisions log at DEBUG", "A storm of 30 requests with one key (one runs, 29 get 409), then a replay and a mismatch, logs nothing above DEBUG.", both, testRoutineDecisionsLogQuietly},
 
 	// Methods.
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time, with or without a key (even a malformed one), and are never replayed.", both, testMethodsDefault},
@@ -66,6 +73,8 @@ var scenarios = []scenario{
 	// Crashes and clients that go away.
 	{"ok, atomic: a request whose context ends mid-work is rolled back and a retry runs", "In atomic mode, when the request's context ends while the handler runs (the client or the process is gone), the transaction rolls back, the record is absent, and a retry runs; the rolled-back attempt never answers with a success.", atomicMode, testAtomicCrash},
 	{"ok, leased: the outcome is recorded even when the client went away", "In leased mode, when the client hangs up while the handler runs, the handler's outcome is still recorded and a retry replays it.", leased, testLeasedClientGone},
+	{"ok, leased: a client that goes away after MarkEffect does not cancel the attempt", "In leased mode the handler's context does not end when the client goes away: the attempt runs to its end, records its 201, and the retry replays it; the handler runs once.", leased, testLeasedClientGoneAfterEffect},
+	{"ok, atomic: a client that goes away rolls the attempt back; no 5xx is recorded", "In atomic mode a client that goes away ends the transaction; the handler's error answer is not recorded and the retry runs.", atomicMode, testAtomicClientGone},
 
 	// Leases.
 	{"ok, leased: a lapsed lease is taken over; the old attempt's completion is refused", "In leased mode a request meeting a lapsed lease takes the record over and runs (attempt 2, same downstream key); the old attempt's completion is refused and its client gets a 409 lease-lost; duplicates replay the new attempt's answer.", leased, testTakeover},
@@ -95,4 +104,5 @@ var globalScenarios = []scenario{
 	{"ok, GET, PUT and DELETE pass through untouched by default", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time and are never replayed.", both, testMethodsDefault},
 	{"ok, the handler sees the engine's context", "The handler's request context carries the attempt, a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
 	{"nok, 400 on a missing or malformed key", "A covered request without a key or with a malformed one gets a 400 problem document and the handler does not run.", both, testBadKeys},
+	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 }

@@ -16,7 +16,10 @@
 //	}
 //
 // and, for a middleware installed once for the whole router (r.Use), with
-// a [GlobalFactory] for [RunGlobal].
+// a [GlobalFactory] for [RunGlobal] (which also checks that the router's
+// own 404 and 405 pass untouched), and, for the middleware installed both
+// for the whole router and again on each route (one protection, the
+// route's options), with a [NestedFactory] for [RunNested].
 //
 // # What a factory must do
 //
@@ -25,8 +28,10 @@
 //     routers that spell parameters differently (":id" for Gin and Echo).
 //   - Protect every route with the adapter's middleware for the given engine
 //     and the route's Options (a [Factory]: per route), or once for the
-//     whole router with no options (a [GlobalFactory]). The default scope
-//     must come from the router's route pattern, never the concrete path.
+//     whole router with no options (a [GlobalFactory]), or both: once for
+//     the whole router with no options and on each route with its Options
+//     (a [NestedFactory]). The default scope must come from the router's
+//     route pattern, never the concrete path.
 //   - Call the route's Handler with the writer and the request the
 //     middleware passes on: the request carries the engine's context
 //     (core.AttemptFrom, core.MarkEffect, core.Release, the transaction),

@@ -29,14 +29,38 @@ var errDown = errors.New("scenario: dial tcp 10.0.0.1:5432: connect: connection 
 type hookStore struct {
 	inner   core.Store
 	down    atomic.Bool
+	failing atomic.Uint32 // ops (opClaim|...) that fail with errSecret
 	blocked chan struct{} // one pending signal at most
+}
+
+// Store operations a scenario can make fail with errSecret.
+const (
+	opBegin uint32 = 1 << iota
+	opClaim
+	opComplete
+	opCommit
+	opRelease
+	opGet
+	opExtend
+)
+
+// fault is the error op fails with now: errDown when the store is down,
+// errSecret when the scenario made op fail, else nil.
+func (s *hookStore) fault(op uint32) error {
+	if s.down.Load() {
+		return errDown
+	}
+	if s.failing.Load()&op != 0 {
+		return errSecret
+	}
+	return nil
 }
 
 var _ core.Store = (*hookStore)(nil)
 
 func (s *hookStore) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	if s.down.Load() {
-		return core.ClaimResult{}, errDown
+	if err := s.fault(opClaim); err != nil {
+		return core.ClaimResult{}, err
 	}
 	res, err := s.inner.Claim(ctx, req)
 	if err == nil && !res.Claimed && res.Record.State == core.StateInProgress {
@@ -49,29 +73,29 @@ func (s *hookStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Clai
 }
 
 func (s *hookStore) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
-	if s.down.Load() {
-		return errDown
+	if err := s.fault(opExtend); err != nil {
+		return err
 	}
 	return s.inner.Extend(ctx, id, token, leaseUntil)
 }
 
 func (s *hookStore) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
-	if s.down.Load() {
-		return errDown
+	if err := s.fault(opComplete); err != nil {
+		return err
 	}
 	return s.inner.Complete(ctx, id, token, c)
 }
 
 func (s *hookStore) Release(ctx context.Context, id core.ID, token int64) error {
-	if s.down.Load() {
-		return errDown
+	if err := s.fault(opRelease); err != nil {
+		return err
 	}
 	return s.inner.Release(ctx, id, token)
 }
 
 func (s *hookStore) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
-	if s.down.Load() {
-		return core.Record{}, errDown
+	if err := s.fault(opGet); err != nil {
+		return core.Record{}, err
 	}
 	return s.inner.Get(ctx, id, now)
 }
@@ -92,10 +116,29 @@ type hookTxStore struct {
 var _ core.TxStore = (*hookTxStore)(nil)
 
 func (s *hookTxStore) Begin(ctx context.Context) (context.Context, core.Tx, error) {
-	if s.down.Load() {
-		return nil, nil, errDown
+	if err := s.fault(opBegin); err != nil {
+		return nil, nil, err
 	}
-	return s.tx.Begin(ctx)
+	ctx, tx, err := s.tx.Begin(ctx)
+	if err != nil {
+		return ctx, tx, err
+	}
+	return ctx, &hookTx{Tx: tx, s: s.hookStore}, nil
+}
+
+// hookTx is a transaction whose Commit can be made to fail (opCommit); it
+// then rolls back, as a failed commit does.
+type hookTx struct {
+	core.Tx
+	s *hookStore
+}
+
+func (t *hookTx) Commit() error {
+	if err := t.s.fault(opCommit); err != nil {
+		_ = t.Tx.Rollback()
+		return err
+	}
+	return t.Tx.Commit()
 }
 
 func (s *hookTxStore) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }

@@ -133,6 +133,7 @@ type harness struct {
 	hooks  *hookStore      // what the engine sees (wraps mem)
 	store  core.Store      // hooks, as a core.TxStore in atomic mode
 	logger *slog.Logger
+	logRec *logRecorder // what the logger wrote
 
 	engine *core.Engine
 	h      http.Handler     // the router, wrapped in the suite's recovery
@@ -155,7 +156,8 @@ func newHarness(t *testing.T, m mode, build builder) *harness {
 		x.hooks.inner = x.mem
 		x.store = x.hooks
 	}
-	x.logger = slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	x.logRec = newLogRecorder(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	x.logger = slog.New(x.logRec)
 	// Registered first, so it runs last: let every held handler go, wait
 	// for every request still running, then stop the server.
 	t.Cleanup(func() {

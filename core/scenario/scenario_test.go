@@ -27,3 +27,39 @@ func TestNetHTTP(t *testing.T) { scenario.Run(t, netHTTP) }
 // wrap every route's handler with the same options, which is what netHTTP
 // does (the routes carry none).
 func TestNetHTTPGlobal(t *testing.T) { scenario.RunGlobal(t, netHTTP) }
+
+// netHTTPMux wraps the whole ServeMux once, as r.Use would: the engine
+// asks the mux for the pattern before it routes.
+func netHTTPMux(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range routes {
+		mux.Handle(rt.Method+" "+rt.Pattern, rt.Handler)
+	}
+	return e.Handler(mux)
+}
+
+func TestNetHTTPGlobalMux(t *testing.T) { scenario.RunGlobal(t, netHTTPMux) }
+
+// TestNetHTTPNestedMux wraps the whole ServeMux and, again, every route
+// with its options.
+func TestNetHTTPNestedMux(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range routes {
+			mux.Handle(rt.Method+" "+rt.Pattern, e.Handler(rt.Handler, rt.Options...))
+		}
+		return e.Handler(mux)
+	})
+}
+
+// TestNetHTTPNested wraps every route's handler twice: with no options
+// (the "global" wrap) around the route's own options.
+func TestNetHTTPNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range routes {
+			mux.Handle(rt.Method+" "+rt.Pattern, e.Handler(e.Handler(rt.Handler, rt.Options...)))
+		}
+		return mux
+	})
+}

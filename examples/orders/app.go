@@ -45,8 +45,20 @@ type repo interface {
 	insertCharge(ctx context.Context, c *Charge) (*Charge, error)
 	// providerCharge is the simulated payment provider's own storage: it
 	// creates a charge once per idempotency key, and returns the first
-	// charge's id for a repeated key.
-	providerCharge(ctx context.Context, key, account string, amount int64) (string, error)
+	// charge's id for a repeated key. The order id travels as the charge's
+	// metadata, as real providers allow.
+	providerCharge(ctx context.Context, key string, p providerRecord) (string, error)
+	// providerLookup asks the provider about the charge made with key:
+	// errNotFound when there is none.
+	providerLookup(ctx context.Context, key string) (*providerRecord, error)
+}
+
+// providerRecord is what the simulated provider keeps per charge.
+type providerRecord struct {
+	ChargeID    string
+	Account     string
+	OrderID     int64
+	AmountCents int64
 }
 
 var errNotFound = errors.New("not found")
@@ -159,7 +171,10 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 // identity. If this process dies after the provider charged, the lease runs
 // out, a retry takes over and repeats the provider call with the same
 // downstream key: the provider answers with the first charge instead of
-// charging again.
+// charging again. A client that times out does not cancel the payment (its
+// context outlives the client in leased mode): the retry gets the 201. A
+// failure after the provider was called leaves the payment indeterminate;
+// settlePayment settles it on the retry.
 func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	account := accountFrom(ctx)
@@ -186,8 +201,13 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusServiceUnavailable, "unavailable", "could not read the order")
 		return
 	}
+	chargeKey, err := core.DownstreamKey(ctx, "charge")
+	if err != nil { // a bug (not the request's context): never charge without a key
+		problem(w, http.StatusInternalServerError, "internal", "the payment could not be started")
+		return
+	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.repo.providerCharge(ctx, core.DownstreamKey(ctx, "charge"), account, in.AmountCents)
+	chargeID, err := a.repo.providerCharge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return
@@ -203,6 +223,40 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, c)
+}
+
+// settlePayment is the engine's core.Resolver: a payment left indeterminate
+// (the provider was called, then the attempt failed, for example recording
+// the charge) is settled from the provider's own record of the downstream
+// key when a retry meets it. Charged: the charge is recorded (once per
+// provider charge id) and the retry gets the 201 the handler would have
+// sent. Not charged: nothing happened, the key is released and the retry
+// runs. Other routes' indeterminate records (none in this service) stay
+// unresolved.
+func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
+	if !strings.HasSuffix(rec.Scope, "/payments") {
+		return core.Resolution{Outcome: core.Unresolved}, nil
+	}
+	pr, err := a.repo.providerLookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
+	if errors.Is(err, errNotFound) {
+		return core.Resolution{Outcome: core.NotApplied}, nil
+	}
+	if err != nil {
+		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
+	}
+	c, err := a.repo.insertCharge(ctx, &Charge{OrderID: pr.OrderID, Account: pr.Account, AmountCents: pr.AmountCents,
+		ProviderChargeID: pr.ChargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)})
+	if err != nil {
+		return core.Resolution{}, fmt.Errorf("recording the provider's charge: %w", err)
+	}
+	body, err := json.Marshal(c)
+	if err != nil {
+		return core.Resolution{}, err
+	}
+	return core.Resolution{Outcome: core.Applied, Response: &core.Response{
+		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: append(body, '\n'), BodyKept: true, // what writeJSON sends
+	}}, nil
 }
 
 func orderIDFromPath(p string) (int64, error) {

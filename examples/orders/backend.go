@@ -103,6 +103,12 @@ func openSQL(ctx context.Context, db, dsn string) (*backend, error) {
 	if err == nil {
 		err = st.Migrate(ctx)
 	}
+	if err == nil {
+		// The dialect matches the server, the table has the store's shape:
+		// a misconfiguration stops the start, naming the fix, instead of
+		// answering 503 at the first request.
+		err = st.Check(ctx)
+	}
 	r := &sqlRepo{db: sdb, dialect: db}
 	if err == nil {
 		err = r.migrate(ctx)
@@ -138,6 +144,9 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 	st, err := gormstore.New(gdb)
 	if err == nil {
 		err = st.AutoMigrate(ctx)
+	}
+	if err == nil {
+		err = st.Check(ctx) // see openSQL
 	}
 	r := &gormRepo{db: gdb, dialect: db}
 	if err == nil {

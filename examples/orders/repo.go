@@ -32,7 +32,7 @@ func schema(dialect string) []string {
 		// The simulated payment provider's own storage: one charge per
 		// downstream idempotency key.
 		`CREATE TABLE IF NOT EXISTS provider_charges (idem_key VARCHAR(64) NOT NULL PRIMARY KEY,
-			charge_id VARCHAR(64) NOT NULL, account ` + text + ` NOT NULL, amount_cents BIGINT NOT NULL)`,
+			charge_id VARCHAR(64) NOT NULL, account ` + text + ` NOT NULL, order_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL)`,
 	}
 }
 
@@ -158,14 +158,24 @@ func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error)
 	return &got, err
 }
 
-func (r *sqlRepo) providerCharge(ctx context.Context, key, account string, amount int64) (string, error) {
-	if _, err := r.db.ExecContext(ctx, r.insertIgnore("provider_charges", "idem_key, charge_id, account, amount_cents", 4),
-		key, "ch_"+key[:24], account, amount); err != nil {
+func (r *sqlRepo) providerCharge(ctx context.Context, key string, p providerRecord) (string, error) {
+	if _, err := r.db.ExecContext(ctx, r.insertIgnore("provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
+		key, "ch_"+key[:24], p.Account, p.OrderID, p.AmountCents); err != nil {
 		return "", err
 	}
 	var id string
 	err := r.db.QueryRowContext(ctx, r.q(`SELECT charge_id FROM provider_charges WHERE idem_key = ?`), key).Scan(&id)
 	return id, err
+}
+
+func (r *sqlRepo) providerLookup(ctx context.Context, key string) (*providerRecord, error) {
+	var p providerRecord
+	err := r.db.QueryRowContext(ctx, r.q(`SELECT charge_id, account, order_id, amount_cents FROM provider_charges WHERE idem_key = ?`), key).
+		Scan(&p.ChargeID, &p.Account, &p.OrderID, &p.AmountCents)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errNotFound
+	}
+	return &p, err
 }
 
 // --- GORM ------------------------------------------------------------------
@@ -179,13 +189,14 @@ type providerCharge struct {
 	IdemKey     string `gorm:"primaryKey"`
 	ChargeID    string
 	Account     string
+	OrderID     int64
 	AmountCents int64
 }
 
 // tx is the middleware's transaction when there is one (atomic mode), else
 // the pool, bound to ctx.
 func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
-	if tx := gormstore.DB(ctx); tx != nil {
+	if tx := gormstore.TxFrom(ctx); tx != nil {
 		return tx
 	}
 	return r.db.WithContext(ctx)
@@ -232,13 +243,25 @@ func (r *gormRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error
 	return &got, err
 }
 
-func (r *gormRepo) providerCharge(ctx context.Context, key, account string, amount int64) (string, error) {
+func (r *gormRepo) providerCharge(ctx context.Context, key string, p providerRecord) (string, error) {
 	db := r.db.WithContext(ctx)
-	pc := providerCharge{IdemKey: key, ChargeID: "ch_" + key[:24], Account: account, AmountCents: amount}
+	pc := providerCharge{IdemKey: key, ChargeID: "ch_" + key[:24], Account: p.Account, OrderID: p.OrderID, AmountCents: p.AmountCents}
 	if err := db.Clauses(clause.OnConflict{DoNothing: true}).Create(&pc).Error; err != nil {
 		return "", err
 	}
 	var got providerCharge
 	err := db.Where("idem_key = ?", key).Take(&got).Error
 	return got.ChargeID, err
+}
+
+func (r *gormRepo) providerLookup(ctx context.Context, key string) (*providerRecord, error) {
+	var got providerCharge
+	err := r.db.WithContext(ctx).Where("idem_key = ?", key).Take(&got).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, errNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &providerRecord{ChargeID: got.ChargeID, Account: got.Account, OrderID: got.OrderID, AmountCents: got.AmountCents}, nil
 }

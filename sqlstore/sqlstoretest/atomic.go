@@ -28,6 +28,10 @@ type Fixture struct {
 	// a context that carries it (sqlstore.WithTx, gormstore.WithTx), and
 	// commits when fn returns nil, else rolls back.
 	CallerManaged func(ctx context.Context, fn func(ctx context.Context) error) error
+	// Unique writes a row named name into a table whose names are unique,
+	// in the transaction that ctx carries (like Insert): a second row of
+	// one name fails with the database's unique violation.
+	Unique func(ctx context.Context, name string) error
 	// Counter counts the statements sent on the store's database; nil
 	// skips the statement counts.
 	Counter *Counter
@@ -81,6 +85,11 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, another process's duplicate is reported in progress without waiting (SQLite: waits, then replays)", h.twin},
 		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
 		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
+		{"ok, a 4xx after a failed statement is recorded and replayed; the failed writes do not commit", h.failedStatement},
+		{"ok, caller-managed: a transaction the database aborted is reported as core.ErrTxAborted", h.failedStatementCallerManaged},
+		{"ok, duplicates of a claim that waits for the database answer in progress before it ends", h.blockedClaim},
+		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
+		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
@@ -458,6 +467,47 @@ func (h *harness) statementCounts(t *testing.T) {
 	}
 	if want := replay[h.cfg.Dialect]; rep != want {
 		t.Errorf("replay: %d statements, documented %d", rep, want)
+	}
+
+	// The same in the application's transaction (on MySQL/MariaDB the
+	// claim inserts first there: read, insert, complete; a replay is the
+	// read).
+	req = h.req("count-caller", 53)
+	var cmFirst, cmRep int64
+	err = f.CallerManaged(ctx, func(ctx context.Context) error {
+		before := f.Counter.Statements()
+		res, err := f.Store.Claim(ctx, req)
+		if err != nil || !res.Claimed {
+			return fmt.Errorf("claim: %+v, %v", res, err)
+		}
+		if err := f.Store.Complete(ctx, req.ID, req.Token, h.completion("count-caller")); err != nil {
+			return err
+		}
+		cmFirst = f.Counter.Statements() - before
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Token = 54
+	err = f.CallerManaged(ctx, func(ctx context.Context) error {
+		before := f.Counter.Statements()
+		res, err := f.Store.Claim(ctx, req)
+		cmRep = f.Counter.Statements() - before
+		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+			return fmt.Errorf("replay claim: %+v, %v", res, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v: caller-managed: first execution %d statements, replay %d", h.cfg.Dialect, cmFirst, cmRep)
+	if want := firstExecution[h.cfg.Dialect]; cmFirst != want {
+		t.Errorf("caller-managed first execution: %d statements, documented %d", cmFirst, want)
+	}
+	if want := replay[h.cfg.Dialect]; cmRep != want {
+		t.Errorf("caller-managed replay: %d statements, documented %d", cmRep, want)
 	}
 }
 

@@ -165,7 +165,7 @@ func newOrderServerRunning(t *testing.T, f Fixture, leased bool, runs *atomic.In
 			return nil
 		}
 	}
-	return newOrderServerWith(t, f, func() { runs.Add(1) }, opts...)
+	return newOrderServerWith(t, f, false, func() { runs.Add(1) }, opts...)
 }
 
 // StormStats is what MeasureStorms counts.

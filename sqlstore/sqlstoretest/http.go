@@ -81,14 +81,18 @@ type orderRequest struct {
 	HoldMS int `json:"hold_ms"`
 }
 
-func newOrderServer(t *testing.T, f Fixture, opts ...core.RouteOption) *orderServer {
+// newOrderServer serves the handler protected with opts; nested wraps it
+// twice, the outer layer without options (a global install plus a
+// per-route one). A handler whose context carries no transaction (leased
+// mode) inserts its row in a transaction of its own (Fixture.CallerManaged).
+func newOrderServer(t *testing.T, f Fixture, nested bool, opts ...core.RouteOption) *orderServer {
 	t.Helper()
-	return newOrderServerWith(t, f, nil, opts...)
+	return newOrderServerWith(t, f, nested, nil, opts...)
 }
 
 // newOrderServerWith is newOrderServer calling onRun (when not nil) at
 // each execution.
-func newOrderServerWith(t *testing.T, f Fixture, onRun func(), opts ...core.RouteOption) *orderServer {
+func newOrderServerWith(t *testing.T, f Fixture, nested bool, onRun func(), opts ...core.RouteOption) *orderServer {
 	t.Helper()
 	// Decisions are logged at Info (every 409 of a storm): keep warnings.
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -98,7 +102,7 @@ func newOrderServerWith(t *testing.T, f Fixture, onRun func(), opts ...core.Rout
 	}
 	s := &orderServer{onRun: onRun}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	protected := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.runs.Add(1)
 		if s.onRun != nil {
 			s.onRun()
@@ -109,7 +113,13 @@ func newOrderServerWith(t *testing.T, f Fixture, onRun func(), opts ...core.Rout
 			return
 		}
 		ctx := r.Context()
-		if err := f.Insert(ctx, in.Item); err != nil {
+		insert := f.Insert
+		if !f.Store.InTx(ctx) {
+			insert = func(ctx context.Context, name string) error {
+				return f.CallerManaged(ctx, func(ctx context.Context) error { return f.Insert(ctx, name) })
+			}
+		}
+		if err := insert(ctx, in.Item); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError) // rolled back, released
 			return
 		}
@@ -121,7 +131,11 @@ func newOrderServerWith(t *testing.T, f Fixture, onRun func(), opts ...core.Rout
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":"or_%s","item":%q}`, hex.EncodeToString(id[:]), in.Item)
-	}), opts...))
+	}), opts...)
+	if nested {
+		protected = e.Handler(protected)
+	}
+	mux.Handle("POST /orders", protected)
 	s.Server = httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	s.client = &http.Client{
@@ -146,27 +160,37 @@ func orderBody(item string, holdMS int) string {
 // in-flight duplicate may get 409 with Retry-After (reject policy, the
 // default) and nothing else; with core.WaitInFlight every answer is the
 // 201. Every sequential request, after the storm, gets the 201 replay.
+//
+// The nested variants protect the handler twice (an outer layer without
+// options around the route's own, as a global plus a per-route install):
+// the inner layer must take over (the outer's transaction rolled back,
+// never joined), in atomic mode and with an inner Leased, and nothing may
+// differ from a single layer. (Only the reject policy: the outer layer,
+// without WaitInFlight, answers a duplicate it meets 409 itself.)
 func RunExactlyOnce(t *testing.T, cfg Config) {
 	for _, p := range []struct {
-		name string
-		opts []core.RouteOption
+		name   string
+		nested bool
+		opts   []core.RouteOption
 	}{
-		{"reject", nil},
-		{"wait", []core.RouteOption{core.WaitInFlight(failsafe)}},
+		{"reject", false, nil},
+		{"wait", false, []core.RouteOption{core.WaitInFlight(failsafe)}},
+		{"nested", true, nil},
+		{"nested leased", true, []core.RouteOption{core.Leased()}},
 	} {
-		t.Run(p.name, func(t *testing.T) { exactlyOnce(t, cfg, p.opts) })
+		t.Run(p.name, func(t *testing.T) { exactlyOnce(t, cfg, p.nested, p.opts) })
 	}
 }
 
-func exactlyOnce(t *testing.T, cfg Config, opts []core.RouteOption) {
+func exactlyOnce(t *testing.T, cfg Config, nested bool, opts []core.RouteOption) {
 	const (
 		concurrent = 50
 		sequential = 50
 		holdMS     = 100
 	)
 	f := cfg.New(t)
-	srv := newOrderServer(t, f, opts...)
-	waits := len(opts) > 0
+	srv := newOrderServer(t, f, nested, opts...)
+	waits := !nested && len(opts) > 0
 	ctx := ctxT(t)
 	warm(t, f.DB, concurrent)
 	key, body := "exactly-once-"+Table(), orderBody("exactly-once", holdMS)

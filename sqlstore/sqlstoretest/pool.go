@@ -72,7 +72,7 @@ func runPool(t *testing.T, cfg Config, policy string, opts []core.RouteOption) {
 	f.DB.SetMaxOpenConns(plan.maxOpen)
 	f.DB.SetMaxIdleConns(plan.maxOpen)
 	warm(t, f.DB, plan.maxOpen)
-	srv := newOrderServer(t, f, opts...)
+	srv := newOrderServer(t, f, false, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	url := srv.URL + "/orders"

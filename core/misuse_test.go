@@ -1,0 +1,74 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+// TestNoAttemptFailsLoudly: asking for an attempt's downstream key (or
+// marking an effect, or releasing) with a context that carries no
+// protected request returns an error wrapping ErrNoAttempt that names the
+// right call, never an empty key.
+func TestNoAttemptFailsLoudly(t *testing.T) {
+	wantNoAttempt := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if !errors.Is(err, core.ErrNoAttempt) {
+			t.Fatalf("%s: error %v, want ErrNoAttempt", what, err)
+		}
+		for _, hint := range []string{"c.Request.Context()", "c.Request().Context()", "r.Context()"} {
+			if !strings.Contains(err.Error(), hint) {
+				t.Errorf("%s: error %q does not name %s", what, err, hint)
+			}
+		}
+	}
+	check := func(t *testing.T, ctx context.Context) {
+		t.Helper()
+		key, err := core.DownstreamKey(ctx, "charge")
+		if key != "" {
+			t.Errorf("DownstreamKey returned %q outside a protected request", key)
+		}
+		wantNoAttempt(t, "DownstreamKey", err)
+		wantNoAttempt(t, "MarkEffect", core.MarkEffect(ctx))
+		wantNoAttempt(t, "Release", core.Release(ctx))
+	}
+	t.Run("BackgroundContext", func(t *testing.T) { check(t, context.Background()) })
+
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside, passed context.Context
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "GET" {
+			passed = r.Context()
+		} else {
+			inside = r.Context()
+		}
+	}), core.Scope("orders"))
+	t.Run("PassedThroughUnprotected", func(t *testing.T) {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/orders", nil))
+		check(t, passed)
+	})
+	t.Run("ProtectedRequest", func(t *testing.T) {
+		r := httptest.NewRequest("POST", "/orders", nil)
+		r.Header.Set(core.HeaderKey, "k1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		key, err := core.DownstreamKey(inside, "charge")
+		if err != nil || key == "" {
+			t.Fatalf("DownstreamKey = %q, %v inside a protected request", key, err)
+		}
+		if _, err := core.DownstreamKey(inside, ""); !errors.Is(err, core.ErrConfig) {
+			t.Errorf("an empty step: %v, want ErrConfig", err)
+		}
+		if err := core.MarkEffect(inside); err != nil {
+			t.Errorf("MarkEffect: %v", err)
+		}
+	})
+}

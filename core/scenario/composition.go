@@ -1,0 +1,242 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// Scenarios of composition (CONTRACT section 3, "Composition never weakens
+// the guarantee"): the middleware installed twice on one route, and the
+// requests the router answers itself.
+
+// NestedFactory builds a router with the adapter's middleware for engine e
+// installed twice on every route: once for the whole router (r.Use),
+// without options, and again on the route itself with the route's Options.
+// The inner (per-route) layer must be the one protection that runs, with
+// its own options; the outer one records nothing.
+type NestedFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handler
+
+// RunNested runs the scenarios of a route protected twice (a global
+// install plus a per-route one) through f.
+func RunNested(t *testing.T, f NestedFactory) {
+	t.Helper()
+	if f == nil {
+		t.Fatal("scenario.RunNested: nil NestedFactory")
+	}
+	run(t, nestedScenarios, builder(f))
+}
+
+// nestedScenarios is the suite RunNested runs.
+var nestedScenarios = []scenario{
+	{"ok, nested: the handler runs once and a retry replays its answer", "With the middleware installed globally and again on the route, the first request runs the handler once and gets its answer (never the inner layer's own 409), a retry replays it, and only one record is left in the store.", both, testNestedOnce},
+	{"ok, nested: the inner Leased applies", "A per-route Leased under a global install runs the handler in leased mode, outside any transaction, and its answer is recorded and replayed.", both, testNestedLeased},
+	{"ok, nested: the inner Retention applies", "A per-route Retention under a global install decides when the record expires: after it the same key runs again.", both, testNestedRetention},
+	{"ok, nested: the inner Scope applies and the outer records nothing", "A per-route Scope under a global install is the record's scope (two routes sharing it share records); nothing is recorded under the outer layer's scope.", both, testNestedScope},
+	{"nok, nested: a real duplicate in flight gets 409, the first its own answer", "Under a nested install a duplicate of a running request gets a 409 in-progress; the first request gets its handler's answer, which retries then replay.", both, testNestedInFlight},
+	{"ok, nested: a panic releases the key and reaches the outer recovery", "A panic under a nested install propagates to the outer recovery exactly once and releases the record: a retry runs again.", both, testNestedPanic},
+	{"ok, leased: nested: a flushed response streams through both layers", "In leased mode a handler that flushes under a nested install streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document.", leased, testNestedStream},
+	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
+}
+
+func testNestedOnce(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var mu sync.Mutex
+	var info core.AttemptInfo
+	var found bool
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		info, found = core.AttemptFrom(r.Context())
+		mu.Unlock()
+		writeOrder(w, r, int(n.Add(1)))
+	}})
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	for range 2 {
+		wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	}
+	wantCalls(t, &n, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if !found || info.Identity.Scope != "POST /orders" {
+		t.Errorf("the handler ran with attempt %+v (found %v), want one for scope POST /orders", info, found)
+	}
+	if got := x.mem.Len(); got != 1 {
+		t.Errorf("%d records in the store, want 1 (the outer layer must record nothing)", got)
+	}
+}
+
+func testNestedLeased(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var mu sync.Mutex
+	var info core.AttemptInfo
+	var inTx bool
+	x.start(nil, Route{Method: "POST", Pattern: "/payments", Options: []core.RouteOption{core.Leased()}, Handler: func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		info, _ = core.AttemptFrom(r.Context())
+		if ts, ok := x.store.(core.TxStore); ok {
+			inTx = ts.InTx(r.Context())
+		}
+		mu.Unlock()
+		writeOrder(w, r, int(n.Add(1)))
+	}})
+
+	first := x.do(post("/payments", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantReplay(t, first, x.do(post("/payments", orderJSON, "k1")))
+	wantCalls(t, &n, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if info.Atomic || inTx {
+		t.Errorf("the handler ran with Atomic=%v, in a transaction=%v; the inner Leased wants neither", info.Atomic, inTx)
+	}
+}
+
+func testNestedRetention(t *testing.T, x *harness) {
+	var n atomic.Int32
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{core.Retention(time.Hour)}, Handler: orderHandler(&n)})
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	x.clock.Advance(time.Hour - time.Minute)
+	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	x.clock.Advance(2 * time.Minute)
+	again := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, again, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	wantReplay(t, again, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 2)
+}
+
+func testNestedScope(t *testing.T, x *harness) {
+	var na, nb atomic.Int32
+	scope := []core.RouteOption{core.Scope("create-order")}
+	x.start(nil,
+		Route{Method: "POST", Pattern: "/orders", Options: scope, Handler: orderHandler(&na)},
+		Route{Method: "POST", Pattern: "/v2/orders", Options: scope, Handler: orderHandler(&nb)},
+	)
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantReplay(t, first, x.do(post("/v2/orders", orderJSON, "k1")))
+	wantProblem(t, x.do(post("/v2/orders", `{"amount":1}`, "k1")), http.StatusUnprocessableEntity, "key-reused")
+	wantCalls(t, &na, 1)
+	wantCalls(t, &nb, 0)
+	for _, scope := range []string{"POST /orders", "POST /v2/orders"} {
+		id := core.Identity{Caller: "alice", Scope: scope, Key: "k1"}.ID()
+		if _, err := x.mem.Get(context.Background(), id, x.clock.Now()); !errors.Is(err, core.ErrNotFound) {
+			t.Errorf("the outer layer's scope %q has a record (err %v): the outer layer must record nothing", scope, err)
+		}
+	}
+	id := core.Identity{Caller: "alice", Scope: "create-order", Key: "k1"}.ID()
+	if _, err := x.mem.Get(context.Background(), id, x.clock.Now()); err != nil {
+		t.Errorf("no record under the inner scope create-order: %v", err)
+	}
+}
+
+func testNestedInFlight(t *testing.T, x *harness) {
+	var n atomic.Int32
+	g := x.gate()
+	x.start(nil, heldOrders(&n, g))
+
+	firstCh := x.goDo(post("/orders", orderJSON, "k1"))
+	x.waitEntered(g, "first request")
+	dup := x.await(x.goDo(post("/orders", orderJSON, "k1")), "duplicate while the first is in flight")
+	wantProblem(t, dup, http.StatusConflict, "in-progress")
+	wantRetryAfter(t, dup)
+
+	g.open()
+	first := x.await(firstCh, "first request")
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 1)
+}
+
+func testNestedPanic(t *testing.T, x *harness) {
+	var n atomic.Int32
+	boom := panicValue{"scenario: nested boom"}
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{core.Retention(time.Hour)}, Handler: firstThen(&n, func(w http.ResponseWriter, r *http.Request) {
+		panic(boom)
+	})})
+
+	res := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, res, http.StatusInternalServerError, "recovered by the suite")
+	wantRecovered(t, x, boom)
+	retry := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	wantReplay(t, retry, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 2)
+}
+
+func testNestedStream(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var flushErr atomic.Value
+	x.start(nil, Route{Method: "POST", Pattern: "/stream", Options: []core.RouteOption{core.Retention(time.Hour)}, Handler: streamHandler(&n, &flushErr)})
+
+	wantOriginal(t, x.do(post("/stream", orderJSON, "k1")), http.StatusCreated, "part 1;part 2")
+	if err := flushErr.Load(); err != nil {
+		t.Fatalf("Flush through both layers failed: %v", err)
+	}
+	dup := x.do(post("/stream", orderJSON, "k1"))
+	wantProblem(t, dup, http.StatusCreated, "response-not-kept")
+	wantCalls(t, &n, 1)
+}
+
+// testRouterAnswers checks that the router's own rejections pass the
+// middleware untouched. Routers differ in what they answer for a known
+// path with a wrong method (405 with Allow on most; Gin answers 404
+// unless HandleMethodNotAllowed is set), so the scenario accepts 404 or
+// 405 there, and checks that every request gets the same answer.
+func testRouterAnswers(t *testing.T, x *harness) {
+	var n atomic.Int32
+	x.start(nil, Route{Method: "GET", Pattern: "/orders/{id}", Handler: func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_, _ = io.WriteString(w, "order")
+	}})
+
+	for _, c := range []struct {
+		name, method, path string
+		want               []int
+	}{
+		{"unknown path", http.MethodPost, "/nowhere", []int{http.StatusNotFound}},
+		{"unknown path, PATCH", http.MethodPatch, "/nowhere/7", []int{http.StatusNotFound}},
+		{"wrong method", http.MethodPost, "/orders/7", []int{http.StatusMethodNotAllowed, http.StatusNotFound}},
+		{"wrong method, PATCH", http.MethodPatch, "/orders/7", []int{http.StatusMethodNotAllowed, http.StatusNotFound}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var first result
+			for i, key := range []string{"", "k1", "k1", "k1"} {
+				res := x.do(newRequest(c.method, c.path, orderJSON, key))
+				what := fmt.Sprintf("request %d (key %q)", i+1, key)
+				if res.Status != c.want[0] && (len(c.want) < 2 || res.Status != c.want[1]) {
+					t.Fatalf("%s: status %d, want the router's %v; response: %v", what, res.Status, c.want, res)
+				}
+				if res.replayed() {
+					t.Errorf("%s: the router's answer was replayed", what)
+				}
+				if res.Status == http.StatusMethodNotAllowed && res.Header.Get("Allow") == "" {
+					t.Errorf("%s: 405 without Allow", what)
+				}
+				if i == 0 {
+					first = res
+					continue
+				}
+				if res.Status != first.Status || res.Body != first.Body || res.Header.Get("Allow") != first.Header.Get("Allow") {
+					t.Errorf("%s: %v, want the router's answer as without a key: %v", what, res, first)
+				}
+			}
+		})
+	}
+	wantCalls(t, &n, 0)
+	if got := x.mem.Len(); got != 0 {
+		t.Errorf("%d records in the store after the router's own answers, want 0", got)
+	}
+}

@@ -1,0 +1,222 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+)
+
+// Scenarios of an attempt's lifetime: a client that goes away during a
+// leased attempt, and an atomic answer larger than the recording cap.
+
+// testLeasedClientGoneAfterEffect: the client hangs up after the handler
+// marked its effect (the provider is being charged). The handler's context
+// stays alive, the attempt runs to its end and records its 201, and the
+// client's retry gets that 201 replayed: the provider is charged once.
+func testLeasedClientGoneAfterEffect(t *testing.T, x *harness) {
+	var n atomic.Int32
+	g := x.gate()
+	var mu sync.Mutex
+	var seen error // the handler's context error after the client left
+	x.start(nil, Route{Method: "POST", Pattern: "/payments", Handler: func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		core.MarkEffect(r.Context())
+		if i == 1 {
+			g.hold() // the provider call is under way; the client hangs up
+			mu.Lock()
+			seen = r.Context().Err()
+			mu.Unlock()
+			if err := r.Context().Err(); err != nil {
+				// What a handler does with a cancelled context: give up.
+				http.Error(w, "cancelled: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		writeOrder(w, r, int(i))
+	}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := post("/payments", orderJSON, "k1")
+	r.ctx = ctx
+	firstCh := x.goDo(r)
+	x.waitEntered(g, "first attempt")
+	cancel() // the client times out and goes away
+	g.open()
+	first := x.await(firstCh, "first attempt")
+	mu.Lock()
+	if seen != nil {
+		t.Errorf("the leased handler's context ended when the client went away (%v); it must run to its end", seen)
+	}
+	mu.Unlock()
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+
+	retry := x.do(post("/payments", orderJSON, "k1"))
+	wantReplay(t, first, retry)
+	wantCalls(t, &n, 1)
+}
+
+// bigChunk is what the streaming handler writes, again and again.
+var bigChunk = []byte(strings.Repeat("0123456789abcdef", 4096)) // 64 KiB
+
+// streamBytes is the size of the streamed answer: 50 MiB.
+const streamBytes = 50 << 20
+
+// testAtomicStreamPastCap: in atomic mode a 50 MiB answer, far over the
+// recording cap, is not held in memory: past the cap the engine commits
+// (recording the status, body not kept), then streams the rest. The client
+// sees the headers only after the commit, gets every byte, and a retry
+// gets the status with a response-not-kept problem document.
+func testAtomicStreamPastCap(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var writeErr atomic.Value
+	x.startTCP(nil, Route{Method: "POST", Pattern: "/exports", Handler: func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "text/csv")
+		w.WriteHeader(http.StatusCreated)
+		for sent := 0; sent < streamBytes; sent += len(bigChunk) {
+			if _, err := w.Write(bigChunk); err != nil {
+				writeErr.Store(err)
+				return
+			}
+		}
+	}})
+
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	req, err := http.NewRequest(http.MethodPost, x.srv.URL+"/exports", strings.NewReader(orderJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Caller", "alice")
+	req.Header.Set(core.HeaderKey, "k1")
+	res, err := x.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	// The headers arrived: the record must already be committed.
+	id := core.Identity{Caller: "alice", Scope: "POST /exports", Key: "k1"}.ID()
+	rec, err := x.mem.Get(context.Background(), id, x.clock.Now())
+	if err != nil || rec.State != core.StateCompleted || rec.Status != http.StatusCreated {
+		t.Errorf("when the client got the headers the record was %+v (%v), want committed as completed 201", rec, err)
+	}
+	got, err := io.Copy(io.Discard, res.Body)
+	if err != nil {
+		t.Fatalf("reading the streamed answer: %v (after %d bytes)", err, got)
+	}
+	runtime.ReadMemStats(&after)
+	if res.StatusCode != http.StatusCreated || got != streamBytes {
+		t.Fatalf("the client got %d with %d bytes, want 201 with %d", res.StatusCode, got, streamBytes)
+	}
+	if err := writeErr.Load(); err != nil {
+		t.Fatalf("a write of the handler failed: %v", err)
+	}
+	// Allocations of the whole exchange (server and client in this
+	// process): holding the answer would allocate at least its 50 MiB.
+	const bound = 16 << 20
+	if d := after.TotalAlloc - before.TotalAlloc; d > bound {
+		t.Errorf("the exchange allocated %d MiB for a %d MiB answer, want under %d MiB: the answer was held in memory",
+			d>>20, streamBytes>>20, bound>>20)
+	}
+	if after.HeapInuse > before.HeapInuse+bound {
+		t.Errorf("heap in use grew from %d MiB to %d MiB during a %d MiB answer", before.HeapInuse>>20, after.HeapInuse>>20, streamBytes>>20)
+	}
+
+	dup := x.do(post("/exports", orderJSON, "k1"))
+	wantProblem(t, dup, http.StatusCreated, "response-not-kept")
+	if !dup.replayed() {
+		t.Errorf("the not-kept answer lacks %s: true", core.HeaderReplayed)
+	}
+	wantCalls(t, &n, 1)
+}
+
+// testAtomicCapCommitFails: in atomic mode, when the commit at the cap
+// fails, the handler's write fails, nothing of its body reaches the client,
+// which gets the 503 store-unavailable problem; nothing was recorded, so
+// the retry runs.
+func testAtomicCapCommitFails(t *testing.T, x *harness) {
+	const limit = 100
+	var n atomic.Int32
+	var writeErr atomic.Value
+	big := strings.Repeat("x", 64)
+	x.start([]core.Option{core.WithMaxResponseBody(limit)}, Route{Method: "POST", Pattern: "/reports", Handler: func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusCreated)
+		if i == 1 {
+			x.hooks.down.Store(true) // the database fails before the commit at the cap
+		}
+		for range 4 {
+			if _, err := io.WriteString(w, big); err != nil {
+				writeErr.Store(err)
+				return
+			}
+		}
+	}})
+
+	res := x.do(post("/reports", orderJSON, "k1"))
+	wantProblem(t, res, http.StatusServiceUnavailable, "store-unavailable")
+	if strings.Contains(res.Body, big) {
+		t.Errorf("the client got part of the handler's body with the 503: %q", res.Body)
+	}
+	if err, _ := writeErr.Load().(error); err == nil {
+		t.Error("the handler's write past the cap succeeded although the commit failed")
+	} else if !errors.Is(err, core.ErrStoreUnavailable) {
+		t.Errorf("the handler's write failed with %v, want an error matching core.ErrStoreUnavailable", err)
+	}
+
+	x.hooks.down.Store(false)
+	retry := x.do(post("/reports", orderJSON, "k1"))
+	wantOriginal(t, retry, http.StatusCreated, strings.Repeat(big, 4))
+	wantCalls(t, &n, 2)
+}
+
+// testAtomicClientGone: in atomic mode, a client that goes away ends the
+// request's context, which rolls the transaction back; the handler's error
+// answer is not recorded (no 503 replayed), and the retry runs.
+func testAtomicClientGone(t *testing.T, x *harness) {
+	var n atomic.Int32
+	g := x.gate()
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if i == 1 {
+			g.hold()
+			if err := r.Context().Err(); err != nil {
+				http.Error(w, fmt.Sprintf("cancelled: %v", err), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		writeOrder(w, r, int(i))
+	}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := post("/orders", orderJSON, "k1")
+	r.ctx = ctx
+	firstCh := x.goDo(r)
+	x.waitEntered(g, "first attempt")
+	cancel()
+	g.open()
+	first := x.await(firstCh, "first attempt")
+	if first.Status < 500 {
+		t.Errorf("the cancelled attempt answered %v, want its 5xx", first)
+	}
+
+	retry := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	wantReplay(t, retry, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &n, 2)
+}

@@ -1,0 +1,194 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/idemkit/idem/core"
+)
+
+// Check verifies, at start-up, that the store can work: the server it talks
+// to is the one its dialect writes SQL for (Postgres, MySQL/MariaDB or
+// SQLite, in a supported version), and the table exists with the columns
+// and the primary key the store needs. Call it after Migrate (or after your
+// migration tool ran), before serving:
+//
+//	if err := store.Check(ctx); err != nil {
+//		log.Fatal(err) // names the fix: "run store.Migrate", "use sqlstore.MySQL", ...
+//	}
+//
+// A misconfiguration is an error wrapping core.ErrConfig whose text names
+// the fix; a server that cannot be reached is an error wrapping
+// core.ErrStoreUnavailable. Check runs a few catalog queries and writes
+// nothing.
+func (s *Store) Check(ctx context.Context) error {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.checkServer(ctx, c); err != nil {
+		return err
+	}
+	return s.checkTable(ctx, c)
+}
+
+// server is what a database answered about itself.
+type server struct {
+	dialect Dialect
+	name    string // "PostgreSQL", "MariaDB", "MySQL", "SQLite"
+	version string
+}
+
+func (v server) String() string { return v.name + " " + v.version }
+
+// minimum versions, by server name: the oldest each dialect's SQL runs on.
+var minimum = map[string][2]int{
+	"PostgreSQL": {12, 0},
+	"MySQL":      {8, 0},
+	"MariaDB":    {10, 6},
+	"SQLite":     {3, 35},
+}
+
+// identify asks the server what it is: version() answers on Postgres and
+// MySQL/MariaDB, sqlite_version() on SQLite.
+func identify(ctx context.Context, c Conn) (server, error) {
+	var v string
+	err := c.QueryRowContext(ctx, `SELECT version()`).Scan(&v)
+	if err != nil {
+		if lerr := c.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&v); lerr != nil {
+			return server{}, unavailable("check: reading the server version", err)
+		}
+		return server{SQLite, "SQLite", v}, nil
+	}
+	switch {
+	case strings.HasPrefix(v, "PostgreSQL "):
+		f := strings.Fields(v)
+		return server{Postgres, "PostgreSQL", strings.TrimSuffix(f[1], ",")}, nil
+	case strings.Contains(v, "MariaDB"):
+		ver, _, _ := strings.Cut(v, "-")
+		return server{MySQL, "MariaDB", ver}, nil
+	case len(v) > 0 && '0' <= v[0] && v[0] <= '9':
+		ver, _, _ := strings.Cut(v, "-")
+		return server{MySQL, "MySQL", ver}, nil
+	}
+	return server{}, fmt.Errorf("%w: sqlstore: unknown database server %q: the store supports PostgreSQL, MySQL/MariaDB and SQLite", core.ErrConfig, v)
+}
+
+// dialectName is how the code names d.
+func dialectName(d Dialect) string {
+	switch d {
+	case Postgres:
+		return "sqlstore.Postgres"
+	case MySQL:
+		return "sqlstore.MySQL"
+	case SQLite:
+		return "sqlstore.SQLite"
+	}
+	return d.String()
+}
+
+// checkServer fails when the server is not the one the dialect is for, or
+// older than the dialect needs.
+func (s *Store) checkServer(ctx context.Context, c Conn) error {
+	srv, err := identify(ctx, c)
+	if err != nil {
+		return err
+	}
+	if srv.dialect != s.d {
+		return fmt.Errorf("%w: sqlstore: the server is %v but the store was created with %s: use %s (with GORM, open the matching gorm.Dialector)",
+			core.ErrConfig, srv, dialectName(s.d), dialectName(srv.dialect))
+	}
+	if min, ok := minimum[srv.name]; ok && versionLess(srv.version, min) {
+		return fmt.Errorf("%w: sqlstore: the server is %v; %s needs %s %d.%d or later", core.ErrConfig, srv, dialectName(s.d), srv.name, min[0], min[1])
+	}
+	return nil
+}
+
+// versionLess reports whether version "major.minor[.patch...]" is older
+// than min; a version it cannot read is not.
+func versionLess(version string, min [2]int) bool {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return major < min[0] || major == min[0] && minor < min[1]
+}
+
+// requiredColumns are the columns every statement of the store uses.
+var requiredColumns = strings.Split(strings.ReplaceAll(cols, " ", ""), ",")
+
+// checkTable fails when the table is missing, lacks a column, or its
+// primary key is not (id).
+func (s *Store) checkTable(ctx context.Context, c Conn) error {
+	migrate := fmt.Sprintf("run store.Migrate(ctx) (gormstore: store.AutoMigrate(ctx)), or apply sqlstore.Schema(%s, %q) (migrations/%s) with your migration tool", dialectName(s.d), s.table, s.d)
+	rows, err := c.QueryContext(ctx, `SELECT * FROM `+s.table+` WHERE 1 = 0`)
+	if err != nil {
+		return fmt.Errorf("%w: sqlstore: table %q cannot be read (missing?): %s: %v", core.ErrConfig, s.table, migrate, err)
+	}
+	have, err := rows.Columns()
+	_ = rows.Close()
+	if err != nil {
+		return unavailable("check: columns", err)
+	}
+	for i := range have {
+		have[i] = strings.ToLower(have[i])
+	}
+	var missing []string
+	for _, col := range requiredColumns {
+		if !slices.Contains(have, col) {
+			missing = append(missing, col)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: sqlstore: table %q lacks the column(s) %s that the store needs: it was not made by this version's Schema; migrate it to sqlstore.Schema(%s, %q), or drop it and run store.Migrate(ctx)",
+			core.ErrConfig, s.table, strings.Join(missing, ", "), dialectName(s.d), s.table)
+	}
+	pk, err := s.primaryKey(ctx, c)
+	if err != nil {
+		return unavailable("check: primary key", err)
+	}
+	if !slices.Equal(pk, []string{"id"}) {
+		return fmt.Errorf("%w: sqlstore: table %q has the primary key (%s), the store needs (id): without it duplicates are not detected; recreate it with sqlstore.Schema(%s, %q) or store.Migrate(ctx)",
+			core.ErrConfig, s.table, strings.Join(pk, ", "), dialectName(s.d), s.table)
+	}
+	return nil
+}
+
+// primaryKey returns the lower-cased columns of the table's primary key.
+func (s *Store) primaryKey(ctx context.Context, c Conn) ([]string, error) {
+	var q string
+	var arg any = s.table
+	switch s.d {
+	case Postgres:
+		q = `SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = to_regclass($1) AND i.indisprimary`
+		arg = strings.ToLower(s.table)
+	case MySQL:
+		q = `SELECT column_name FROM information_schema.key_column_usage
+WHERE table_schema = DATABASE() AND table_name = ? AND constraint_name = 'PRIMARY' ORDER BY ordinal_position`
+	default:
+		q = `SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk`
+	}
+	rows, err := c.QueryContext(ctx, q, arg)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pk []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		pk = append(pk, strings.ToLower(name))
+	}
+	return pk, rows.Err()
+}

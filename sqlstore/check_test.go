@@ -1,0 +1,115 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+// wantConfigError fails unless err wraps core.ErrConfig and says every
+// part.
+func wantConfigError(t *testing.T, what string, err error, parts ...string) {
+	t.Helper()
+	if !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("%s: error %v, want core.ErrConfig", what, err)
+	}
+	t.Logf("%s: %v", what, err)
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: error %q does not say %q", what, err, p)
+		}
+	}
+}
+
+// TestCheckFindsAWrongDialect: a store whose dialect is not the server's
+// fails Check and Migrate with core.ErrConfig naming the server and the
+// dialect to use, for every wrong pairing on real servers.
+func TestCheckFindsAWrongDialect(t *testing.T) {
+	servers := map[sqlstore.Dialect]string{sqlstore.Postgres: "PostgreSQL", sqlstore.MySQL: "MariaDB", sqlstore.SQLite: "SQLite"}
+	names := map[sqlstore.Dialect]string{sqlstore.Postgres: "sqlstore.Postgres", sqlstore.MySQL: "sqlstore.MySQL", sqlstore.SQLite: "sqlstore.SQLite"}
+	ctx := context.Background()
+	for _, server := range dialects {
+		for _, wrong := range dialects {
+			if wrong == server {
+				continue
+			}
+			t.Run(server.String()+"/"+wrong.String(), func(t *testing.T) {
+				db, _ := openDB(t, server)
+				s, err := sqlstore.New(db, wrong, sqlstore.WithTable(sqlstoretest.Table()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := []string{"the server is " + servers[server], "created with " + names[wrong], "use " + names[server]}
+				wantConfigError(t, "Check", s.Check(ctx), want...)
+				wantConfigError(t, "Migrate", s.Migrate(ctx), want...)
+			})
+		}
+	}
+}
+
+// TestCheckFindsABadTable: Check passes on a migrated table and fails with
+// core.ErrConfig naming the fix when the table is missing, lacks a column,
+// or has no primary key on id.
+func TestCheckFindsABadTable(t *testing.T) {
+	ctx := context.Background()
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Run("Migrated", func(t *testing.T) {
+				s, _, _ := newStore(t, d)
+				if err := s.Check(ctx); err != nil {
+					t.Fatalf("Check on a migrated table: %v", err)
+				}
+			})
+			t.Run("MissingTable", func(t *testing.T) {
+				db, _ := openDB(t, d)
+				s, err := sqlstore.New(db, d, sqlstore.WithTable(sqlstoretest.Table()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantConfigError(t, "Check", s.Check(ctx), s.Table(), "run store.Migrate(ctx)")
+			})
+			t.Run("MissingColumn", func(t *testing.T) {
+				s, db, _ := newStore(t, d)
+				if _, err := db.ExecContext(ctx, "ALTER TABLE "+s.Table()+" DROP COLUMN response"); err != nil {
+					t.Fatal(err)
+				}
+				wantConfigError(t, "Check", s.Check(ctx), "lacks the column(s) response", "store.Migrate(ctx)")
+			})
+			t.Run("NoPrimaryKey", func(t *testing.T) {
+				db, _ := openDB(t, d)
+				table := sqlstoretest.Table()
+				ddl := strings.Replace(sqlstore.Schema(d, table), "NOT NULL PRIMARY KEY", "NOT NULL", 1)
+				for _, stmt := range strings.Split(ddl, ";") {
+					if strings.TrimSpace(stmt) == "" {
+						continue
+					}
+					if _, err := db.ExecContext(ctx, stmt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+				s, err := sqlstore.New(db, d, sqlstore.WithTable(table))
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantConfigError(t, "Check", s.Check(ctx), "primary key ()", "needs (id)")
+			})
+		})
+	}
+}
+
+// TestCheckOnAnUnreachableServer: a server that cannot be reached is not a
+// misconfiguration: core.ErrStoreUnavailable.
+func TestCheckOnAnUnreachableServer(t *testing.T) {
+	s, _, _ := newStore(t, sqlstore.SQLite)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Check(ctx); !errors.Is(err, core.ErrStoreUnavailable) {
+		t.Fatalf("Check with a cancelled context: %v, want core.ErrStoreUnavailable", err)
+	}
+}
