@@ -267,3 +267,37 @@ func TestGaleraOnceCallerManaged(t *testing.T) {
 		t.Fatalf("the loser's retry: %+v, %v, want the winner's value replayed", res, err)
 	}
 }
+
+// TestGaleraCheckSyncWait: with WithRequireSyncWait, Check on a Galera node
+// fails with core.ErrConfig naming the DSN parameter when the connection
+// reads without wsrep_sync_wait, and passes with wsrep_sync_wait=1; on a
+// server without Galera (the single MariaDB) the option asks nothing, and
+// without the option Check passes on Galera either way.
+func TestGaleraCheckSyncWait(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, db *sql.DB, opts ...sqlstore.Option) error {
+		t.Helper()
+		s, err := sqlstore.New(db, sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(sqlstoretest.Table())}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s.Check(ctx)
+	}
+	without := openGalera(t, galeraLayout{oneNode: true})[0]
+	with := openGalera(t, galeraLayout{oneNode: true, syncWait: true})[0]
+	wantConfigError(t, "Check without wsrep_sync_wait", check(t, without, sqlstore.WithRequireSyncWait()),
+		"wsrep_sync_wait", "wsrep_sync_wait=1")
+	if err := check(t, with, sqlstore.WithRequireSyncWait()); err != nil {
+		t.Fatalf("Check with wsrep_sync_wait=1: %v", err)
+	}
+	if err := check(t, without); err != nil {
+		t.Fatalf("Check without the option: %v", err)
+	}
+	single, _ := openDB(t, sqlstore.MySQL)
+	if err := check(t, single, sqlstore.WithRequireSyncWait()); err != nil {
+		t.Fatalf("Check on a server without Galera: %v", err)
+	}
+}

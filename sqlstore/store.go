@@ -33,9 +33,12 @@ type Store struct {
 	d      Dialect
 	table  string
 	txOpts *sql.TxOptions
-	q      queries
-	lock   uint64   // mixed into Postgres advisory lock keys (per table)
-	reg    registry // ids held by this store's open transactions
+	// syncWait: Check requires wsrep_sync_wait on a Galera node
+	// (WithRequireSyncWait).
+	syncWait bool
+	q        queries
+	lock     uint64   // mixed into Postgres advisory lock keys (per table)
+	reg      registry // ids held by this store's open transactions
 	// noRegistry (tests only) makes every claim ask the database, as a
 	// claim from another process does.
 	noRegistry bool
@@ -78,6 +81,22 @@ func WithTable(name string) Option {
 func WithTxOptions(opts *sql.TxOptions) Option {
 	return optionFunc(func(s *Store) error {
 		s.txOpts = opts
+		return nil
+	})
+}
+
+// WithRequireSyncWait makes Check fail (core.ErrConfig) when the server is
+// a MariaDB Galera node (@@wsrep_on) and the store's connections read
+// without wsrep_sync_wait (bit 1, READ): set wsrep_sync_wait=1 in the DSN
+// (go-sql-driver/mysql sends it as a session variable on connect). Galera
+// does not need it for exactly-once (certification decides), but without
+// it a node may not see another node's recorded answer yet, so a retry
+// that lands there runs the handler and loses certification instead of
+// replaying (see the README, "On MariaDB Galera"). Check cannot warn, so
+// it asks only when told to. On other servers the option checks nothing.
+func WithRequireSyncWait() Option {
+	return optionFunc(func(s *Store) error {
+		s.syncWait = true
 		return nil
 	})
 }
