@@ -290,8 +290,23 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
-// hiddenTx marks a context whose transaction WithoutTx hid.
-type hiddenTx struct{}
+// hiddenTx marks a context whose transaction WithoutTx hid; it keeps the
+// hidden value (a *lazyTx of Begin, or the caller's transaction).
+type hiddenTx struct{ v any }
+
+// mayHoldWriteLock reports whether the hidden transaction may hold (or
+// take, at its first write) SQLite's write lock: a transaction of Begin
+// that has ended holds none (an outer layer that gave its request to a
+// nested leased one rolled it back); of any other the store cannot tell.
+func (h hiddenTx) mayHoldWriteLock() bool {
+	l, ok := h.v.(*lazyTx)
+	if !ok {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.closed
+}
 
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
 // WithConn) hidden: store methods called with it run on the pool, in
@@ -306,10 +321,11 @@ type hiddenTx struct{}
 // error matching core.ErrConfig: keep leased routes out of a
 // transaction-per-request middleware.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
-	if ctx.Value(connKey{}) == nil {
+	v := ctx.Value(connKey{})
+	if _, hidden := v.(hiddenTx); v == nil || hidden {
 		return ctx
 	}
-	return context.WithValue(ctx, connKey{}, hiddenTx{})
+	return context.WithValue(ctx, connKey{}, hiddenTx{v})
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
@@ -412,8 +428,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	// across stores) is treated like a caller-managed one: its end would
 	// clear the other store's registry, not this one's.
 	v := ctx.Value(connKey{})
-	if _, hidden := v.(hiddenTx); hidden {
-		if s.d == SQLite {
+	if h, hidden := v.(hiddenTx); hidden {
+		if s.d == SQLite && h.mayHoldWriteLock() {
 			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
 				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
 				"keep leased routes out of the middleware's transaction", core.ErrConfig)
