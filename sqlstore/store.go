@@ -623,7 +623,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // in favour of a concurrent transaction (see isLostRace); else as
 // unavailable does.
 func (s *Store) failure(ctx context.Context, op string, err error) error {
-	if ctx.Value(connKey{}) != nil && s.aborted(err) {
+	if v := ctx.Value(connKey{}); v != nil && s.aborted(err) {
+		if _, hidden := v.(hiddenTx); hidden {
+			return unavailable(op, err) // ran on the pool, in autocommit
+		}
 		if isLostRace(err) {
 			return fmt.Errorf("%w: %w: sqlstore: %s: %w", core.ErrTxAborted, core.ErrLostRace, op, err)
 		}
