@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 )
@@ -37,6 +38,12 @@ import (
 // the new claim, the handler does not run again and the client gets that
 // request's in-flight answer (409 with Retry-After; its retry gets the
 // other request's recorded answer), or 422 if it was a different request.
+//
+// A lost race (ErrLostRace, which a MySQL/MariaDB deadlock victim or a
+// failed Galera certification matches besides ErrTxAborted) comes here
+// only after MarkEffect (see record): without an effect it is answered as
+// the duplicate it was (afterLostRace). If the new claim or its commit
+// loses a race too, another attempt holds the identity: 409, as above.
 func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
 	e := a.e
 	if a.tx == nil {
@@ -54,6 +61,12 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	fail := func(err error) (Decision, error) {
+		if errors.Is(err, ErrLostRace) {
+			// The short transaction lost to another attempt's claim of the
+			// identity (on Galera: certified first, not yet applied here):
+			// that attempt holds the key; answer as its duplicate.
+			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	ctx := e.tx.WithoutTx(a.storeCtx())

@@ -286,7 +286,22 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
 	ev.Status, ev.Err = resp.Status, err
-	if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
+	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
+		// Atomic mode, and the database rolled the transaction back for a
+		// concurrent claim of the identity (another Galera node's): the
+		// handler's answer is void; answer as the duplicate this was.
+		clear(w.Header())
+		ans := rt.afterLostRace(ctx, ev.ID, fp, start)
+		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
+		if ans.err != nil {
+			p := e.problemFor(ans.err)
+			p.RecordID = ev.ID.String()
+			e.cfg.errorWriter(w, r, p)
+			ev.Status = p.Status
+		} else {
+			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+		}
+	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
 		// Atomic mode: the outcome is not durable (rolled back), so the
 		// handler's answer must not reach the client. Lost lease: the new
 		// owner's answer is the one to give. (Leased mode with a failing

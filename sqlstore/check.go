@@ -23,7 +23,8 @@ import (
 // A misconfiguration is an error wrapping core.ErrConfig whose text names
 // the fix; a server that cannot be reached is an error wrapping
 // core.ErrStoreUnavailable. Check runs a few catalog queries and writes
-// nothing.
+// nothing. With WithRequireSyncWait it also checks, on a MariaDB Galera
+// node, that the connection reads with wsrep_sync_wait=1.
 func (s *Store) Check(ctx context.Context) error {
 	c, _, err := s.conn(ctx)
 	if err != nil {
@@ -32,7 +33,33 @@ func (s *Store) Check(ctx context.Context) error {
 	if err := s.checkServer(ctx, c); err != nil {
 		return err
 	}
+	if err := s.checkSyncWait(ctx, c); err != nil {
+		return err
+	}
 	return s.checkTable(ctx, c)
+}
+
+// erUnknownSystemVariable: MySQL (without Galera) has no @@wsrep_on.
+const erUnknownSystemVariable = 1193
+
+// checkSyncWait fails, under WithRequireSyncWait, when the server is a
+// Galera node and the session reads without wsrep_sync_wait's READ bit.
+func (s *Store) checkSyncWait(ctx context.Context, c Conn) error {
+	if !s.syncWait || s.d != MySQL {
+		return nil
+	}
+	var on, wait int64
+	err := c.QueryRowContext(ctx, `SELECT @@session.wsrep_on, @@session.wsrep_sync_wait`).Scan(&on, &wait)
+	switch {
+	case mysqlErrno(err) == erUnknownSystemVariable:
+		return nil // not a server with wsrep: nothing to require
+	case err != nil:
+		return unavailable("check: wsrep_sync_wait", err)
+	case on == 0 || wait&1 != 0:
+		return nil
+	}
+	return fmt.Errorf("%w: sqlstore: the server is a Galera node and this connection reads with wsrep_sync_wait=%d, so a node may not see what another committed (WithRequireSyncWait): add wsrep_sync_wait=1 to the DSN (go-sql-driver/mysql: &wsrep_sync_wait=1), or drop the option",
+		core.ErrConfig, wait)
 }
 
 // server is what a database answered about itself.
