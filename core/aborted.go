@@ -29,7 +29,8 @@ import (
 //   - a 5xx after MarkEffect: indeterminate, as always;
 //   - a 2xx or 3xx after MarkEffect: indeterminate (the external effect may
 //     have happened, the handler's writes did not), with a problem as the
-//     recorded response;
+//     recorded response, which the client gets too (an error wrapping
+//     ErrIndeterminate), never the success the handler answered;
 //   - a 2xx or 3xx without an effect: not recorded (its writes are gone,
 //     so the success is not true): the key is free again and the client
 //     gets 503, as for a failed commit.
@@ -50,11 +51,13 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		return StoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 	}
 	allow := a.recordAllow
+	var replaced error // the handler's answer is not true: the client gets this
 	switch {
 	case v == vIndeterminate || resp.Status >= 400:
 	case a.effect.Load():
+		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
 		v, allow = vIndeterminate, nil
-		resp = problemResponse(e.problemFor(fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)))
+		resp = problemResponse(e.problemFor(replaced))
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
@@ -103,5 +106,5 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		_ = tx.Rollback()
 		return fail(err)
 	}
-	return decision, nil
+	return decision, replaced
 }

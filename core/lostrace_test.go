@@ -168,11 +168,12 @@ func TestLostRaceBeforeAbort(t *testing.T) {
 		// transaction, whose answer would record the 4xx in a new one (on
 		// Galera, against the winner's claim).
 		{"DeadlockVictim4xx_409", deadlockVictim, false, http.StatusUnprocessableEntity, http.StatusConflict, "in-progress", http.StatusUnprocessableEntity},
-		// The first answer after MarkEffect is afterAbort's (main's) to
-		// give (wantStatus 0: not checked); what matters here is that the
-		// attempt was recorded as indeterminate, not answered as a lost
-		// race with the key free.
-		{"DeadlockVictimAfterMarkEffect_Indeterminate", deadlockVictim, true, 0, 0, "", http.StatusInternalServerError},
+		// After MarkEffect the attempt is recorded as indeterminate, not
+		// answered as a lost race with the key free; the client is told
+		// the outcome is unknown (its 201 is not true: the writes were
+		// rolled back), as every retry is.
+		{"DeadlockVictimAfterMarkEffect_Indeterminate", deadlockVictim, true, 0, http.StatusInternalServerError, "outcome-unknown", http.StatusInternalServerError},
+		{"AbortedAfterMarkEffect_Indeterminate", aborted, true, 0, http.StatusInternalServerError, "outcome-unknown", http.StatusInternalServerError},
 		{"AbortedAlone_503", aborted, false, 0, http.StatusServiceUnavailable, "transaction-aborted", http.StatusCreated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,8 +199,8 @@ func TestLostRaceBeforeAbort(t *testing.T) {
 				if w.Code != tc.wantStatus || !strings.Contains(w.Body.String(), tc.wantType) {
 					t.Fatalf("first: %d %q, want %d %s", w.Code, w.Body, tc.wantStatus, tc.wantType)
 				}
-				if w.Header().Get("Retry-After") == "" {
-					t.Errorf("first: %d without Retry-After", w.Code)
+				if retry := w.Header().Get("Retry-After") != ""; retry != !tc.effect {
+					t.Errorf("first: %d with Retry-After %v, want %v (an unknown outcome is not worth retrying)", w.Code, retry, !tc.effect)
 				}
 			}
 			w = post(h, "k")
