@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 )
@@ -28,7 +29,8 @@ import (
 //   - a 5xx after MarkEffect: indeterminate, as always;
 //   - a 2xx or 3xx after MarkEffect: indeterminate (the external effect may
 //     have happened, the handler's writes did not), with a problem as the
-//     recorded response;
+//     recorded response, which the client gets too (an error wrapping
+//     ErrIndeterminate), never the success the handler answered;
 //   - a 2xx or 3xx without an effect: not recorded (its writes are gone,
 //     so the success is not true): the key is free again and the client
 //     gets 503, as for a failed commit.
@@ -37,23 +39,37 @@ import (
 // the new claim, the handler does not run again and the client gets that
 // request's in-flight answer (409 with Retry-After; its retry gets the
 // other request's recorded answer), or 422 if it was a different request.
+//
+// A lost race (ErrLostRace, which a MySQL/MariaDB deadlock victim or a
+// failed Galera certification matches besides ErrTxAborted) comes here
+// only after MarkEffect (see record): without an effect it is answered as
+// the duplicate it was (afterLostRace). If the new claim or its commit
+// loses a race too, another attempt holds the identity: 409, as above.
 func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
 	e := a.e
 	if a.tx == nil {
 		return StoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 	}
 	allow := a.recordAllow
+	var replaced error // the handler's answer is not true: the client gets this
 	switch {
 	case v == vIndeterminate || resp.Status >= 400:
 	case a.effect.Load():
+		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
 		v, allow = vIndeterminate, nil
-		resp = problemResponse(e.problemFor(fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)))
+		resp = problemResponse(e.problemFor(replaced))
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	fail := func(err error) (Decision, error) {
+		if errors.Is(err, ErrLostRace) {
+			// The short transaction lost to another attempt's claim of the
+			// identity (on Galera: certified first, not yet applied here):
+			// that attempt holds the key; answer as its duplicate.
+			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	ctx := e.tx.WithoutTx(a.storeCtx())
@@ -90,7 +106,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		_ = tx.Rollback()
 		return fail(err)
 	}
-	return decision, nil
+	return decision, replaced
 }
 
 // afterClientGone settles a middleware-managed atomic attempt whose

@@ -262,6 +262,18 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
 		}
+		if errors.Is(err, ErrLostRace) {
+			// Another transaction (on a multi-primary cluster, another
+			// node) claimed the identity first and the database rolled
+			// this claim back: a duplicate of an attempt in flight. In the
+			// caller's transaction, which is dead (ErrTxAborted too), the
+			// error matches ErrInProgress, ErrLostRace and ErrTxAborted:
+			// the caller rolls back and retries later.
+			if joined {
+				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+			}
+			res, err = ClaimResult{Record: Record{ID: id, State: StateInProgress}}, nil
+		}
 		if err != nil && joined && errors.Is(err, ErrTxAborted) {
 			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
@@ -484,6 +496,12 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
+	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
+		if err := a.lostClaim(); err != nil {
+			_ = a.tx.Rollback()
+			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
+	}
 	if v == vRelease {
 		var err error
 		switch {
@@ -543,6 +561,17 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrFenced) {
 			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
+		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect.Load()) {
+			// The database rolled the transaction back in favour of a
+			// concurrent one (on Galera: another node's claim of this
+			// identity won certification). The handler's writes are gone:
+			// this attempt is a duplicate after all (see afterLostRace).
+			// Checked before ErrTxAborted, which a lost race in a
+			// transaction matches too. After MarkEffect, afterAbort
+			// records the attempt as indeterminate instead, unless
+			// another attempt holds the identity.
+			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+		}
 		if errors.Is(err, ErrTxAborted) {
 			return a.afterAbort(v, resp, err)
 		}
@@ -552,6 +581,80 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
+}
+
+// lostClaim reports (as an error wrapping ErrLostRace) that the database
+// already rolled back the transaction of an attempt in middleware-managed
+// atomic mode whose handler answered 5xx: on a multi-primary cluster
+// (Galera) another node's claim of the identity aborts this transaction,
+// and the handler's next statement is the one that fails, so the handler's
+// 5xx is the lost race's doing. Read in the transaction, the claim is then
+// gone (or the read fails with ErrLostRace); on a healthy transaction it is
+// the attempt's own, and nil is returned (as for any other failure of the
+// read, such as Postgres refusing statements after a failed one).
+func (a *attempt) lostClaim() error {
+	rec, err := a.e.store.Get(a.storeCtx(), a.id, a.e.cfg.clock())
+	switch {
+	case errors.Is(err, ErrLostRace):
+		return err
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("%w: the transaction's claim is gone", ErrLostRace)
+	case err == nil && rec.Token != a.token:
+		return fmt.Errorf("%w: the identity is held by another attempt", ErrLostRace)
+	}
+	return nil
+}
+
+// afterLostRace answers an attempt in atomic mode whose transaction the
+// database rolled back for a concurrent claim of the same identity
+// (ErrLostRace from Complete or Commit; on Galera, the other node's claim
+// was certified first). Nothing of the attempt persists, so it is answered
+// as a duplicate: the winner's recorded response once this node sees it,
+// else 409 with Retry-After; under the wait policy it polls (outside any
+// transaction) until the winner's outcome is visible or the bound passes.
+// It never runs the handler again.
+func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time.Time) answer {
+	e := rt.e
+	if e.tx != nil {
+		ctx = e.tx.WithoutTx(ctx)
+	}
+	deadline := start.Add(rt.p.wait)
+	backoff := 5 * time.Millisecond
+	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+	for {
+		rec, err := e.store.Get(ctx, id, e.cfg.clock())
+		switch {
+		case errors.Is(err, ErrNotFound):
+			// The winner's commit has not reached this node yet (or it
+			// was rolled back too).
+		case err != nil:
+			return answer{err: storeErr(err), decision: StoreError}
+		case len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint):
+			return answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+		case rec.State == StateCompleted:
+			return rt.replay(ctx, rec)
+		case rec.State == StateIndeterminate:
+			a := rt.replay(ctx, rec)
+			if a.err == nil {
+				a.decision = Indeterminate
+			}
+			return a
+		default:
+			busy.rec = rec
+		}
+		now := e.cfg.clock()
+		if rt.p.wait <= 0 || !now.Before(deadline) {
+			return busy
+		}
+		t := time.NewTimer(min(backoff, deadline.Sub(now)))
+		backoff = min(2*backoff, 100*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return busy
+		case <-t.C:
+		}
+	}
 }
 
 // abort gives up an attempt whose handler never ran (the claim is undone).

@@ -80,12 +80,29 @@ var (
 	// Postgres a statement of the handler failed (SQLSTATE 25P02 for every
 	// later statement) or the transaction hit a serialization failure or a
 	// deadlock (40001, 40P01); on MySQL/MariaDB the transaction was chosen
-	// as a deadlock victim (error 1213) and rolled back. In middleware-managed
-	// atomic mode the engine handles it (see Store.Complete); with the
-	// caller's own transaction (sqlstore.WithTx, gormstore.WithTx) Once
-	// returns it: roll the transaction back; the work may be retried in a
-	// new one.
+	// as a deadlock victim or failed Galera certification (error 1213) and
+	// was rolled back: that error matches ErrLostRace too. In
+	// middleware-managed atomic mode the engine handles it (see
+	// Store.Complete); with the caller's own transaction (sqlstore.WithTx,
+	// gormstore.WithTx) Once returns it: roll the transaction back; the
+	// work may be retried in a new one.
 	ErrTxAborted = errors.New("idem: the database aborted the transaction")
+	// ErrLostRace: a store's claim, write or commit lost to a concurrent
+	// transaction and the database rolled the whole transaction back:
+	// nothing it wrote persists. On a multi-primary cluster (MariaDB
+	// Galera) this is how a node learns that another node claimed the same
+	// identity first (a failed certification, or a brute-force abort by
+	// the other node's replicated write); on a single MySQL/MariaDB
+	// server, a deadlock victim (error 1213 in both cases). The engine
+	// answers it like any duplicate of an attempt that is in flight or
+	// completed (409 + Retry-After, or the replay), never as an outage.
+	// Stores return it wrapped; inside a transaction it comes with
+	// ErrTxAborted (the transaction is dead). Postgres's stores do not
+	// return it: there the claims of one identity serialize on an advisory
+	// lock and the unique index, so two attempts never both reach their
+	// commit, and a serialization failure or deadlock (40001, 40P01) is
+	// about the handler's own rows: ErrTxAborted alone (docs/decisions.md).
+	ErrLostRace = errors.New("idem: lost a race to a concurrent transaction (rolled back)")
 )
 
 // RetryError carries a Retry-After hint with a sentinel (ErrInProgress,

@@ -183,7 +183,6 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	}
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
-	defer c.body.free()
 	if errors.Is(err, ErrBodyConsumed) {
 		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
 			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
@@ -287,7 +286,22 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
 	ev.Status, ev.Err = resp.Status, err
-	if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
+	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
+		// Atomic mode, and the database rolled the transaction back for a
+		// concurrent claim of the identity (another Galera node's): the
+		// handler's answer is void; answer as the duplicate this was.
+		clear(w.Header())
+		ans := rt.afterLostRace(ctx, ev.ID, fp, start)
+		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
+		if ans.err != nil {
+			p := e.problemFor(ans.err)
+			p.RecordID = ev.ID.String()
+			e.cfg.errorWriter(w, r, p)
+			ev.Status = p.Status
+		} else {
+			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+		}
+	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
 		// Atomic mode: the outcome is not durable (rolled back), so the
 		// handler's answer must not reach the client. Lost lease: the new
 		// owner's answer is the one to give. (Leased mode with a failing
@@ -497,11 +511,23 @@ func (w *bufferWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); r
 
 // --- request body ----------------------------------------------------------
 
+// bufPool holds the buffers of response captures (recorder) and of
+// completion encodings (attempt.record). Neither is handed out beyond the
+// call that uses it: a store copies Completion.Response before Complete
+// returns (storetest's NoAliasing), a Sealer does not keep plain, and a
+// ResponseWriter is not used after ServeHTTP returns (net/http's rule;
+// http.TimeoutHandler's late handler writes to a writer of its own).
+// Request bodies are not pooled: see bodyReader.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
-// bodyReader replays the request body read for the fingerprint.
+// bodyReader replays the request body read for the fingerprint. Its buffer
+// is allocated per request and never reused: the handler gets the
+// bodyReader as Request.Body and may read it after Serve returned (a
+// handler behind http.TimeoutHandler reads on its own goroutine after the
+// timeout answered), so a pooled buffer could be handed to the next
+// request under its reads and show it another request's bytes.
 type bodyReader struct {
-	buf *[]byte
+	buf []byte
 	off int
 }
 
@@ -515,8 +541,12 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > max {
 		return nil, clientErrorf(ErrBodyTooLarge, "%d bytes, the limit is %d", r.ContentLength, max)
 	}
-	b.buf = bufPool.Get().(*[]byte)
-	buf := (*b.buf)[:0]
+	size := int64(512) // unknown length: grown as it comes
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1 // the extra byte reads the EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	defer func() { b.buf = buf }()
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -524,7 +554,6 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > max {
-			*b.buf = buf
 			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
 		}
 		if err == io.EOF {
@@ -533,13 +562,11 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 				// a short body; a clean EOF before the first byte means it
 				// was read before us. (A body replaced by a middleware
 				// with a different length is not refused.)
-				*b.buf = buf
 				return nil, fmt.Errorf("%w: Content-Length is %d but nothing was left to read", ErrBodyConsumed, r.ContentLength)
 			}
-			break
+			return buf, nil
 		}
 		if err != nil {
-			*b.buf = buf
 			var mbe *http.MaxBytesError // an application's own, tighter limit (http.MaxBytesReader)
 			if errors.As(err, &mbe) {
 				return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", mbe.Limit, mbe.Limit)
@@ -547,28 +574,18 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
-	*b.buf = buf
-	return buf, nil
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
-	if b.buf == nil || b.off >= len(*b.buf) {
+	if b.off >= len(b.buf) {
 		return 0, io.EOF
 	}
-	n := copy(p, (*b.buf)[b.off:])
+	n := copy(p, b.buf[b.off:])
 	b.off += n
 	return n, nil
 }
 
 func (b *bodyReader) Close() error { return nil }
-
-func (b *bodyReader) free() {
-	if b.buf != nil && cap(*b.buf) <= 1<<20 {
-		*b.buf = (*b.buf)[:0]
-		bufPool.Put(b.buf)
-	}
-	b.buf = nil
-}
 
 // --- response capture ------------------------------------------------------
 

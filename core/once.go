@@ -39,6 +39,12 @@ type Result struct {
 //   - In progress elsewhere: an error matching ErrInProgress at once (a
 //     *RetryError): "decline now", so the consumer can nack instead of
 //     blocking a worker. Pass WaitInFlight to wait instead.
+//   - Lost race (ErrLostRace from the store: the database rolled fn's
+//     transaction back for a concurrent run of the same message, as a
+//     Galera node does when another node's claim was certified first):
+//     answered like the duplicate it was (the first run's value, or
+//     ErrInProgress). In a caller's transaction, an error matching
+//     ErrInProgress, ErrLostRace and ErrTxAborted: roll back and nack.
 //
 // With a TxStore, fn runs inside a transaction that commits with the record
 // (fetch it from ctx with the store's accessor). If ctx already carries a
@@ -49,8 +55,9 @@ type Result struct {
 // rollback does not erase it; fn still gets ctx with the caller's
 // transaction.
 // An error matching ErrTxAborted says that the database aborted that
-// transaction (a statement of fn failed on Postgres, a deadlock victim):
-// nothing of it can commit; run the whole unit again in a new one.
+// transaction (a statement of fn failed on Postgres, a deadlock victim, a
+// failed Galera certification): nothing of it can commit; run the whole
+// unit again in a new one.
 func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Context) ([]byte, error), opts ...RouteOption) (Result, error) {
 	rt := e.def
 	if len(opts) > 0 {
@@ -68,10 +75,9 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
 	}
-	att, ans := rt.acquire(ctx, ident, id, normalFingerprint(m.Fingerprint), start, nil, cancel)
-	if att == nil {
-		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		e.emit(ctx, ev, start)
+	fp := normalFingerprint(m.Fingerprint)
+	// answered returns what Once returns for a run that did not execute.
+	answered := func(ans answer) (Result, error) {
 		switch {
 		case ans.err != nil:
 			return Result{}, ans.err
@@ -81,6 +87,12 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 			return Result{Replayed: true}, ErrNotKept
 		}
 		return Result{Value: ans.resp.body, Replayed: true}, nil
+	}
+	att, ans := rt.acquire(ctx, ident, id, fp, start, nil, cancel)
+	if att == nil {
+		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
+		e.emit(ctx, ev, start)
+		return answered(ans)
 	}
 	ev.Attempt = att.number
 	// Atomic mode: fn runs in the attempt's transaction. Leased mode: fn
@@ -120,6 +132,17 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		v = vRelease
 	}
 	decision, ferr := att.finish(v, resp)
+	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
+		// The database rolled our transaction back for a concurrent claim
+		// (another Galera node's; fn's error, if any, was its doing): fn's
+		// writes are gone; answer as the duplicate this was. In the
+		// caller's transaction the caller must roll back: ferr matches
+		// ErrInProgress, ErrLostRace and ErrTxAborted.
+		ans := rt.afterLostRace(ctx, id, fp, start)
+		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, ferr)
+		e.emit(ctx, ev, start)
+		return answered(ans)
+	}
 	ev.Decision, ev.Err = decision, errors.Join(err, ferr)
 	e.emit(ctx, ev, start)
 	switch {

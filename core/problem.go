@@ -13,7 +13,7 @@ import (
 type Problem struct {
 	// Type is the problem base (WithProblemBase) followed by a stable slug:
 	// missing-key, invalid-key, key-reused, in-progress, lease-lost,
-	// store-unavailable, body-too-large, invalid-request, body-consumed,
+	// transaction-aborted, store-unavailable, body-too-large, invalid-request, body-consumed,
 	// not-protected, unauthenticated,
 	// response-not-kept, outcome-unknown, internal (see docs/problems.md).
 	Type   string `json:"type"`
@@ -69,8 +69,12 @@ var problemKinds = []problemKind{
 		"this Idempotency-Key was used for a different request; use a new key for a new operation", http.StatusUnprocessableEntity},
 	{ErrInProgress, "in-progress", "A request with this Idempotency-Key is in progress",
 		"a request with this Idempotency-Key is still being processed; retry with the same key after Retry-After", http.StatusConflict},
+	{ErrLostRace, "in-progress", "A request with this Idempotency-Key is in progress",
+		"a concurrent request with this Idempotency-Key was committed first; retry with the same key after Retry-After to get its answer", http.StatusConflict},
 	{ErrLeaseLost, "lease-lost", "This attempt lost its lease to a newer one",
 		"another attempt with this Idempotency-Key took over; retry with the same key to get its answer", http.StatusConflict},
+	{ErrTxAborted, "transaction-aborted", "The request's transaction was aborted",
+		"the database aborted this request's transaction, so nothing of it was committed; retry with the same key after Retry-After", http.StatusServiceUnavailable},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable",
 		"the idempotency store is unavailable; retry with the same key after Retry-After", http.StatusServiceUnavailable},
 	{ErrBodyTooLarge, "body-too-large", "Request body too large",
@@ -129,7 +133,7 @@ func (e *Engine) problemFor(err error) *Problem {
 	if errors.As(err, &re) {
 		p.RetryAfter = re.RetryAfter
 	}
-	if p.RetryAfter == 0 && (p.Err == ErrStoreUnavailable || p.Err == ErrInProgress || p.Err == ErrLeaseLost) {
+	if p.RetryAfter == 0 && (p.Err == ErrStoreUnavailable || p.Err == ErrInProgress || p.Err == ErrLeaseLost || p.Err == ErrLostRace || p.Err == ErrTxAborted) {
 		p.RetryAfter = max(e.cfg.retryAfter, time.Second)
 	}
 	return p

@@ -11,6 +11,8 @@ import (
 // Sealer seals recorded responses at rest, because they may hold personal
 // data. Seal's output must start with the byte 0x02; the record ID is bound
 // as additional data so a sealed response cannot be moved to another record.
+// Seal must not keep plain (or a slice of it) beyond the call: the engine
+// reuses plain's buffer once the store has recorded the result.
 type Sealer interface {
 	Seal(id ID, plain []byte) ([]byte, error)
 	Open(id ID, sealed []byte) ([]byte, error)

@@ -127,12 +127,24 @@ type Completion struct {
 //
 // Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
 // any other failure (network, driver, decoding) with ErrStoreUnavailable,
-// except one: a method that runs in a transaction (TxStore) and finds that
-// the database has aborted it (Postgres refuses every statement after a
-// failed one; MySQL/MariaDB rolled a deadlock victim back) wraps the
-// driver's error with ErrTxAborted instead. The engine then records the
-// outcome in a transaction of its own (middleware-managed atomic mode) or
-// returns the error to the owner of the transaction (caller-managed).
+// except two:
+//   - a method that runs in a transaction (TxStore) and finds that the
+//     database has aborted it (Postgres refuses every statement after a
+//     failed one; MySQL/MariaDB rolled a deadlock victim back) wraps the
+//     driver's error with ErrTxAborted instead. The engine then records the
+//     outcome in a transaction of its own (middleware-managed atomic mode)
+//     or returns the error to the owner of the transaction
+//     (caller-managed).
+//   - a statement or commit that failed because the database rolled the
+//     transaction back in favour of a concurrent one (a MySQL/MariaDB
+//     deadlock victim; on a multi-primary cluster such as MariaDB Galera, a
+//     failed certification or a brute-force abort by another node's write)
+//     is wrapped with ErrLostRace (and, inside a transaction, ErrTxAborted
+//     as well). The transaction's writes are then gone, so the engine
+//     answers as it does for a duplicate of an in-flight or completed
+//     attempt, not as an outage. A store retries such a failure itself
+//     where nothing but its own statement was lost (a claim outside any
+//     transaction, or as the first statement of one).
 type Store interface {
 	// Claim atomically creates an in-progress record from req.
 	//   - missing or expired: the record is (re)created and Claimed is true;

@@ -42,6 +42,11 @@ func WithTable(name string) Option { return sqlstore.WithTable(name) }
 // sqlstore.WithTxOptions.
 func WithTxOptions(opts *sql.TxOptions) Option { return sqlstore.WithTxOptions(opts) }
 
+// WithRequireSyncWait makes Check fail on a MariaDB Galera node whose
+// connections read without wsrep_sync_wait=1 (set it in the DSN); see
+// sqlstore.WithRequireSyncWait.
+func WithRequireSyncWait() Option { return sqlstore.WithRequireSyncWait() }
+
 // New returns a store on db. The dialect follows db.Dialector.Name():
 // "postgres" (gorm.io/driver/postgres), "mysql" (gorm.io/driver/mysql, for
 // MySQL 8 and MariaDB 10.6+; open it with parseTime=true) or "sqlite"

@@ -5,12 +5,25 @@
 #                              with data under DIR, on free loopback ports, and
 #                              write DIR/env with IDEM_TEST_POSTGRES_DSN and
 #                              IDEM_TEST_MYSQL_DSN export lines.
-#   scripts/dbs.sh stop DIR    stop both servers by pid (idempotent).
+#                              Also a three-node MariaDB Galera cluster
+#                              (IDEM_TEST_GALERA_DSNS: three DSNs, comma
+#                              separated, node 1 first) unless IDEM_DBS_GALERA=0.
+#   scripts/dbs.sh start-galera DIR
+#                              only the Galera cluster; DIR/env gets
+#                              IDEM_TEST_GALERA_DSNS.
+#   scripts/dbs.sh stop DIR    stop every server by pid (idempotent).
 #
 # Layout of DIR:
 #   DIR/env          export lines (source it)
 #   DIR/pg.pid       postmaster pid      DIR/pg/      data + server.log (owned by postgres)
 #   DIR/mysql.pid    mariadbd pid        DIR/mysql/   data, tmp, server.log, mysql.sock (owned by mysql)
+#   DIR/galera/nN/   node N: my.cnf (every setting), data, tmp, server.log, node.pid
+#
+# Galera: wsrep_provider libgalera_smm.so (Debian galera-4), state transfer
+# by rsync (so the servers run as the mysql user), binlog_format=ROW,
+# innodb_autoinc_lock_mode=2; the first node bootstraps (--wsrep-new-cluster),
+# the others join it one after the other. Every port (client, gcomm, IST,
+# SST) is a free loopback port.
 #
 # Servers listen on 127.0.0.1 only. Several DIRs can run at the same time:
 # port selection and server start-up are serialised with a machine-wide lock.
@@ -32,7 +45,7 @@ log() { printf 'dbs.sh: %s\n' "$*" >&2; }
 die() { printf 'dbs.sh: ERROR: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-	echo "usage: $0 start|stop DIR" >&2
+	echo "usage: $0 start|start-galera|stop DIR" >&2
 	exit 2
 }
 
@@ -375,6 +388,211 @@ my_start() {
 }
 
 # --------------------------------------------------------------------------
+# MariaDB Galera: three nodes on loopback
+
+GALERA_NODES=3
+GALERA_PROVIDER=${IDEM_DBS_GALERA_PROVIDER:-/usr/lib/galera/libgalera_smm.so}
+
+have_galera() {
+	[[ -f "$GALERA_PROVIDER" ]] && command -v rsync >/dev/null 2>&1 &&
+		command -v wsrep_sst_rsync >/dev/null 2>&1 &&
+		{ command -v ss >/dev/null 2>&1 || command -v lsof >/dev/null 2>&1; }
+}
+
+ensure_galera_installed() {
+	if have_galera; then
+		return
+	fi
+	[[ $(id -u) -eq 0 ]] || die "Galera missing and not running as root: install galera-4 rsync iproute2"
+	log "installing galera-4 rsync iproute2 with apt-get (first time only)"
+	local pkgs=(galera-4 rsync iproute2)
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get install -y --no-install-recommends "${pkgs[@]}" >>/tmp/idem-dbs-apt.log 2>&1; then
+		apt-get update >>/tmp/idem-dbs-apt.log 2>&1 || { tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get update failed"; }
+		apt-get install -y --no-install-recommends "${pkgs[@]}" >>/tmp/idem-dbs-apt.log 2>&1 ||
+			{ tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get install ${pkgs[*]} failed (log: /tmp/idem-dbs-apt.log)"; }
+	fi
+	have_galera || die "Galera still missing after apt-get install (log: /tmp/idem-dbs-apt.log)"
+}
+
+# my_query PORT SQL: one value from the server on PORT, or nothing.
+my_query() {
+	"$(my_client_bin)" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$1" -u "$MY_USER" -p"$MY_PASS" \
+		--connect-timeout=2 -N -B -e "$2" 2>/dev/null
+}
+
+# galera_node_start DIR N: start node N (1 bootstraps the cluster) with the
+# ports in GALERA_PORT, GALERA_GCOMM, GALERA_IST, GALERA_SST, and wait until
+# it is Synced. Returns 1 (not die) on failure so the caller can retry with
+# other ports; 2 when a port was taken.
+galera_node_start() {
+	local dir=$1 n=$2 server gdir data logf cnf sock initf launcher pid='' t0 peers='' i
+	server=$(my_server_bin)
+	gdir="$dir/galera/n$n"
+	data="$gdir/data"
+	logf="$gdir/server.log"
+	cnf="$gdir/my.cnf"
+	sock="$gdir/mysql.sock"
+	initf="$dir/galera/init.sql"
+	t0=$(now)
+	for ((i = 1; i < n; i++)); do peers+="${peers:+,}127.0.0.1:${GALERA_GCOMM[i]}"; done
+	# Every option lives in the node's own file: the rsync state transfer
+	# script reads the joiner's and donor's settings from it.
+	cat >"$cnf" <<-EOF
+		[mysqld]
+		user = mysql
+		datadir = $data
+		pid-file = $gdir/mysqld.pid
+		tmpdir = $gdir/tmp
+		socket = $sock
+		port = ${GALERA_PORT[n]}
+		bind-address = 127.0.0.1
+		skip-name-resolve
+		max-connections = $MAX_CONNECTIONS
+		character-set-server = utf8mb4
+		collation-server = utf8mb4_unicode_ci
+		default-time-zone = +00:00
+		innodb-buffer-pool-size = 64M
+		innodb-log-file-size = 48M
+		innodb-flush-log-at-trx-commit = 2
+		innodb-doublewrite = 0
+		skip-external-locking
+		log-error = $logf
+		default-storage-engine = InnoDB
+		binlog-format = ROW
+		innodb-autoinc-lock-mode = 2
+		wsrep-on = ON
+		wsrep-provider = $GALERA_PROVIDER
+		wsrep-cluster-name = idem-$(basename "$dir")
+		wsrep-cluster-address = gcomm://$peers
+		wsrep-node-name = n$n
+		wsrep-node-address = 127.0.0.1:${GALERA_GCOMM[n]}
+		wsrep-node-incoming-address = 127.0.0.1:${GALERA_PORT[n]}
+		wsrep-provider-options = "gmcast.listen_addr=tcp://127.0.0.1:${GALERA_GCOMM[n]};ist.recv_addr=127.0.0.1:${GALERA_IST[n]};gcache.size=64M;gcache.page_size=16M;pc.wait_prim_timeout=PT60S"
+		wsrep-sst-method = rsync
+		wsrep-sst-receive-address = 127.0.0.1:${GALERA_SST[n]}
+		wsrep-slave-threads = 2
+	EOF
+	((n == 1)) && echo "init-file = $initf" >>"$cnf"
+	chown mysql "$cnf"
+	rm -f "$gdir/mysqld.pid" "$sock"
+	local extra=()
+	((n == 1)) && extra=(--wsrep-new-cluster)
+	log "galera: starting node $n on 127.0.0.1:${GALERA_PORT[n]} (gcomm ${GALERA_GCOMM[n]}, ist ${GALERA_IST[n]}, sst ${GALERA_SST[n]})"
+	(cd / && exec setsid "$server" --defaults-file="$cnf" "${extra[@]}" </dev/null >>"$logf" 2>&1) &
+	launcher=$!
+	local deadline=$(($(now) + START_TIMEOUT)) state=''
+	while (($(now) <= deadline)); do
+		pid=$(cat "$gdir/mysqld.pid" 2>/dev/null || true)
+		if [[ -n "$pid" ]] && port_listening "${GALERA_PORT[n]}"; then
+			state=$(my_query "${GALERA_PORT[n]}" "SHOW STATUS LIKE 'wsrep_local_state_comment'" | awk '{print $2}')
+			if [[ "$state" == Synced ]]; then
+				echo "$pid" >"$gdir/node.pid"
+				log "galera: node $n synced, pid $pid ($(($(now) - t0))s)"
+				return 0
+			fi
+		fi
+		if grep -qiE 'Address already in use|another .* server running on port|Failed to listen|bind: Address' "$logf" 2>/dev/null; then
+			return 2
+		fi
+		if ! pid_is_ours "$launcher" "$cnf" && [[ -z "$(pids_matching "$cnf")" ]]; then
+			sleep 0.5
+			grep -qiE 'Address already in use|Failed to listen' "$logf" 2>/dev/null && return 2
+			return 1
+		fi
+		sleep 0.5
+	done
+	return 1
+}
+
+# galera_start DIR: a three-node cluster, DSNs in GALERA_DSNS.
+galera_start() {
+	local dir=$1 installdb gbase t0 attempt n rc i
+	installdb=$(my_install_db_bin)
+	gbase="$dir/galera"
+	t0=$(now)
+	id mysql >/dev/null 2>&1 || die "galera: the mysql user is missing (the rsync state transfer runs as mysql)"
+	for attempt in 1 2 3; do
+		galera_stop "$dir"
+		rm -rf "$gbase"
+		mkdir -p "$gbase"
+		chmod 0755 "$gbase"
+		cat >"$gbase/init.sql" <<-EOF
+			CREATE DATABASE IF NOT EXISTS $DB_NAME CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
+			CREATE USER IF NOT EXISTS '$MY_USER'@'127.0.0.1' IDENTIFIED BY '$MY_PASS';
+			CREATE USER IF NOT EXISTS '$MY_USER'@'localhost' IDENTIFIED BY '$MY_PASS';
+			GRANT ALL PRIVILEGES ON *.* TO '$MY_USER'@'127.0.0.1' WITH GRANT OPTION;
+			GRANT ALL PRIVILEGES ON *.* TO '$MY_USER'@'localhost' WITH GRANT OPTION;
+			FLUSH PRIVILEGES;
+		EOF
+		chown mysql "$gbase/init.sql"
+		for ((n = 1; n <= GALERA_NODES; n++)); do
+			mkdir -p "$gbase/n$n/tmp"
+			chown -R mysql: "$gbase/n$n"
+			chmod 0750 "$gbase/n$n"
+		done
+		check_reachable mysql "$gbase/n1"
+		# Only the first node needs system tables: the joiners receive the
+		# whole data directory from it by state transfer.
+		log "galera: install-db"
+		(cd / && "$installdb" --no-defaults --user=mysql --datadir="$gbase/n1/data" \
+			--auth-root-authentication-method=normal --skip-test-db --skip-name-resolve \
+			--tmpdir="$gbase/n1/tmp" >"$gbase/install-db.log" 2>&1) ||
+			{ tail_log "$gbase/install-db.log"; die "galera: install-db failed"; }
+		for ((n = 2; n <= GALERA_NODES; n++)); do
+			mkdir -p "$gbase/n$n/data"
+			chown mysql: "$gbase/n$n/data"
+		done
+
+		lock
+		local used p all=()
+		GALERA_PORT=() GALERA_GCOMM=() GALERA_IST=() GALERA_SST=()
+		for ((n = 1; n <= GALERA_NODES; n++)); do
+			for i in PORT GCOMM IST SST; do
+				while :; do
+					p=$(free_port)
+					if [[ " ${all[*]} " != *" $p "* ]]; then break; fi
+				done
+				all+=("$p")
+				eval "GALERA_$i[$n]=$p"
+			done
+		done
+		rc=0
+		for ((n = 1; n <= GALERA_NODES; n++)); do
+			galera_node_start "$dir" "$n" || { rc=$?; break; }
+		done
+		unlock
+		if ((rc == 0)); then
+			GALERA_DSNS=''
+			for ((n = 1; n <= GALERA_NODES; n++)); do
+				GALERA_DSNS+="${GALERA_DSNS:+,}$MY_USER:$MY_PASS@tcp(127.0.0.1:${GALERA_PORT[n]})/$DB_NAME?parseTime=true&loc=UTC"
+			done
+			local size
+			size=$(my_query "${GALERA_PORT[1]}" "SHOW STATUS LIKE 'wsrep_cluster_size'" | awk '{print $2}')
+			[[ "$size" == "$GALERA_NODES" ]] || die "galera: cluster size is '$size', want $GALERA_NODES"
+			log "galera: $GALERA_NODES nodes up in $(($(now) - t0))s"
+			return 0
+		fi
+		if ((rc == 2)); then
+			log "galera: a port was taken (node $n), retrying with other ports"
+		else
+			tail_log "$gbase/n$n/server.log"
+			log "galera: node $n did not come up (attempt $attempt)"
+		fi
+		sleep 1
+	done
+	galera_stop "$dir"
+	die "galera: cluster did not come up after 3 attempts (logs under $gbase)"
+}
+
+galera_stop() {
+	local dir=$1 n
+	for ((n = GALERA_NODES; n >= 1; n--)); do
+		stop_pid "galera node $n" "$dir/galera/n$n/node.pid" "$dir/galera/n$n/mysqld.pid" "$dir/galera/n$n/my.cnf" TERM
+	done
+}
+
+# --------------------------------------------------------------------------
 # stop
 
 # stop_pid NAME PIDFILE SERVER_PIDFILE NEEDLE SIGNAL
@@ -418,6 +636,7 @@ cmd_stop() {
 	# Postgres: SIGINT = fast shutdown (does not wait for clients). MariaDB: SIGTERM.
 	stop_pid postgres "$dir/pg.pid" "$dir/pg/data/postmaster.pid" "$dir/pg/data" INT
 	stop_pid mariadb "$dir/mysql.pid" "$dir/mysql/mysqld.pid" "$dir/mysql/data" TERM
+	galera_stop "$dir"
 }
 
 cmd_start() {
@@ -441,13 +660,19 @@ cmd_start() {
 	mkdir -p "$dir"
 	chmod 0755 "$dir"
 
-	PG_PORT='' MY_PORT=''
-	# On failure, do not leave a half-started pair behind.
+	PG_PORT='' MY_PORT='' GALERA_DSNS=''
+	# On failure, do not leave a half-started set behind.
 	trap 'rc=$?; if ((rc != 0)); then cmd_stop "'"$dir"'" || true; fi' EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
 	pg_start "$dir"
 	my_start "$dir"
+	if [[ "${IDEM_DBS_GALERA:-1}" == 1 ]]; then
+		lock
+		ensure_galera_installed
+		unlock
+		galera_start "$dir"
+	fi
 	trap - EXIT INT TERM
 
 	umask 022
@@ -455,8 +680,38 @@ cmd_start() {
 		export IDEM_TEST_POSTGRES_DSN='postgres://$PG_USER@127.0.0.1:$PG_PORT/$DB_NAME?sslmode=disable'
 		export IDEM_TEST_MYSQL_DSN='$MY_USER:$MY_PASS@tcp(127.0.0.1:$MY_PORT)/$DB_NAME?parseTime=true&loc=UTC'
 	EOF
+	if [[ -n "$GALERA_DSNS" ]]; then
+		echo "export IDEM_TEST_GALERA_DSNS='$GALERA_DSNS'" >>"$dir/env.tmp"
+	fi
 	mv "$dir/env.tmp" "$dir/env"
-	log "both servers up in $(($(now) - t0))s; source $dir/env"
+	log "servers up in $(($(now) - t0))s; source $dir/env"
+}
+
+# cmd_start_galera DIR: only the Galera cluster (for a test run whose single
+# servers come from the environment); DIR/env gets IDEM_TEST_GALERA_DSNS.
+cmd_start_galera() {
+	local dir=$1
+	if [[ -s "$dir/env" ]] && grep -q IDEM_TEST_GALERA_DSNS "$dir/env" &&
+		pid_is_ours "$(cat "$dir/galera/n1/node.pid" 2>/dev/null || true)" "$dir/galera/n1/my.cnf"; then
+		log "galera already running for $dir (see $dir/env)"
+		return 0
+	fi
+	galera_stop "$dir"
+	command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
+	lock
+	ensure_installed
+	ensure_galera_installed
+	unlock
+	chmod 0755 "$dir"
+	GALERA_DSNS=''
+	trap 'rc=$?; if ((rc != 0)); then galera_stop "'"$dir"'" || true; fi' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	galera_start "$dir"
+	trap - EXIT INT TERM
+	umask 022
+	echo "export IDEM_TEST_GALERA_DSNS='$GALERA_DSNS'" >"$dir/env.tmp"
+	mv "$dir/env.tmp" "$dir/env"
 }
 
 main() {
@@ -467,6 +722,10 @@ main() {
 	start)
 		mkdir -p "$dir"
 		cmd_start "$(cd "$dir" && pwd -P)"
+		;;
+	start-galera)
+		mkdir -p "$dir"
+		cmd_start_galera "$(cd "$dir" && pwd -P)"
 		;;
 	stop)
 		[[ -d "$dir" ]] || return 0

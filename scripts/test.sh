@@ -6,7 +6,9 @@
 # 1. gofmt check of every tracked and untracked (non-ignored) .go file.
 # 2. Starts a throwaway PostgreSQL + MariaDB (scripts/dbs.sh) on loopback,
 #    unless IDEM_TEST_POSTGRES_DSN and IDEM_TEST_MYSQL_DSN are both already
-#    set, or IDEM_TEST_SKIP_DB_START=1. They are stopped again on exit.
+#    set, or IDEM_TEST_SKIP_DB_START=1, and a three-node MariaDB Galera
+#    cluster (about 30 s) unless IDEM_TEST_GALERA_DSNS is set or
+#    IDEM_TEST_SKIP_DB_START=1. They are stopped again on exit.
 # 3. For every module of the workspace (go list -m): go vet ./...,
 #    go test -race -count=1 [flags] ./..., and GOWORK=off go vet ./...
 #    (the module must build on its own, without go.work).
@@ -115,6 +117,30 @@ else
 		echo "test.sh: $dbdir/env did not set both DSNs" >&2
 		exit 1
 	fi
+fi
+
+# The Galera cluster (three MariaDB nodes): started with the servers above,
+# or on its own when the single servers came from the environment.
+if [[ -n "${IDEM_TEST_GALERA_DSNS:-}" ]]; then
+	:
+elif [[ "${IDEM_TEST_SKIP_DB_START:-}" == 1 ]]; then
+	echo "note: IDEM_TEST_GALERA_DSNS is not set and IDEM_TEST_SKIP_DB_START=1"
+else
+	say "databases: starting a three-node MariaDB Galera cluster"
+	if [[ -z "$dbdir" ]]; then
+		dbdir=$(mktemp -d /tmp/idem-test-db.XXXXXX)
+	fi
+	bash "$root/scripts/dbs.sh" start-galera "$dbdir"
+	# shellcheck disable=SC1091
+	source "$dbdir/env"
+	if [[ -z "${IDEM_TEST_GALERA_DSNS:-}" ]]; then
+		echo "test.sh: $dbdir/env did not set IDEM_TEST_GALERA_DSNS" >&2
+		exit 1
+	fi
+fi
+if [[ -n "${IDEM_TEST_GALERA_DSNS:-}" ]]; then
+	export IDEM_TEST_GALERA_DSNS
+	echo "IDEM_TEST_GALERA_DSNS=$IDEM_TEST_GALERA_DSNS"
 fi
 
 if [[ -n "${IDEM_TEST_POSTGRES_DSN:-}" && -n "${IDEM_TEST_MYSQL_DSN:-}" ]]; then

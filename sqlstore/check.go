@@ -28,13 +28,17 @@ import (
 // core.ErrStoreUnavailable. Check runs a few catalog queries, then claims,
 // completes and reads one probe record in a transaction that it rolls back
 // (so a column whose type does not fit the store's records is found too);
-// it leaves nothing behind.
+// it leaves nothing behind. With WithRequireSyncWait it also checks, on a
+// MariaDB Galera node, that the connection reads with wsrep_sync_wait=1.
 func (s *Store) Check(ctx context.Context) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
 	if err := s.checkServer(ctx, c); err != nil {
+		return err
+	}
+	if err := s.checkSyncWait(ctx, c); err != nil {
 		return err
 	}
 	if err := s.checkTable(ctx, c); err != nil {
@@ -84,6 +88,29 @@ func (s *Store) checkRecords(ctx context.Context) error {
 		return fail("get", fmt.Errorf("the record read back differs: %+v", rec))
 	}
 	return nil
+}
+
+// erUnknownSystemVariable: MySQL (without Galera) has no @@wsrep_on.
+const erUnknownSystemVariable = 1193
+
+// checkSyncWait fails, under WithRequireSyncWait, when the server is a
+// Galera node and the session reads without wsrep_sync_wait's READ bit.
+func (s *Store) checkSyncWait(ctx context.Context, c Conn) error {
+	if !s.syncWait || s.d != MySQL {
+		return nil
+	}
+	var on, wait int64
+	err := c.QueryRowContext(ctx, `SELECT @@session.wsrep_on, @@session.wsrep_sync_wait`).Scan(&on, &wait)
+	switch {
+	case mysqlErrno(err) == erUnknownSystemVariable:
+		return nil // not a server with wsrep: nothing to require
+	case err != nil:
+		return unavailable("check: wsrep_sync_wait", err)
+	case on == 0 || wait&1 != 0:
+		return nil
+	}
+	return fmt.Errorf("%w: sqlstore: the server is a Galera node and this connection reads with wsrep_sync_wait=%d, so a node may not see what another committed (WithRequireSyncWait): add wsrep_sync_wait=1 to the DSN (go-sql-driver/mysql: &wsrep_sync_wait=1), or drop the option",
+		core.ErrConfig, wait)
 }
 
 // server is what a database answered about itself.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"fmt"
 	"sync"
 	"time"
 
@@ -208,14 +209,6 @@ func (l *lazyTx) started() bool {
 	return l.conn != nil || l.err != nil
 }
 
-// live reports whether the transaction has begun and not ended: whether
-// it may hold locks.
-func (l *lazyTx) live() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.conn != nil && !l.closed
-}
-
 // connection begins the transaction if it has not begun, and returns its
 // connection.
 func (l *lazyTx) connection() (Conn, error) {
@@ -296,7 +289,14 @@ func (l *lazyTx) end(commit bool) error {
 	}
 	switch {
 	case l.tx != nil && commit:
-		return l.tx.Commit()
+		err := l.tx.Commit()
+		if err != nil && isLostRace(err) {
+			// Galera: another node's write to the same rows was certified
+			// first; nothing of this transaction persists (ErrTxAborted
+			// too, as for a statement that meets the rollback).
+			return fmt.Errorf("%w: %w: sqlstore: commit: %w", core.ErrTxAborted, core.ErrLostRace, err)
+		}
+		return err
 	case l.tx != nil:
 		return l.tx.Rollback()
 	case l.err != nil && commit:

@@ -33,9 +33,12 @@ type Store struct {
 	d      Dialect
 	table  string
 	txOpts *sql.TxOptions
-	q      queries
-	lock   uint64   // mixed into Postgres advisory lock keys (per table)
-	reg    registry // ids held by this store's open transactions
+	// syncWait: Check requires wsrep_sync_wait on a Galera node
+	// (WithRequireSyncWait).
+	syncWait bool
+	q        queries
+	lock     uint64   // mixed into Postgres advisory lock keys (per table)
+	reg      registry // ids held by this store's open transactions
 	// noRegistry (tests only) makes every claim ask the database, as a
 	// claim from another process does.
 	noRegistry bool
@@ -78,6 +81,22 @@ func WithTable(name string) Option {
 func WithTxOptions(opts *sql.TxOptions) Option {
 	return optionFunc(func(s *Store) error {
 		s.txOpts = opts
+		return nil
+	})
+}
+
+// WithRequireSyncWait makes Check fail (core.ErrConfig) when the server is
+// a MariaDB Galera node (@@wsrep_on) and the store's connections read
+// without wsrep_sync_wait (bit 1, READ): set wsrep_sync_wait=1 in the DSN
+// (go-sql-driver/mysql sends it as a session variable on connect). Galera
+// does not need it for exactly-once (certification decides), but without
+// it a node may not see another node's recorded answer yet, so a retry
+// that lands there runs the handler and loses certification instead of
+// replaying (see the README, "On MariaDB Galera"). Check cannot warn, so
+// it asks only when told to. On other servers the option checks nothing.
+func WithRequireSyncWait() Option {
+	return optionFunc(func(s *Store) error {
+		s.syncWait = true
 		return nil
 	})
 }
@@ -271,18 +290,22 @@ func ConnFrom(ctx context.Context) (Conn, error) {
 	return nil, nil
 }
 
-// hiddenTx marks a context whose transaction WithoutTx hid; tx is what
-// it hid (a *lazyTx or the caller's Conn).
-type hiddenTx struct{ tx any }
+// hiddenTx marks a context whose transaction WithoutTx hid; it keeps the
+// hidden value (a *lazyTx of Begin, or the caller's transaction).
+type hiddenTx struct{ v any }
 
-// mayHoldLock reports whether the hidden transaction may hold locks: a
-// transaction of Begin that has begun and not ended, or any caller's
-// transaction (the store cannot tell whether it has ended).
-func (h hiddenTx) mayHoldLock() bool {
-	if l, ok := h.tx.(*lazyTx); ok {
-		return l.live()
+// mayHoldWriteLock reports whether the hidden transaction may hold (or
+// take, at its first write) SQLite's write lock: a transaction of Begin
+// that has ended holds none (an outer layer that gave its request to a
+// nested leased one rolled it back); of any other the store cannot tell.
+func (h hiddenTx) mayHoldWriteLock() bool {
+	l, ok := h.v.(*lazyTx)
+	if !ok {
+		return true
 	}
-	return true
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.closed
 }
 
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
@@ -298,12 +321,11 @@ func (h hiddenTx) mayHoldLock() bool {
 // lock, fails at once with an error matching core.ErrConfig: keep leased routes out of a
 // transaction-per-request middleware.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
-	switch v := ctx.Value(connKey{}).(type) {
-	case nil, hiddenTx:
+	v := ctx.Value(connKey{})
+	if _, hidden := v.(hiddenTx); v == nil || hidden {
 		return ctx
-	default:
-		return context.WithValue(ctx, connKey{}, hiddenTx{tx: v})
 	}
+	return context.WithValue(ctx, connKey{}, hiddenTx{v})
 }
 
 // InTx reports whether ctx carries a transaction (Begin, WithTx, WithConn).
@@ -407,7 +429,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	// clear the other store's registry, not this one's.
 	v := ctx.Value(connKey{})
 	if h, hidden := v.(hiddenTx); hidden {
-		if s.d == SQLite && h.mayHoldLock() {
+		if s.d == SQLite && h.mayHoldWriteLock() {
 			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
 				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
 				"keep leased routes out of the middleware's transaction", core.ErrConfig)
@@ -597,9 +619,17 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 
 // failure wraps the driver error of a statement run with ctx: with
 // core.ErrTxAborted when the database aborted the transaction that ctx
-// carries (see aborted), else with core.ErrStoreUnavailable.
+// carries (see aborted), and then also with core.ErrLostRace when it did so
+// in favour of a concurrent transaction (see isLostRace); else as
+// unavailable does.
 func (s *Store) failure(ctx context.Context, op string, err error) error {
-	if ctx.Value(connKey{}) != nil && s.aborted(err) {
+	if v := ctx.Value(connKey{}); v != nil && s.aborted(err) {
+		if _, hidden := v.(hiddenTx); hidden {
+			return unavailable(op, err) // ran on the pool, in autocommit
+		}
+		if isLostRace(err) {
+			return fmt.Errorf("%w: %w: sqlstore: %s: %w", core.ErrTxAborted, core.ErrLostRace, op, err)
+		}
 		return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrTxAborted, op, err)
 	}
 	return unavailable(op, err)
@@ -610,8 +640,9 @@ func (s *Store) failure(ctx context.Context, op string, err error) error {
 // any more: on Postgres SQLSTATE 25P02 (an earlier statement failed:
 // "current transaction is aborted, commands ignored until end of
 // transaction block"), 40001 (serialization failure) and 40P01 (deadlock
-// victim); on MySQL/MariaDB a deadlock victim (1213: InnoDB rolled the
-// whole transaction back). SQLite and MySQL undo a failed statement alone.
+// victim); on MySQL/MariaDB a deadlock victim or a failed Galera
+// certification (1213: the whole transaction was rolled back). SQLite and
+// MySQL undo a failed statement alone.
 func (s *Store) aborted(err error) bool {
 	switch s.d {
 	case Postgres:
@@ -630,13 +661,35 @@ func (s *Store) aborted(err error) bool {
 	return false
 }
 
-// unavailable wraps a driver error with core.ErrStoreUnavailable; both stay
-// inspectable with errors.Is / errors.As.
+// unavailable wraps a driver error with core.ErrStoreUnavailable, or with
+// core.ErrLostRace when the database rolled the transaction back for a
+// concurrent one (see isLostRace); both stay inspectable with errors.Is /
+// errors.As.
 func unavailable(op string, err error) error {
-	if errors.Is(err, core.ErrStoreUnavailable) {
+	if errors.Is(err, core.ErrStoreUnavailable) || errors.Is(err, core.ErrLostRace) || errors.Is(err, core.ErrTxAborted) {
 		return err
 	}
+	if isLostRace(err) {
+		return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrLostRace, op, err)
+	}
 	return fmt.Errorf("%w: sqlstore: %s: %w", core.ErrStoreUnavailable, op, err)
+}
+
+// isLostRace reports whether err says that the database rolled the whole
+// transaction back in favour of a concurrent one: MySQL/MariaDB error 1213
+// (SQLSTATE 40001), which InnoDB gives a deadlock victim and MariaDB
+// Galera gives a transaction that failed certification at COMMIT or was
+// aborted by another node's replicated write ("WSREP detected
+// deadlock/conflict and aborted the transaction"). Galera's 1047 ("WSREP
+// has not yet prepared node for application use": the node is not in the
+// primary component) is not one: that node is out of service, so it stays
+// ErrStoreUnavailable (503), and fail-open applies to it. Postgres's
+// serialization failures and deadlocks (40001, 40P01) are not either: its
+// claims of one identity serialize on an advisory lock and the unique
+// index, so those are about the handler's own rows (core.ErrTxAborted
+// alone; see core.ErrLostRace and docs/decisions.md).
+func isLostRace(err error) bool {
+	return mysqlErrno(err) == erDeadlock
 }
 
 func nullBytes(b []byte) any {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/core"
 )
@@ -219,4 +220,74 @@ func testAtomicClientGone(t *testing.T, x *harness) {
 	wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
 	wantReplay(t, retry, x.do(post("/orders", orderJSON, "k1")))
 	wantCalls(t, &n, 2)
+}
+
+// testLateBodyReader: http.TimeoutHandler inside the protected route. Its
+// handler goroutine outlives the request: when the timeout fires the
+// client gets the 503 and the engine's Serve returns, while the handler
+// goes on reading the request body on its own goroutine. Meanwhile other
+// requests run through the engine. The late reader must read its own
+// request's body, whole, and never bytes of another request (a body
+// buffer handed back to a pool when Serve returns would be reused by the
+// other requests under the late reader).
+func testLateBodyReader(t *testing.T, x *harness) {
+	const churners, perChurner = 4, 25
+	lateBody := `{"note":"` + strings.Repeat("L", 2000) + `"}`
+	churnBody := `{"note":"` + strings.Repeat("C", 2000) + `"}`
+	goRead := make(chan struct{})
+	late := make(chan string, 1)
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // the timeout fired: the 503 is on its way
+		var b strings.Builder
+		p := make([]byte, 7)
+		n, _ := r.Body.Read(p) // while the engine's Serve returns
+		b.Write(p[:n])
+		<-goRead // the client has its answer: Serve has returned
+		for {
+			n, err := r.Body.Read(p) // slowly, while the other requests run
+			b.Write(p[:n])
+			runtime.Gosched()
+			if err != nil {
+				break
+			}
+		}
+		late <- b.String()
+	})
+	var n atomic.Int32
+	x.start(nil,
+		Route{Method: "POST", Pattern: "/slow", Handler: http.TimeoutHandler(inner, time.Millisecond, "timed out").ServeHTTP},
+		Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&n)},
+	)
+
+	res := x.do(post("/slow", lateBody, "late"))
+	wantStatus(t, res, http.StatusServiceUnavailable)
+
+	var wg sync.WaitGroup
+	for c := range churners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perChurner {
+				res := x.do(post("/orders", churnBody, fmt.Sprintf("churn-%d-%d", c, i)))
+				if res.Status != http.StatusCreated {
+					t.Errorf("churning request: %v", res)
+					return
+				}
+			}
+		}()
+	}
+	close(goRead)
+	var got string
+	select {
+	case got = <-late:
+	case <-time.After(failsafe):
+		t.Fatal("the late reader did not finish")
+	}
+	wg.Wait()
+	if strings.Contains(got, "C") {
+		t.Fatalf("the late reader read another request's body bytes: %q", got)
+	}
+	if got != lateBody {
+		t.Fatalf("the late reader read %d bytes %.60q..., want its own %d-byte body", len(got), got, len(lateBody))
+	}
 }

@@ -33,6 +33,9 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store, opts ...Option) {
 					if cfg.serialWriters {
 						t.Logf("(run with SerialWriters: %s)", serialRule)
 					}
+					if cfg.peers != nil {
+						t.Logf("(run with Peers: %s)", peersRule)
+					}
 				}
 			})
 			s := newStore(t)
@@ -50,6 +53,22 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	serialWriters bool
+	peers         func(t *testing.T, s core.Store) []core.Store
+}
+
+// racer returns, for the race cases, the store racer i uses: s, or under
+// Peers s and its peers in turn.
+func (c config) racer(t *testing.T, s core.Store) func(i int) core.Store {
+	if c.peers == nil {
+		return func(int) core.Store { return s }
+	}
+	all := append([]core.Store{s}, c.peers(t, s)...)
+	return func(i int) core.Store { return all[i%len(all)] }
+}
+
+// lostOK reports whether a racer may fail with core.ErrLostRace (Peers).
+func (c config) lostOK(err error) bool {
+	return c.peers != nil && errors.Is(err, core.ErrLostRace)
 }
 
 type optionFunc func(*config)
@@ -74,6 +93,25 @@ const serialRule = "a claim of another identity may wait for the open transactio
 // not committed. Every other rule stays as it is.
 func SerialWriters() Option { return optionFunc(func(c *config) { c.serialWriters = true }) }
 
+// peersRule is what Peers relaxes, printed with a failing case's rule.
+const peersRule = "racers are spread over the nodes; a racer whose claim or commit lost to another node's " +
+	"may fail with core.ErrLostRace instead of returning the winner's record"
+
+// Peers declares a store on one node of a multi-primary cluster (MariaDB
+// Galera) and gives, for a store s that newStore returned, stores on the
+// other nodes over the same records. The race cases (ClaimRace,
+// ClaimRaceExpired, ClaimRaceTakeover, AtomicClaimRace) then spread their
+// racers over s and its peers. A node cannot see another node's
+// uncommitted claim, so a racer may fail with an error matching
+// core.ErrLostRace (its claim or its commit lost certification); exactly
+// one racer still wins, and no other commits a claim. Every other case
+// runs on s alone. The peers should read what other nodes committed
+// (Galera: wsrep_sync_wait=1), since the cases read back the winner's
+// record from s.
+func Peers(peers func(t *testing.T, s core.Store) []core.Store) Option {
+	return optionFunc(func(c *config) { c.peers = peers })
+}
+
 // testCase is one rule of the contract and the check of it.
 type testCase struct {
 	name string // subtest name, CamelCase, names the behaviour
@@ -86,9 +124,9 @@ var cases = []testCase{
 	{"ClaimAbsent", "Claiming an absent identity creates an in-progress record (Attempt 1, CreatedAt = Now, no response) that Claim returns and Get reads back with every field as requested.", plain(testClaimAbsent)},
 	{"ClaimExisting", "Claiming an identity that has a live record writes nothing and returns that record, whatever the new request carries (token, fingerprint, Takeover of a live lease).", plain(testClaimExisting)},
 	{"IndependentIDs", "Records with different IDs never affect each other.", plain(testIndependentIDs)},
-	{"ClaimRace", "Of concurrent claims of one absent identity exactly one wins, and every other returns the winner's record.", plain(testClaimRace)},
-	{"ClaimRaceExpired", "Of concurrent claims of one expired identity exactly one replaces the record, and every other returns the winner's record.", plain(testClaimRaceExpired)},
-	{"ClaimRaceTakeover", "Of concurrent takeovers of one lapsed lease exactly one wins (Attempt 2), and every other returns the winner's record.", plain(testClaimRaceTakeover)},
+	{"ClaimRace", "Of concurrent claims of one absent identity exactly one wins, and every other returns the winner's record.", testClaimRace},
+	{"ClaimRaceExpired", "Of concurrent claims of one expired identity exactly one replaces the record, and every other returns the winner's record.", testClaimRaceExpired},
+	{"ClaimRaceTakeover", "Of concurrent takeovers of one lapsed lease exactly one wins (Attempt 2), and every other returns the winner's record.", testClaimRaceTakeover},
 	{"Fencing", "Complete, Extend and Release with a token other than the holder's fail with ErrFenced and change nothing; the holder's token succeeds.", plain(testFencing)},
 	{"Takeover", "With Takeover, a claim of an in-progress record whose lease lapsed (LeaseUntil <= Now) takes it over (token, lease, expiry and fingerprint from the request, Attempt+1, CreatedAt kept) and fences the old token everywhere.", plain(testTakeover)},
 	{"TakeoverNotRequested", "Without Takeover, a claim of a lapsed lease returns the record unchanged and writes nothing.", plain(testTakeoverNotRequested)},

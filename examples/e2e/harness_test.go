@@ -85,6 +85,7 @@ type config struct {
 	framework string // gin, echo, chi
 	store     string // gorm, sql
 	db        *database
+	dsn       string   // the service's -dsn, when not db.serviceDSN (a Galera node's)
 	extra     []string // more flags: -work-delay, -lease, ...
 }
 
@@ -157,7 +158,11 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 // waitReady), so that several can start at the same moment.
 func launch(t, owner testing.TB, name string, c config) *server {
 	t.Helper()
-	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", c.db.serviceDSN}
+	dsn := c.dsn
+	if dsn == "" {
+		dsn = c.db.serviceDSN
+	}
+	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", dsn}
 	args = append(args, c.extra...)
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0 exitcode=66")
@@ -271,6 +276,10 @@ type database struct {
 	kind       string // sqlite, postgres, mysql (the service's -db)
 	serviceDSN string
 	db         *sql.DB
+	// nodeDSNs: on a Galera cluster, the database on each node (the
+	// first is serviceDSN), and a pool on each of the others.
+	nodeDSNs []string
+	nodeDBs  []*sql.DB
 }
 
 func randomHex(n int) string {
@@ -431,8 +440,23 @@ func (d *database) inTransaction(t testing.TB) bool {
 		// it only when nobody read it for 100 ms, so polling it (from any
 		// session on the server) can freeze it. A locking read that must
 		// not wait runs into the implicit lock of the request's
-		// uncommitted order instead.
-		tx, err := d.db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		// uncommitted order instead. On Galera, locks are local to a
+		// node: ask every node.
+		for _, db := range d.nodeDBs {
+			if ordersLocked(t, db) {
+				return true
+			}
+		}
+		return ordersLocked(t, d.db)
+	}
+}
+
+// ordersLocked reports whether a MariaDB transaction of another session on
+// db's server holds a row of orders.
+func ordersLocked(t testing.TB, db *sql.DB) bool {
+	t.Helper()
+	{
+		tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			t.Fatalf("mysql: begin: %v", err)
 		}

@@ -44,6 +44,9 @@ const replicas = 3
 // an empty database).
 func startReplicas(t *testing.T, c config, n int) ([]*server, *balancer) {
 	t.Helper()
+	if len(c.db.nodeDSNs) > 0 && n == len(c.db.nodeDSNs) {
+		return startReplicasOnNodes(t, c)
+	}
 	procs := []*server{startServer(t, "replica-0", c)}
 	for i := 1; i < n; i++ {
 		procs = append(procs, launch(t, t, fmt.Sprintf("replica-%d", i), c))

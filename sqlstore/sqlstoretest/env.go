@@ -1,14 +1,17 @@
 // Package sqlstoretest holds what the tests of idem's SQL stores share: the
 // test databases from the environment, a statement-counting driver wrapper,
 // and RunAtomic, the atomic-mode scenarios that sqlstore and gormstore both
-// run against Postgres, MySQL/MariaDB and SQLite. It imports no database
-// driver: the tests bring their own.
+// run against Postgres, MySQL/MariaDB and SQLite, and RunExactlyOnceAcross,
+// one key's storm spread over the nodes of a multi-primary cluster (MariaDB
+// Galera, EnvGalera). It imports no database driver: the tests bring their
+// own.
 package sqlstoretest
 
 import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -46,4 +49,24 @@ func Table() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return "idem_t_" + hex.EncodeToString(b[:])
+}
+
+// EnvGalera names a multi-primary cluster (MariaDB Galera): the DSNs of its
+// nodes, comma separated (scripts/dbs.sh starts three on loopback).
+const EnvGalera = "IDEM_TEST_GALERA_DSNS"
+
+// DSNs returns the comma-separated DSNs of env (at least min of them),
+// skipping or failing as DSN does when env is empty.
+func DSNs(t testing.TB, env string, min int) []string {
+	t.Helper()
+	var out []string
+	for _, d := range strings.Split(DSN(t, env), ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	if len(out) < min {
+		t.Fatalf("%s names %d DSNs, want at least %d", env, len(out), min)
+	}
+	return out
 }

@@ -71,6 +71,7 @@ type orderServer struct {
 	*httptest.Server
 	client *http.Client
 	runs   atomic.Int64 // handler executions
+	onRun  func()       // called at each execution when set
 }
 
 type orderRequest struct {
@@ -86,16 +87,26 @@ type orderRequest struct {
 // mode) inserts its row in a transaction of its own (Fixture.CallerManaged).
 func newOrderServer(t *testing.T, f Fixture, nested bool, opts ...core.RouteOption) *orderServer {
 	t.Helper()
+	return newOrderServerWith(t, f, nested, nil, opts...)
+}
+
+// newOrderServerWith is newOrderServer calling onRun (when not nil) at
+// each execution.
+func newOrderServerWith(t *testing.T, f Fixture, nested bool, onRun func(), opts ...core.RouteOption) *orderServer {
+	t.Helper()
 	// Decisions are logged at Info (every 409 of a storm): keep warnings.
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &orderServer{}
+	s := &orderServer{onRun: onRun}
 	mux := http.NewServeMux()
 	protected := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.runs.Add(1)
+		if s.onRun != nil {
+			s.onRun()
+		}
 		var in orderRequest
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)

@@ -1,0 +1,303 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+// galeraLayout says where galeraFixtures opens its pools.
+type galeraLayout struct {
+	oneNode  bool // every pool on the first node (replicas on one node)
+	syncWait bool // wsrep_sync_wait=1 in the DSN (the README's advice)
+}
+
+// openGalera opens a pool on each node of the Galera cluster the
+// environment names (IDEM_TEST_GALERA_DSNS), closed at cleanup.
+func openGalera(t testing.TB, l galeraLayout) []*sql.DB {
+	t.Helper()
+	var dbs []*sql.DB
+	dsns := sqlstoretest.DSNs(t, sqlstoretest.EnvGalera, 2)
+	for _, dsn := range dsns {
+		if l.oneNode {
+			dsn = dsns[0]
+		}
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatalf("%s: %v", sqlstoretest.EnvGalera, err)
+		}
+		if l.syncWait {
+			if cfg.Params == nil {
+				cfg.Params = map[string]string{}
+			}
+			cfg.Params["wsrep_sync_wait"] = "1"
+		}
+
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		db.SetMaxIdleConns(40)
+		t.Cleanup(func() { db.Close() })
+		if err := db.PingContext(context.Background()); err != nil {
+			t.Fatalf("galera node %s: %v", cfg.Addr, err)
+		}
+		dbs = append(dbs, db)
+	}
+	return dbs
+}
+
+// galeraFixtures returns one fixture per Galera node, all on one fresh
+// table (and business table), created on the first node.
+func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sqlstoretest.Fixture {
+	t.Helper()
+	dbs := openGalera(t, l)
+	table := sqlstoretest.Table()
+	orders := table + "_orders"
+	ctx := context.Background()
+	s0, err := sqlstore.New(dbs[0], sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s0.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Galera replicates only InnoDB tables with a primary key.
+	if _, err := dbs[0].ExecContext(ctx, "CREATE TABLE "+orders+" (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(100) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, tb := range []string{table, orders} {
+			if _, err := dbs[0].ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
+		}
+	})
+	fs := make([]sqlstoretest.Fixture, len(dbs))
+	for i, db := range dbs {
+		s := s0
+		if i > 0 {
+			if s, err = sqlstore.New(db, sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(table)}, opts...)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs[i] = sqlstoretest.Fixture{
+			Store: s,
+			Insert: func(ctx context.Context, name string) error {
+				tx := sqlstore.TxFrom(ctx)
+				if tx == nil {
+					return errors.New("no transaction in the context")
+				}
+				_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
+				return err
+			},
+			Count: func(t testing.TB, name string) int {
+				var n int
+				// Wait until this node has applied what the others committed.
+				if err := db.QueryRowContext(context.Background(), "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*) FROM "+orders+" WHERE name = ?", name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			},
+			CallerManaged: func(ctx context.Context, fn func(ctx context.Context) error) error {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if err := fn(sqlstore.WithTx(ctx, tx)); err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+				return tx.Commit()
+			},
+			DB: db,
+		}
+	}
+	return fs
+}
+
+// TestGaleraExactlyOnce: one key's concurrent requests spread over the
+// nodes of a Galera cluster, in atomic and leased mode: one execution,
+// every other answer its replay or 409, never 503. The stores read with
+// wsrep_sync_wait=1, as the README advises: the sequential requests after
+// the storm must replay on every node, and without it a node may not have
+// applied the completion yet (it then answers 409: safe, not a replay).
+func TestGaleraExactlyOnce(t *testing.T) {
+	sqlstoretest.RunExactlyOnceAcross(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return galeraFixtures(t, galeraLayout{syncWait: true})
+	}})
+}
+
+// TestGaleraStormMeasure (with -stores.measure) measures storms of one
+// key's duplicates with three replicas on one Galera node and spread over
+// three (BENCHMARKS.md): throughput, and the share of first executions
+// that lost certification and were rolled back.
+func TestGaleraStormMeasure(t *testing.T) {
+	if !sqlstoretest.Measure() {
+		t.Skip("a measurement: run with -stores.measure")
+	}
+	const (
+		workers = 4
+		dup     = 6
+		d       = 5 * time.Second
+	)
+	for _, leased := range []bool{false, true} {
+		mode := map[bool]string{false: "atomic", true: "leased"}[leased]
+		for _, l := range []struct {
+			name string
+			l    galeraLayout
+		}{
+			{"one-node", galeraLayout{oneNode: true}},
+			{"three-nodes", galeraLayout{}},
+			{"three-nodes-sync-wait", galeraLayout{syncWait: true}},
+		} {
+			t.Run(mode+"/"+l.name, func(t *testing.T) {
+				st := sqlstoretest.MeasureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
+				t.Logf("MEASURE %s %s: %d storms of %d in %v: %.0f storms/s, %.0f requests/s; %d handler runs, %d lost certification (%.1f %% of first executions); %d unexpected answers",
+					mode, l.name, st.Storms, dup, st.Elapsed.Round(time.Millisecond), float64(st.Storms)/st.Elapsed.Seconds(),
+					float64(st.Requests)/st.Elapsed.Seconds(), st.Runs, st.Lost, 100*float64(st.Lost)/float64(max(st.Runs, 1)), st.Unexpected)
+			})
+		}
+	}
+}
+
+// TestGaleraConformance runs core/storetest on a Galera cluster: every
+// case on a store on the first node, and the race cases with their racers
+// spread over the three nodes (storetest.Peers), each node's store reading
+// with wsrep_sync_wait=1 as the README advises.
+func TestGaleraConformance(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		peers = map[core.Store][]core.Store{}
+	)
+	storetest.Run(t, func(t *testing.T) core.Store {
+		fs := galeraFixtures(t, galeraLayout{syncWait: true})
+		var others []core.Store
+		for _, f := range fs[1:] {
+			others = append(others, f.Store)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		peers[fs[0].Store] = others
+		return fs[0].Store
+	}, storetest.Peers(func(t *testing.T, s core.Store) []core.Store {
+		mu.Lock()
+		defer mu.Unlock()
+		return peers[s]
+	}))
+}
+
+// TestGaleraOnceCallerManaged: two consumers on two Galera nodes run
+// Engine.Once for one message, each in its own transaction (caller-managed,
+// sqlstore.WithTx). Both claim (neither node sees the other's uncommitted
+// claim); the first commits, and the second, whose transaction the first's
+// replicated write aborted, gets an error matching core.ErrInProgress (so
+// it can nack and retry), never ErrStoreUnavailable; its retry gets the
+// first's value.
+func TestGaleraOnceCallerManaged(t *testing.T) {
+	fs := galeraFixtures(t, galeraLayout{syncWait: true})
+	ctx := t.Context()
+	engines := make([]*core.Engine, 2)
+	for i := range engines {
+		e, err := core.New(fs[i].Store, core.WithSingleCaller())
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines[i] = e
+	}
+	msg := core.Message{Consumer: "ledger", ID: "msg-" + sqlstoretest.Table()}
+	loserClaimed, winnerCommitted := make(chan struct{}), make(chan struct{})
+	var loserErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		loserErr = fs[1].CallerManaged(ctx, func(ctx context.Context) error {
+			_, err := engines[1].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+				if err := fs[1].Insert(ctx, msg.ID); err != nil {
+					return nil, err
+				}
+				close(loserClaimed)
+				<-winnerCommitted
+				return []byte("loser"), nil
+			})
+			return err
+		})
+	})
+	<-loserClaimed
+	err := fs[0].CallerManaged(ctx, func(ctx context.Context) error {
+		res, err := engines[0].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+			return []byte("winner"), fs[0].Insert(ctx, msg.ID)
+		})
+		if err == nil && (res.Replayed || string(res.Value) != "winner") {
+			err = fmt.Errorf("first run: %+v", res)
+		}
+		return err
+	})
+	close(winnerCommitted)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("winner: %v", err)
+	}
+	if !errors.Is(loserErr, core.ErrInProgress) || errors.Is(loserErr, core.ErrStoreUnavailable) {
+		t.Fatalf("loser: %v, want an error matching core.ErrInProgress", loserErr)
+	}
+	if n := fs[0].Count(t, msg.ID); n != 1 {
+		t.Errorf("business rows: %d, want 1", n)
+	}
+	var res core.Result
+	err = fs[1].CallerManaged(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = engines[1].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
+			return nil, errors.New("ran again")
+		})
+		return err
+	})
+	if err != nil || !res.Replayed || string(res.Value) != "winner" {
+		t.Fatalf("the loser's retry: %+v, %v, want the winner's value replayed", res, err)
+	}
+}
+
+// TestGaleraCheckSyncWait: with WithRequireSyncWait, Check on a Galera node
+// fails with core.ErrConfig naming the DSN parameter when the connection
+// reads without wsrep_sync_wait, and passes with wsrep_sync_wait=1; on a
+// server without Galera (the single MariaDB) the option asks nothing, and
+// without the option Check passes on Galera either way.
+func TestGaleraCheckSyncWait(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, db *sql.DB, opts ...sqlstore.Option) error {
+		t.Helper()
+		s, err := sqlstore.New(db, sqlstore.MySQL, append([]sqlstore.Option{sqlstore.WithTable(sqlstoretest.Table())}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s.Check(ctx)
+	}
+	without := openGalera(t, galeraLayout{oneNode: true})[0]
+	with := openGalera(t, galeraLayout{oneNode: true, syncWait: true})[0]
+	wantConfigError(t, "Check without wsrep_sync_wait", check(t, without, sqlstore.WithRequireSyncWait()),
+		"wsrep_sync_wait", "wsrep_sync_wait=1")
+	if err := check(t, with, sqlstore.WithRequireSyncWait()); err != nil {
+		t.Fatalf("Check with wsrep_sync_wait=1: %v", err)
+	}
+	if err := check(t, without); err != nil {
+		t.Fatalf("Check without the option: %v", err)
+	}
+	single, _ := openDB(t, sqlstore.MySQL)
+	if err := check(t, single, sqlstore.WithRequireSyncWait()); err != nil {
+		t.Fatalf("Check on a server without Galera: %v", err)
+	}
+}
