@@ -26,8 +26,9 @@
 // transaction, which the handler reaches from its request context through
 // the store (sqlstore.Tx, gormstore.DB). The client gets the response
 // only after the commit (past the recording cap, the engine commits first
-// and then streams the rest); a client that goes away rolls the transaction
-// back. Leased mode (any store, or the Leased route option): the claim
+// and then streams the rest); a client that goes away does not end the
+// attempt: its claim holds until the handler ends, and the retry gets its
+// answer. Leased mode (any store, or the Leased route option): the claim
 // commits first with a lease that a heartbeat extends, on its own
 // connection whatever transaction the request's context carries
 // (TxStore.WithoutTx); the attempt outlives its client (its context ends

@@ -244,8 +244,14 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		req.Takeover, takeover = takeover, false
 		cctx, tx := sctx, Tx(nil)
 		if rt.atomic && !joined {
+			// The attempt outlives its client, as in leased mode: a client
+			// that goes away (the request's context ends) neither rolls the
+			// transaction back nor cancels the handler, whose claim must
+			// hold until it ends, or a retry meanwhile would run it again
+			// (after MarkEffect: a second charge). It records its answer
+			// for the retry.
 			var err error
-			cctx, tx, err = e.tx.Begin(ctx)
+			cctx, tx, err = e.tx.Begin(context.WithoutCancel(ctx))
 			if err != nil {
 				return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
 			}

@@ -36,8 +36,7 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased in the app's transaction: a duplicate from another connection gets 409 while the first runs", leasedAppInFlight},
 		{"ok, leased Once in the caller's transaction: the record commits on its own connection", leasedOnceInCallerTx},
 		{"ok, atomic: a 50 MiB answer commits at the cap and streams with bounded memory", atomicStream},
-		{"ok, atomic: a client that goes away rolls the transaction back and the retry runs", atomicClientGone},
-		{"ok, atomic: a client that goes away while a handler that ignores it answers 201: the retry runs, nothing logged as an error", atomicClientGoneIgnored},
+		{"ok, atomic: a client that goes away does not end the attempt; a retry meanwhile gets 409, afterwards the replay", atomicClientGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, cfg) })
 	}
@@ -374,98 +373,100 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// atomicClientGone: in atomic mode the transaction is bound to the
-// request's context (Begin): a client that goes away while the handler
-// runs rolls it back. The handler's answer (a 503, as a handler whose
-// context ended gives) is not recorded, the release is clean (no error
-// logged), and the retry runs: one business row.
+// atomicClientGone: in atomic mode an attempt outlives its client, as in
+// leased mode: a client that goes away while the handler runs (after
+// MarkEffect and a charge at the "provider", or without an effect) neither
+// cancels the handler's context nor rolls the transaction back. While the
+// first attempt runs, a retry gets 409 (its claim is still held: a retry
+// in that window must never charge again); once it ends, the retry
+// replays its 201. One business row, one charge, nothing logged at ERROR.
 func atomicClientGone(t *testing.T, cfg Config) {
-	f := cfg.New(t)
-	logs := new(lockedBuffer)
-	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var runs atomic.Int64
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		if runs.Add(1) == 1 {
-			if err := f.Insert(ctx, "gone"); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
+	for _, effect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("MarkEffect=%v", effect), func(t *testing.T) {
+			f := cfg.New(t)
+			logs := new(lockedBuffer)
+			e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+			if err != nil {
+				t.Fatal(err)
 			}
-			entered <- struct{}{}
-			select {
-			case <-ctx.Done():
-			case <-release:
-			}
-			if ctx.Err() != nil {
-				http.Error(w, "cancelled", http.StatusServiceUnavailable)
-				return
-			}
-		} else if err := f.Insert(ctx, "gone"); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "order %d", runs.Load())
-	})))
-	t.Cleanup(srv.Close)
-	defer close(release)
+			var runs, charges atomic.Int64
+			entered, release := make(chan struct{}, 1), make(chan struct{})
+			srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ctx := r.Context()
+				n := runs.Add(1)
+				if effect {
+					if err := core.MarkEffect(ctx); err != nil {
+						t.Error(err)
+					}
+					charges.Add(1)
+				}
+				if n == 1 {
+					entered <- struct{}{}
+					<-release
+					if err := ctx.Err(); err != nil {
+						t.Errorf("the handler's context ended when its client went away: %v", err)
+					}
+				}
+				if err := f.Insert(ctx, "gone"); err != nil {
+					http.Error(w, "could not store the order", http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "order %d", n)
+			})))
+			t.Cleanup(srv.Close)
+			released := false
+			defer func() {
+				if !released {
+					close(release)
+				}
+			}()
 
-	key := "gone-" + Table()
-	send := func(ctx context.Context) (*http.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set(core.HeaderKey, key)
-		return srv.Client().Do(req)
-	}
-	ctx, cancel := context.WithCancel(ctxT(t))
-	errc := make(chan error, 1)
-	go func() {
-		res, err := send(ctx)
-		if err == nil {
-			res.Body.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case <-entered:
-	case <-time.After(failsafe):
-		t.Fatal("the first request did not reach its handler")
-	}
-	cancel() // the client goes away
-	if err := <-errc; err == nil {
-		t.Fatal("the cancelled request got an answer")
-	}
-	// The retry runs once the first attempt's transaction is gone.
-	deadline := time.Now().Add(failsafe)
-	for {
-		res, err := send(ctxT(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode == http.StatusCreated {
-			if res.Header.Get(core.HeaderReplayed) != "" || string(b) != "order 2" {
-				t.Errorf("retry: %d %q (replayed %q), want the second execution's 201", res.StatusCode, b, res.Header.Get(core.HeaderReplayed))
+			key := "gone-" + Table()
+			send := func() (int, string, string) {
+				req, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set(core.HeaderKey, key)
+				res, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				return res.StatusCode, string(b), res.Header.Get(core.HeaderReplayed)
 			}
-			break
-		}
-		if res.StatusCode != http.StatusConflict || time.Now().After(deadline) {
-			t.Fatalf("retry: %d %q, want 201 (or 409 while the first attempt ends)", res.StatusCode, b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := f.Count(t, "gone"); n != 1 {
-		t.Errorf("%d business rows, want 1 (the cancelled attempt's was rolled back)", n)
-	}
-	if strings.Contains(logs.String(), "level=ERROR") {
-		t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
+			goneClient(t, srv, key, entered)
+			// The first attempt still runs: its claim holds the key.
+			if code, b, _ := send(); code != http.StatusConflict {
+				t.Fatalf("retry while the first attempt runs: %d %q, want 409 (a second execution could charge again)", code, b)
+			}
+			close(release)
+			released = true
+			for deadline := time.Now().Add(failsafe); ; time.Sleep(20 * time.Millisecond) {
+				code, b, replayed := send()
+				if code == http.StatusConflict && time.Now().Before(deadline) {
+					continue // the first attempt is committing
+				}
+				if code != http.StatusCreated || b != "order 1" || replayed != "true" {
+					t.Fatalf("retry after the first attempt ended: %d %q (replayed %q), want its 201 replayed", code, b, replayed)
+				}
+				break
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times, want 1", n)
+			}
+			if n := charges.Load(); effect && n != 1 {
+				t.Errorf("%d charges, want 1", n)
+			}
+			if n := f.Count(t, "gone"); n != 1 {
+				t.Errorf("%d business rows, want 1", n)
+			}
+			if strings.Contains(logs.String(), "level=ERROR") {
+				t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
+			}
+		})
 	}
 }
 
@@ -552,61 +553,5 @@ func goneClient(t *testing.T, srv *httptest.Server, key string, entered <-chan s
 	cancel()
 	if err := <-errc; err == nil {
 		t.Fatal("the cancelled request got an answer")
-	}
-}
-
-// atomicClientGoneIgnored: a handler that does not watch its context
-// answers 201 after its client went away; the transaction was rolled back
-// with the request's context, so nothing is recorded and the retry runs.
-// A client going away is routine: nothing is logged at ERROR (no
-// "store unavailable" for a store that is fine).
-func atomicClientGoneIgnored(t *testing.T, cfg Config) {
-	f := cfg.New(t)
-	logs := new(lockedBuffer)
-	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var runs atomic.Int64
-	entered, done := make(chan struct{}, 1), make(chan struct{}, 2)
-	srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { done <- struct{}{} }()
-		if runs.Add(1) == 1 {
-			entered <- struct{}{}
-			<-r.Context().Done() // the server saw the client go; the handler answers anyway
-		}
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "order %d", runs.Load())
-	})))
-	t.Cleanup(srv.Close)
-
-	key := "gone-ignored-" + Table()
-	goneClient(t, srv, key, entered)
-	<-done
-
-	// The retry gets 409 until the first attempt has settled.
-	var res *http.Response
-	var b []byte
-	for deadline := time.Now().Add(failsafe); ; {
-		req, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"item":"gone"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set(core.HeaderKey, key)
-		if res, err = srv.Client().Do(req); err != nil {
-			t.Fatal(err)
-		}
-		b, _ = io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != http.StatusConflict || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if res.StatusCode != http.StatusCreated || string(b) != "order 2" {
-		t.Errorf("retry: %d %q, want the second execution's 201", res.StatusCode, b)
-	}
-	if strings.Contains(logs.String(), "level=ERROR") {
-		t.Errorf("the engine logged an error for a client that went away:\n%s", logs)
 	}
 }
