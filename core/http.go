@@ -133,6 +133,10 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			around = outer
 		} else if ctx, ok := outer.supersede(r.Context()); ok {
 			r = r.WithContext(ctx)
+			if err := rt.nestable(outer.att.rt, r.Method); err != nil {
+				rt.Refuse(w, r, err)
+				return
+			}
 		}
 	}
 	if !rt.covers(r.Method) {
@@ -212,6 +216,10 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	if around != nil && around.att.id == ev.ID {
 		if ctx, ok := around.supersede(c.Context); ok {
 			c.Context = ctx
+			if err := rt.nestable(around.att.rt, r.Method); err != nil {
+				rt.Refuse(w, r, err)
+				return
+			}
 		}
 	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
@@ -395,6 +403,31 @@ func (c *call) supersede(ctx context.Context) (context.Context, bool) {
 		ctx = tx.WithoutTx(ctx)
 	}
 	return ctx, true
+}
+
+// nestable reports, as an error wrapping ErrNotProtected that names the
+// fix, why this route's options cannot take a request over from the outer
+// layer (route outer) that protected it: the outer layer has decided
+// before the takeover what these options would decide differently (a
+// missing key, an in-flight duplicate, a fingerprint compared with the
+// record), so running the pair would apply half of the route's options.
+// Those pairs are refused loudly at every request instead.
+func (rt *Route) nestable(outer *Route, method string) error {
+	var why string
+	switch {
+	case !rt.covers(method):
+		why = "the route's own installation does not cover " + method + ", the outer one does"
+	case rt.p.optionalKey != outer.p.optionalKey:
+		why = "KeyOptional differs between the two installations"
+	case rt.p.wait != outer.p.wait:
+		why = "WaitInFlight differs between the two installations"
+	case rt.p.fingerprint != nil || outer.p.fingerprint != nil:
+		why = "a Fingerprint option is set on one of them"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: the middleware is installed twice on this route (globally or on a group, and on the route) with options the outer installation would contradict (%s); "+
+		"leave the route out of the outer installation (Skipper) and protect it on its own, or give both the same options", ErrNotProtected, why)
 }
 
 // writesTo reports whether w is c's capture, or wraps it (Unwrap, as

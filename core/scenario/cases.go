@@ -76,11 +76,11 @@ var scenarios = []scenario{
 	{"nok, atomic: WithFailOpen still answers 503", "In atomic mode the store is the business database, so WithFailOpen still answers 503 when it fails and the handler does not run.", atomicMode, testFailOpenAtomic},
 
 	// Crashes and clients that go away.
-	{"ok, atomic: a request whose context ends mid-work is rolled back and a retry runs", "In atomic mode, when the request's context ends while the handler runs (the client or the process is gone), the transaction rolls back, the record is absent, and a retry runs; the rolled-back attempt never answers with a success.", atomicMode, testAtomicCrash},
+	{"ok, atomic: a retry waits for an attempt whose client went away and gets its answer", "In atomic mode a request whose client went away keeps its claim until the handler ends: a retry under the wait policy waits and replays its answer; the handler runs once.", atomicMode, testAtomicCrash},
 	{"ok, leased: the outcome is recorded even when the client went away", "In leased mode, when the client hangs up while the handler runs, the handler's outcome is still recorded and a retry replays it.", leased, testLeasedClientGone},
 	{"ok, leased: a client that goes away after MarkEffect does not cancel the attempt", "In leased mode the handler's context does not end when the client goes away: the attempt runs to its end, records its 201, and the retry replays it; the handler runs once.", leased, testLeasedClientGoneAfterEffect},
 	{"ok, a handler that reads the body after its request was answered reads its own bytes", "A handler behind http.TimeoutHandler inside the protected route that reads the request body after the timeout answered the client (the engine's Serve has returned), while other requests run, reads its own request's body whole and never another request's bytes.", both, testLateBodyReader},
-	{"ok, atomic: a client that goes away rolls the attempt back; no 5xx is recorded", "In atomic mode a client that goes away ends the transaction; the handler's error answer is not recorded and the retry runs.", atomicMode, testAtomicClientGone},
+	{"ok, atomic: a client that goes away does not cancel the attempt", "In atomic mode, as in leased mode, the handler's context and transaction do not end when the client goes away: the attempt records its 201 and the retry replays it; the handler runs once.", atomicMode, testAtomicClientGone},
 
 	// Leases.
 	{"ok, leased: a lapsed lease is taken over; the old attempt's completion is refused", "In leased mode a request meeting a lapsed lease takes the record over and runs (attempt 2, same downstream key); the old attempt's completion is refused and its client gets a 409 lease-lost; duplicates replay the new attempt's answer.", leased, testTakeover},

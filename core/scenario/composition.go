@@ -45,7 +45,10 @@ var nestedScenarios = []scenario{
 	{"ok, nested: a panic releases the key and reaches the outer recovery", "A panic under a nested install propagates to the outer recovery exactly once and releases the record: a retry runs again.", both, testNestedPanic},
 	{"ok, leased: nested: a flushed response streams through both layers", "In leased mode a handler that flushes under a nested install streams its whole answer to the first client; a duplicate gets the recorded status with a response-not-kept problem document.", leased, testNestedStream},
 	{"ok, nested: a handler that reads the body after its request was answered reads its own bytes", "Under a nested install, a handler behind http.TimeoutHandler that reads the request body after the timeout answered the client, while other requests run, reads its own request's body whole and never another request's bytes.", both, testLateBodyReader},
-	{"ok, nested: an inner layer that passes the request through leaves no attempt in its context", "When the inner layer's options pass a request through (a method it does not cover), the handler runs unprotected, and MarkEffect, DownstreamKey and AttemptFrom say so (ErrNoAttempt), instead of acting on the outer layer's given-up attempt.", both, testNestedPassThroughNoAttempt},
+	{"nok, nested: an inner layer that would pass the request through is refused", "When the inner layer's options would pass a request the outer layer protects through (a method it does not cover), the request is refused with a 500 not-protected problem: never run unprotected, never under the outer layer's given-up attempt.", both, testNestedPassThroughRefused},
+	{"nok, nested: an inner Fingerprint the outer layer cannot apply is refused", "A per-route Fingerprint under a global install would make the outer layer compare its own fingerprint with the record (a false 422 on every retry): the request is refused with a 500 not-protected problem and the handler does not run.", both, testNestedFingerprintRefused},
+	{"nok, nested: an inner WaitInFlight the outer layer cannot apply is refused", "A per-route WaitInFlight under a global install would be ignored by the outer layer (its 409 comes first): the request is refused with a 500 not-protected problem and the handler does not run.", both, testNestedWaitRefused},
+	{"nok, nested: an inner KeyOptional the outer layer cannot apply is refused", "A per-route KeyOptional under a global install would be ignored by the outer layer (its 400 for a missing key comes first): a request with a key is refused with a 500 not-protected problem and the handler does not run.", both, testNestedKeyOptionalRefused},
 	{"ok, the router's own 404 and 405 are untouched and unrecorded", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 }
 
@@ -245,24 +248,32 @@ func testRouterAnswers(t *testing.T, x *harness) {
 	}
 }
 
-func testNestedPassThroughNoAttempt(t *testing.T, x *harness) {
-	var n atomic.Int32
-	var mu sync.Mutex
-	var markErr, keyErr error
-	var found bool
-	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{core.Methods("PUT")}, Handler: func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		markErr = core.MarkEffect(r.Context())
-		_, keyErr = core.DownstreamKey(r.Context(), "charge")
-		_, found = core.AttemptFrom(r.Context())
-		mu.Unlock()
-		writeOrder(w, r, int(n.Add(1)))
-	}})
+func testNestedPassThroughRefused(t *testing.T, x *harness) {
+	testNestedRefused(t, x, core.Methods("PUT"))
+}
 
-	wantOriginal(t, x.do(post("/orders", orderJSON, "k1")), http.StatusCreated, orderBody(1, "alice", orderJSON))
-	mu.Lock()
-	defer mu.Unlock()
-	if !errors.Is(markErr, core.ErrNoAttempt) || !errors.Is(keyErr, core.ErrNoAttempt) || found {
-		t.Errorf("unprotected handler: MarkEffect %v, DownstreamKey %v, AttemptFrom found %v; want ErrNoAttempt, ErrNoAttempt, false", markErr, keyErr, found)
+// testNestedRefused: a nested install whose inner options the outer layer
+// would contradict (it decides duplicates, mismatches and missing keys
+// before the inner layer runs) is refused loudly, not run with half its
+// options: every request with a key gets 500 not-protected, the handler
+// never runs, and nothing is recorded.
+func testNestedRefused(t *testing.T, x *harness, opt core.RouteOption) {
+	var n atomic.Int32
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{opt}, Handler: orderHandler(&n)})
+	for range 2 {
+		wantProblem(t, x.do(post("/orders", orderJSON, "k1")), http.StatusInternalServerError, "not-protected")
 	}
+	wantCalls(t, &n, 0)
+}
+
+func testNestedFingerprintRefused(t *testing.T, x *harness) {
+	testNestedRefused(t, x, core.Fingerprint(core.FingerprintFields("amount")))
+}
+
+func testNestedWaitRefused(t *testing.T, x *harness) {
+	testNestedRefused(t, x, core.WaitInFlight(time.Minute))
+}
+
+func testNestedKeyOptionalRefused(t *testing.T, x *harness) {
+	testNestedRefused(t, x, core.KeyOptional())
 }
