@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/pgsql"
 )
 
 // DefaultTable is the table name used when WithTable is not given.
@@ -652,14 +653,7 @@ func debugString(s string) string {
 	return s
 }
 
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
+func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
 // live reports whether rec is live at now.
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
