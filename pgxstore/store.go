@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -37,6 +38,21 @@ type Store struct {
 	lock           uint64 // mixed into the advisory lock keys (per table)
 	reg            registry
 	noRegistry     bool // tests only: every claim asks the database
+	// bg counts the rollbacks running off the requests' paths;
+	// rollbackGate (tests only), when set, holds them until closed.
+	bg           sync.WaitGroup
+	rollbackGate chan struct{}
+}
+
+// background runs fn (a ROLLBACK) off the request's path.
+func (s *Store) background(fn func()) {
+	gate := s.rollbackGate
+	s.bg.Go(func() {
+		if gate != nil {
+			<-gate
+		}
+		fn()
+	})
 }
 
 var (

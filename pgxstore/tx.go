@@ -137,6 +137,7 @@ type lazyTx struct {
 	tokens    map[core.ID]int64 // ids this transaction claimed
 	pending   []any             // the completion's arguments, sent with COMMIT
 	savepoint int               // names the handler's savepoints
+	used      bool              // a statement besides the first claim ran
 	// registry
 	forgotten bool
 	ids       []core.ID
@@ -216,6 +217,7 @@ func (l *lazyTx) connection() (*pgx.Conn, error) {
 	if err := l.flush(l.ctx); err != nil {
 		return nil, err
 	}
+	l.used = true
 	return l.conn.Conn(), nil
 }
 
@@ -306,11 +308,24 @@ func (l *lazyTx) end(commit bool) error {
 	}
 	conn := l.conn
 	l.conn = nil
-	defer conn.Release() // a connection left in a transaction is closed, not pooled
 	if !commit {
 		l.pending = nil
+		if !l.used && len(l.tokens) == 0 {
+			// Nothing but a claim that did not claim ran (a replay, an
+			// in-flight duplicate): the transaction holds nothing that
+			// a request waits for, so it ends off the request's path,
+			// and the claim was the request's only round trip.
+			l.conn = nil
+			l.s.background(func() {
+				defer conn.Release()
+				_ = rollback(l.ctx, conn)
+			})
+			return nil
+		}
+		defer conn.Release()
 		return rollback(l.ctx, conn)
 	}
+	defer conn.Release() // a connection left in a transaction is closed, not pooled
 	err := l.commit(conn)
 	if err != nil && conn.Conn().PgConn().TxStatus() != 'I' {
 		_ = rollback(l.ctx, conn)
