@@ -164,3 +164,11 @@ func TestAtomic(t *testing.T) {
 func TestExactlyOnce(t *testing.T) {
 	sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
 }
+
+// TestLifetime runs sqlstoretest's lifetime scenarios on pgx: leased
+// routes inside an application's transaction-per-request middleware (the
+// record commits on its own connection), a streamed 50 MiB answer, and a
+// client that goes away.
+func TestLifetime(t *testing.T) {
+	sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
+}
