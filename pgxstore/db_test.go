@@ -172,3 +172,12 @@ func TestExactlyOnce(t *testing.T) {
 func TestLifetime(t *testing.T) {
 	sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
 }
+
+// BenchmarkStore runs core/storetest's benchmarks of the hot paths (leased
+// mode, autocommit): go test -run - -bench . ./
+func BenchmarkStore(b *testing.B) {
+	storetest.Bench(b, func(b *testing.B) core.Store {
+		s, _, _ := newStore(b)
+		return s
+	})
+}

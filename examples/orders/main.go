@@ -38,7 +38,8 @@ type options struct {
 	lease      time.Duration
 	retention  time.Duration
 	// unprotected registers POST /orders-unprotected (hidden: the
-	// end-to-end benchmark's baseline, see unprotected.go).
+	// end-to-end benchmark's baseline, see unprotected.go), and the
+	// payment transaction POST /settle and /settle-unprotected (bench.go).
 	unprotected bool
 }
 
@@ -88,6 +89,9 @@ func run(o options, logger *slog.Logger) error {
 	a := &app{repo: b.repo, workDelay: o.workDelay}
 	if o.unprotected {
 		a.begin = b.begin
+		if err := b.repo.benchMigrate(ctx); err != nil {
+			return fmt.Errorf("benchmark tables: %w", err)
+		}
 	}
 	engineOpts := []core.Option{
 		core.WithClock(clock.Now),
