@@ -8,9 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -78,10 +81,20 @@ func countedPool(t *testing.T) (*pgxpool.Pool, *roundTrips) {
 // payment is the realistic four-statement transaction of issue 15: lock
 // the order row, insert the payment, update the order, insert an outbox
 // row.
-type payment struct{ orders, payments, outbox string }
+type payment struct {
+	orders, payments, outbox string
+	seq                      *atomic.Int64 // picks the order: 1 to 100 in turn
+}
+
+// order picks the next order, so concurrent payments lock different rows.
+func (p payment) order() int { return 1 + int(p.seq.Add(1)%100) }
 
 func newPayment(t *testing.T, pool *pgxpool.Pool, prefix string) payment {
-	p := payment{prefix + "_orders", prefix + "_payments", prefix + "_outbox"}
+	return newPaymentTB(t, pool, prefix)
+}
+
+func newPaymentTB(t testing.TB, pool *pgxpool.Pool, prefix string) payment {
+	p := payment{prefix + "_orders", prefix + "_payments", prefix + "_outbox", new(atomic.Int64)}
 	ctx := context.Background()
 	for _, ddl := range []string{
 		"CREATE TABLE " + p.orders + " (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL, paid BOOLEAN NOT NULL DEFAULT FALSE)",
@@ -135,7 +148,7 @@ func protectedPayment(t *testing.T, s *pgxstore.Store, p payment, hold <-chan st
 		if hold != nil {
 			<-hold
 		}
-		if err := p.run(r.Context(), tx, 7); err != nil {
+		if err := p.run(r.Context(), tx, p.order()); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -258,4 +271,107 @@ func TestRoundTrips(t *testing.T) {
 	}
 	twinRelease()
 	twinWait()
+}
+
+// BenchmarkPayment: the four-statement payment transaction, one request
+// at a time, unprotected (pgx.BeginFunc) and protected (middleware-managed
+// atomic mode, a new key per request), on one pool. Sequential requests
+// are bound by latency, where round trips count:
+//
+//	go test -run - -bench Payment -count 6 ./
+func BenchmarkPayment(b *testing.B) {
+	ctx := context.Background()
+	setup, pool, _ := newStore(b)
+	p := newPaymentTB(b, pool, setup.Table())
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := core.New(setup, core.WithSingleCaller(), core.WithLogger(quiet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := pgxstore.Tx(r.Context())
+		if err == nil {
+			err = p.run(r.Context(), tx, p.order())
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	b.Run("unprotected", func(b *testing.B) {
+		for b.Loop() {
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.run(ctx, tx, p.order()) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	prefix := sqlstoretest.Table()
+	b.Run("protected", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			if w := serve(h, fmt.Sprint(prefix, i)); w.Code != http.StatusCreated {
+				b.Fatalf("%d %s", w.Code, w.Body)
+			}
+		}
+	})
+}
+
+// TestMeasurePayment (a measurement, -stores.measure; nothing asserted):
+// the payment transaction unprotected and protected, alternating in
+// blocks of 300 requests over 7 rounds, with 1 and with 8 concurrent
+// clients on a pool of 16; it logs the median throughput ratio.
+func TestMeasurePayment(t *testing.T) {
+	if !sqlstoretest.Measure() {
+		t.Skip("a measurement: run with -stores.measure")
+	}
+	ctx := context.Background()
+	setup, pool, _ := newStore(t)
+	p := newPayment(t, pool, setup.Table())
+	h := protectedPayment(t, setup, p, nil, nil)
+	prefix := sqlstoretest.Table()
+	var n atomic.Int64
+	kinds := map[string]func() error{
+		"unprotected": func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.run(ctx, tx, p.order()) })
+		},
+		"protected": func() error {
+			if w := serve(h, fmt.Sprint(prefix, n.Add(1))); w.Code != http.StatusCreated {
+				return fmt.Errorf("%d %s", w.Code, w.Body)
+			}
+			return nil
+		},
+	}
+	const block, rounds = 300, 7
+	for _, clients := range []int{1, 8} {
+		var ratios []float64
+		for round := range rounds {
+			rate := map[string]float64{}
+			order := []string{"unprotected", "protected"}
+			if round%2 == 1 {
+				order[0], order[1] = order[1], order[0]
+			}
+			for _, kind := range order {
+				start := time.Now()
+				var wg sync.WaitGroup
+				for c := range clients {
+					wg.Go(func() {
+						for i := c; i < block; i += clients {
+							if err := kinds[kind](); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				rate[kind] = block / time.Since(start).Seconds()
+			}
+			ratios = append(ratios, rate["protected"]/rate["unprotected"])
+			t.Logf("clients=%d round %d: unprotected %.0f req/s, protected %.0f req/s (%.0f %%)", clients, round+1, rate["unprotected"], rate["protected"], 100*ratios[len(ratios)-1])
+		}
+		slices.Sort(ratios)
+		t.Logf("clients=%d: median protected/unprotected %.0f %% (min %.0f %%, max %.0f %%)", clients, 100*ratios[rounds/2], 100*ratios[0], 100*ratios[rounds-1])
+	}
 }
