@@ -321,7 +321,7 @@ func BenchmarkPayment(b *testing.B) {
 // TestMeasurePayment (a measurement, -stores.measure; nothing asserted):
 // the payment transaction unprotected and protected, alternating in
 // blocks of 300 requests over 7 rounds, with 1 and with 8 concurrent
-// clients on a pool of 16; it logs the median throughput ratio.
+// clients on a pool of 40; it logs the median throughput ratio.
 func TestMeasurePayment(t *testing.T) {
 	if !sqlstoretest.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
