@@ -198,3 +198,36 @@ func TestCommitFencedCompletion(t *testing.T) {
 		t.Fatalf("%d business rows committed, want 0", n)
 	}
 }
+
+// TestEndedClaimHoldsNothing: a transaction whose claim did not claim ends
+// after its answer (its ROLLBACK is held here), and still no other claim
+// meets anything of it: a lapsed lease that one claim saw without
+// Takeover is taken over at once by the next claim with Takeover, instead
+// of being reported held by a transaction that has, for the engine, ended.
+func TestEndedClaimHoldsNothing(t *testing.T) {
+	ctx := t.Context()
+	s, _, _ := newStore(t)
+	release, wait := pgxstore.HoldRollbacks(s)
+	defer wait()
+	defer release()
+	leased := regClaim("lapsed", 1)
+	leased.LeaseUntil = leased.Now.Add(time.Second)
+	if res, err := s.Claim(ctx, leased); err != nil || !res.Claimed {
+		t.Fatalf("leased claim: %+v, %v", res, err)
+	}
+	later := regClaim("lapsed", 2)
+	later.Now = leased.Now.Add(2 * time.Second) // the lease has lapsed
+	later.LeaseUntil = later.Now.Add(time.Second)
+	tctx, tx, _ := s.Begin(ctx)
+	res, err := s.Claim(tctx, later) // no Takeover: the record as it is
+	if err != nil || res.Claimed || res.Record.Token != 1 {
+		t.Fatalf("claim without Takeover: %+v, %v; want the lapsed record", res, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	later.Token, later.Takeover = 3, true
+	if res, err := s.Claim(ctx, later); err != nil || !res.Claimed {
+		t.Fatalf("takeover after the first claim's transaction ended: %+v, %v; want claimed", res, err)
+	}
+}

@@ -262,6 +262,9 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 		if err != nil {
 			return core.ClaimResult{}, s.failure(ctx, "claim", err)
 		}
+		if l != nil && ok && !inserted {
+			l.lockHeld() // the transaction holds the id's lock without its row
+		}
 		switch {
 		case inserted:
 			if l != nil {

@@ -138,6 +138,7 @@ type lazyTx struct {
 	pending   []any             // the completion's arguments, sent with COMMIT
 	savepoint int               // names the handler's savepoints
 	used      bool              // a statement besides the first claim ran
+	locked    bool              // a claim took the id's lock and did not claim
 	// registry
 	forgotten bool
 	ids       []core.ID
@@ -249,6 +250,15 @@ func (l *lazyTx) claimed(id core.ID, token int64) {
 	l.tokens[id] = token
 }
 
+// lockHeld records that a claim took the id's advisory lock without
+// claiming: the transaction must end before its answer counts (Rollback
+// waits for the ROLLBACK).
+func (l *lazyTx) lockHeld() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.locked = true
+}
+
 // unclaimed forgets a claim (Release in the transaction).
 func (l *lazyTx) unclaimed(id core.ID) {
 	l.mu.Lock()
@@ -310,11 +320,13 @@ func (l *lazyTx) end(commit bool) error {
 	l.conn = nil
 	if !commit {
 		l.pending = nil
-		if !l.used && len(l.tokens) == 0 {
+		if !l.used && len(l.tokens) == 0 && !l.locked {
 			// Nothing but a claim that did not claim ran (a replay, an
-			// in-flight duplicate): the transaction holds nothing that
-			// a request waits for, so it ends off the request's path,
-			// and the claim was the request's only round trip.
+			// in-flight duplicate), and it took no lock (a claim that
+			// sees a live row answers from it without the lock): the
+			// transaction holds nothing another claim could meet, so it
+			// ends off the request's path, and the claim was the
+			// request's only round trip.
 			l.conn = nil
 			l.s.background(func() {
 				defer conn.Release()

@@ -60,6 +60,12 @@ type Statements struct {
 // snapshot sees it (a data-modifying CTE's output is visible, its effects
 // are not).
 //
+// A claim that sees a live row it may not take (completed, indeterminate,
+// or in progress under a live lease) takes no lock: it answers from the
+// row. So a transaction whose claim did not claim holds no lock (except
+// when it retried a race, below), and a duplicate never waits on it: a
+// pipelining store can end such a transaction after the answer.
+//
 // Outside a transaction (leased mode) the claim takes the lock in shared
 // mode (pg_try_advisory_xact_lock_shared): leased claims of one id do not
 // exclude each other (ON CONFLICT settles their race, each waiting at most
@@ -67,7 +73,10 @@ type Statements struct {
 // once while a transaction in atomic mode holds the exclusive lock, and an
 // atomic claim fails at once while a leased claim is running.
 const claim = `WITH lk AS MATERIALIZED (
-    SELECT %s AS ok
+    SELECT CASE WHEN EXISTS (
+        SELECT FROM %t v WHERE v.id = $2 AND v.expires_at > $10
+           AND NOT ($11::boolean AND v.state = 1 AND COALESCE(v.lease_until <= $10, FALSE))
+    ) THEN FALSE ELSE %s END AS ok
 ), ins AS (
     INSERT INTO %t AS r (` + Cols + `)
     SELECT $2::bytea, $3::varchar, $4::varchar, $5::varchar, $6::bytea, 1::smallint, $7::bigint, 1,
