@@ -202,7 +202,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		return s.claimDB(ctx, req, l)
 	}
 	wait := v == nil || (l != nil && !l.started())
-	cl, held, found, err := s.reg.enter(ctx, req.ID, l, wait, req.Now)
+	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now)
 	switch {
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim", err)
@@ -217,7 +217,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	settled := false
 	defer func() {
 		if !settled {
-			s.reg.settle(cl, req.ID, false, nil)
+			s.reg.Settle(cl, req.ID, false, nil)
 		}
 	}()
 	res, err := s.claimDB(ctx, req, l)
@@ -226,7 +226,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	if err == nil && !res.Claimed {
 		rec = &res.Record
 	}
-	s.reg.settle(cl, req.ID, claimed, rec)
+	s.reg.Settle(cl, req.ID, claimed, rec)
 	settled = true
 	return res, err
 }

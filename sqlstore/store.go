@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 )
 
@@ -408,13 +409,13 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		l = nil
 	}
 	var (
-		cl    *claimant
+		cl    *inflight.Claimant[*lazyTx]
 		held  bool
 		found *core.Record
 		err   error
 	)
 	if !s.noRegistry {
-		cl, held, found, err = s.reg.enter(ctx, req.ID, l, wait, req.Now)
+		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now)
 	}
 	switch {
 	case err != nil:
@@ -430,7 +431,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		settled := false
 		defer func() {
 			if !settled {
-				s.reg.settle(cl, req.ID, false, nil)
+				s.reg.Settle(cl, req.ID, false, nil)
 			}
 		}()
 		res, err := s.claimIn(ctx, req)
@@ -439,7 +440,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		if err == nil && !res.Claimed {
 			found = &res.Record
 		}
-		s.reg.settle(cl, req.ID, claimed, found)
+		s.reg.Settle(cl, req.ID, claimed, found)
 		settled = true
 		return res, err
 	}
