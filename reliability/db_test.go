@@ -13,6 +13,7 @@ import (
 	gormsqlite "github.com/glebarez/sqlite"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	gormmysql "gorm.io/driver/mysql"
 	gormpostgres "gorm.io/driver/postgres"
@@ -20,6 +21,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/idemkit/idem/gormstore"
+	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -102,6 +104,13 @@ func newSQLStore(t testing.TB, d sqlstore.Dialect, db, admin *sql.DB) *sqlstore.
 	if err != nil {
 		t.Fatal(err)
 	}
+	newSQLStoreOn(t, d, admin, table)
+	return s
+}
+
+// newSQLStoreOn migrates table through admin and drops it at cleanup.
+func newSQLStoreOn(t testing.TB, d sqlstore.Dialect, admin *sql.DB, table string) *sqlstore.Store {
+	t.Helper()
 	as, err := sqlstore.New(admin, d, sqlstore.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +123,33 @@ func newSQLStore(t testing.TB, d sqlstore.Dialect, db, admin *sql.DB) *sqlstore.
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
+	return as
+}
+
+// newPgxStore returns a pgxstore on a fresh table, over a pgx pool of 12
+// connections on dsnStr, created (with sqlstore's Migrate: the table is
+// the same) and dropped at cleanup through admin, a pool no fault reaches.
+// The pool sends every statement's text (QueryExecModeExec, no statement
+// cache), so the fault proxy sees each COMMIT, pipelined or not.
+func newPgxStore(t testing.TB, dsnStr string, admin *sql.DB) *pgxstore.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsnStr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 12
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	table := sqlstoretest.Table()
+	_ = newSQLStoreOn(t, sqlstore.Postgres, admin, table)
+	s, err := pgxstore.New(pool, pgxstore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/gormstore"
+	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -50,11 +51,21 @@ func TestDatabaseFaults(t *testing.T) {
 			if leased {
 				mode = "leased"
 			}
-			t.Run("sqlstore/"+d.String()+"/"+mode, func(t *testing.T) { runFaults(t, d, leased, false) })
+			t.Run("sqlstore/"+d.String()+"/"+mode, func(t *testing.T) { runFaults(t, d, leased, "sql") })
 		}
 		// gormstore runs sqlstore's SQL; its own part is the transaction
 		// handling, which only atomic mode exercises.
-		t.Run("gormstore/"+d.String()+"/atomic", func(t *testing.T) { runFaults(t, d, false, true) })
+		t.Run("gormstore/"+d.String()+"/atomic", func(t *testing.T) { runFaults(t, d, false, "gorm") })
+	}
+	// pgxstore: native pgx on Postgres, its claim pipelined with BEGIN and
+	// its completion with COMMIT (the cut just before and after a COMMIT
+	// now also cuts the completion).
+	for _, leased := range []bool{false, true} {
+		mode := "atomic"
+		if leased {
+			mode = "leased"
+		}
+		t.Run("pgxstore/postgres/"+mode, func(t *testing.T) { runFaults(t, sqlstore.Postgres, leased, "pgx") })
 	}
 }
 
@@ -76,6 +87,7 @@ func proxied(t *testing.T, d sqlstore.Dialect) (db, admin *sql.DB, p *faultProxy
 			t.Fatalf("cannot point the Postgres DSN at the proxy")
 		}
 		db = openDB(t, d, u)
+		p.dsn = u
 	case sqlstore.MySQL:
 		cfg, err := mysql.ParseDSN(raw)
 		if err != nil {
@@ -111,12 +123,15 @@ type faultStore interface {
 	Table() string
 }
 
-func runFaults(t *testing.T, d sqlstore.Dialect, leased, useGorm bool) {
+func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	db, admin, proxy := proxied(t, d)
 	var store faultStore
-	if useGorm {
+	switch kind {
+	case "gorm":
 		store = newGormStore(t, d, db)
-	} else {
+	case "pgx":
+		store = newPgxStore(t, proxy.dsn, admin)
+	default:
 		store = newSQLStore(t, d, db, admin)
 	}
 	biz := store.Table() + "_biz"
@@ -139,7 +154,15 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased, useGorm bool) {
 		if leased {
 			core.MarkEffect(r.Context()) // the row is written outside the store's transaction
 			_, err = db.ExecContext(r.Context(), ins, key, info.Attempt)
-		} else if useGorm {
+		} else if kind == "pgx" {
+			tx, terr := pgxstore.Tx(r.Context())
+			if terr != nil {
+				t.Errorf("atomic mode without a transaction in the request context: %v", terr)
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			_, err = tx.Exec(r.Context(), ins, key, info.Attempt)
+		} else if kind == "gorm" {
 			gtx := gormstore.DB(r.Context())
 			if gtx.Error != nil {
 				t.Errorf("atomic mode without a GORM transaction in the request context: %v", gtx.Error)

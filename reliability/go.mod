@@ -9,6 +9,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem v0.0.0
 	github.com/idemkit/idem/gormstore v0.0.0
+	github.com/idemkit/idem/pgxstore v0.0.0
 	github.com/idemkit/idem/sqlstore v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	gorm.io/driver/mysql v1.6.0
@@ -40,5 +41,6 @@ require (
 replace (
 	github.com/idemkit/idem => ../
 	github.com/idemkit/idem/gormstore => ../gormstore
+	github.com/idemkit/idem/pgxstore => ../pgxstore
 	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

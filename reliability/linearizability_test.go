@@ -883,6 +883,14 @@ func TestLinearizableSQL(t *testing.T) {
 	}
 }
 
+// TestLinearizablePGX runs the same histories on pgxstore (native pgx;
+// atomic-mode claims pipelined with BEGIN, completions with COMMIT).
+func TestLinearizablePGX(t *testing.T) {
+	raw := dsn(t, sqlstore.Postgres)
+	s := newPgxStore(t, raw, openDB(t, sqlstore.Postgres, raw))
+	runLinearizability(t, "pgxstore postgres", linTarget{store: s, tx: s})
+}
+
 // Deliberately broken stores: the check must catch each of them, or it
 // proves nothing.
 

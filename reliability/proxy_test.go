@@ -21,6 +21,7 @@ import (
 type faultProxy struct {
 	ln     net.Listener
 	target string
+	dsn    string // Postgres: the test DSN pointed at the proxy
 
 	maxLatency atomic.Int64 // ns; each chunk waits a random time up to this
 	cutBytes   atomic.Int64 // > 0: the next connection to send data is cut after that many bytes

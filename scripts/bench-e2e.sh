@@ -6,7 +6,11 @@
 # (POST /orders-unprotected, the hidden -unprotected-route flag), measured
 # alternately in one run on SQLite, Postgres and MariaDB.
 #
-#   scripts/bench-e2e.sh [-rounds N] [-duration 10s] [-conns 8] [-framework gin] [-store sql]
+# -route settle measures the realistic payment transaction instead (lock
+# the order row, insert the payment, update the order, insert an outbox
+# row): POST /settle against POST /settle-unprotected.
+#
+#   scripts/bench-e2e.sh [-rounds N] [-duration 10s] [-conns 8] [-framework gin] [-store sql|gorm|pgx] [-route orders|settle]
 #       [-dbs "sqlite postgres mysql"] [-out DIR] [-bin path/to/orders (default: built from examples/orders)]
 #       [-server-args "-work-delay 5ms" (extra flags of the example service)]
 #
@@ -25,6 +29,7 @@ duration=10s
 conns=8
 framework=gin
 store=sql
+route=orders
 dbs="sqlite postgres mysql"
 out=""
 bin=""
@@ -36,6 +41,7 @@ while (($#)); do
 	-conns) conns=$2; shift 2 ;;
 	-framework) framework=$2; shift 2 ;;
 	-store) store=$2; shift 2 ;;
+	-route) route=$2; shift 2 ;;
 	-dbs) dbs=$2; shift 2 ;;
 	-out) out=$2; shift 2 ;;
 	-bin) bin=$2; shift 2 ;;
@@ -93,9 +99,9 @@ dsn_for() {
 
 # run KIND: one wrk run, prints requests/s (and warns about non-2xx).
 run() {
-	local kind=$1 script=fresh.lua path=/orders
+	local kind=$1 script=fresh.lua path=/$route
 	case $kind in
-	unprotected) path=/orders-unprotected ;;
+	unprotected) path=/$route-unprotected ;;
 	replay) script=fixed.lua ;;
 	esac
 	local f="$out/$db-$kind-$round.txt"
@@ -134,7 +140,7 @@ for db in $dbs; do
 done
 
 echo
-echo "framework=$framework server-args=${server_args:-none} store=$store rounds=$rounds duration=$duration conns=$conns (medians, requests/s)"
+echo "framework=$framework server-args=${server_args:-none} store=$store route=$route rounds=$rounds duration=$duration conns=$conns (medians, requests/s)"
 printf '%-9s %12s %12s %9s %12s %9s\n' db unprotected protected prot/unpr replay repl/prot
 printf '%s\n' "${summary[@]}"
 echo "(raw wrk output in $out)"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/pgsql"
 )
 
 // Dialect selects the SQL a Store writes.
@@ -54,21 +55,7 @@ func dropSchema(d Dialect, table string) string {
 func (d Dialect) schema(t string) []string {
 	switch d {
 	case Postgres:
-		return []string{`CREATE TABLE IF NOT EXISTS ` + t + ` (
-    id          BYTEA        NOT NULL PRIMARY KEY,
-    caller      VARCHAR(255) NOT NULL,
-    scope       VARCHAR(255) NOT NULL,
-    idem_key    VARCHAR(255) NOT NULL,
-    fingerprint BYTEA,
-    state       SMALLINT     NOT NULL,
-    token       BIGINT       NOT NULL,
-    attempt     INTEGER      NOT NULL,
-    lease_until TIMESTAMPTZ,
-    expires_at  TIMESTAMPTZ  NOT NULL,
-    created_at  TIMESTAMPTZ  NOT NULL,
-    status      INTEGER      NOT NULL DEFAULT 0,
-    response    BYTEA
-)`, `CREATE INDEX IF NOT EXISTS ` + t + `_expires_at_idx ON ` + t + ` (expires_at)`}
+		return pgsql.Schema(t)
 	case MySQL:
 		// No CREATE INDEX IF NOT EXISTS on MySQL 8: the index is inline.
 		return []string{`CREATE TABLE IF NOT EXISTS ` + t + ` (
@@ -108,7 +95,7 @@ func (d Dialect) schema(t string) []string {
 }
 
 // cols is the column list every statement returns, in scanRecord's order.
-const cols = `id, caller, scope, idem_key, fingerprint, state, token, attempt, lease_until, expires_at, created_at, status, response`
+const cols = pgsql.Cols
 
 // queries holds a dialect's statements for one table. The claim statements
 // live next to the claim code of each dialect (postgres.go, mysql.go,

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/inflight"
+	"github.com/idemkit/idem/internal/pgsql"
 )
 
 // DefaultTable is the table name used when WithTable is not given.
@@ -442,13 +444,13 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		l = nil
 	}
 	var (
-		cl    *claimant
+		cl    *inflight.Claimant[*lazyTx]
 		held  bool
 		found *core.Record
 		err   error
 	)
 	if !s.noRegistry {
-		cl, held, found, err = s.reg.enter(ctx, req.ID, l, wait, req.Now)
+		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now)
 	}
 	switch {
 	case err != nil:
@@ -464,7 +466,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		settled := false
 		defer func() {
 			if !settled {
-				s.reg.settle(cl, req.ID, false, nil)
+				s.reg.Settle(cl, req.ID, false, nil)
 			}
 		}()
 		res, err := s.claimIn(ctx, req)
@@ -473,7 +475,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		if err == nil && !res.Claimed {
 			found = &res.Record
 		}
-		s.reg.settle(cl, req.ID, claimed, found)
+		s.reg.Settle(cl, req.ID, claimed, found)
 		settled = true
 		return res, err
 	}
@@ -718,14 +720,7 @@ func debugString(s string) string {
 	return s
 }
 
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
+func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
 // live reports whether rec is live at now.
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }

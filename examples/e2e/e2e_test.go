@@ -35,7 +35,8 @@ func stormSize() int {
 var stormMu sync.Mutex
 
 // storeFor alternates the store over the matrix, so that every database and
-// every framework runs with both stores.
+// every framework runs with both stores. TestService adds the pgx store on
+// Postgres (one framework; every framework in the long variant).
 func storeFor(db, framework int) string {
 	if (db+framework)%2 == 0 {
 		return "gorm"
@@ -61,6 +62,9 @@ func TestService(t *testing.T) {
 			stores := []string{storeFor(di, fi)}
 			if *long {
 				stores = []string{"gorm", "sql"}
+			}
+			if db == "postgres" && (*long || fi == len(frameworks)-1) {
+				stores = append(stores, "pgx") // native pgx: Postgres only
 			}
 			for _, store := range stores {
 				t.Run(db+"/"+fw+"/"+store, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 var replicaSetups = []struct{ db, framework, store string }{
 	{"postgres", "gin", "sql"},
 	{"mysql", "echo", "gorm"},
+	{"postgres", "chi", "pgx"}, // native pgx: the claim probe across processes
 }
 
 // replicaSetupsToRun adds, in the long variant, the other store on each
@@ -29,6 +30,9 @@ func replicaSetupsToRun() []struct{ db, framework, store string } {
 	}
 	out := append([]struct{ db, framework, store string }(nil), replicaSetups...)
 	for _, rs := range replicaSetups {
+		if rs.store == "pgx" {
+			continue
+		}
 		rs.framework = "chi"
 		rs.store = map[string]string{"sql": "gorm", "gorm": "sql"}[rs.store]
 		out = append(out, rs)

@@ -48,6 +48,7 @@ type repo interface {
 	// charge's id for a repeated key. The order id travels as the charge's
 	// metadata, as real providers allow.
 	providerCharge(ctx context.Context, key string, p providerRecord) (string, error)
+	benchRepo // the benchmark mode's payment transaction (bench.go)
 	// providerLookup asks the provider about the charge made with key:
 	// errNotFound when there is none.
 	providerLookup(ctx context.Context, key string) (*providerRecord, error)

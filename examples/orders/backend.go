@@ -83,8 +83,10 @@ func openBackend(ctx context.Context, o options) (*backend, error) {
 		return openSQL(ctx, o.db, dsn)
 	case "gorm":
 		return openGORM(ctx, o.db, dsn)
+	case "pgx":
+		return openPGX(ctx, o.db, dsn)
 	}
-	return nil, fmt.Errorf("-store %q: want gorm or sql", o.store)
+	return nil, fmt.Errorf("-store %q: want gorm, sql or pgx (pgx: -db postgres only)", o.store)
 }
 
 func openSQL(ctx context.Context, db, dsn string) (*backend, error) {

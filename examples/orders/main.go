@@ -1,9 +1,10 @@
 // Command orders is idem's example service: a small orders API protected by
 // Idempotency-Key on Gin, Echo or chi, with a GORM or database/sql store on
-// SQLite (embedded, the default), Postgres or MySQL/MariaDB.
+// SQLite (embedded, the default), Postgres or MySQL/MariaDB, or the native
+// pgx store on Postgres.
 //
 //	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
-//	    [-store gorm|sql] [-db sqlite|postgres|mysql] [-dsn DSN]
+//	    [-store gorm|sql|pgx] [-db sqlite|postgres|mysql] [-dsn DSN]
 //	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s] [-retention 24h]
 //
 // See README.md in this directory for the HTTP interface.
@@ -37,7 +38,8 @@ type options struct {
 	lease      time.Duration
 	retention  time.Duration
 	// unprotected registers POST /orders-unprotected (hidden: the
-	// end-to-end benchmark's baseline, see unprotected.go).
+	// end-to-end benchmark's baseline, see unprotected.go), and the
+	// payment transaction POST /settle and /settle-unprotected (bench.go).
 	unprotected bool
 }
 
@@ -45,7 +47,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
 	flag.StringVar(&o.framework, "framework", "gin", "router: gin, echo or chi")
-	flag.StringVar(&o.store, "store", "gorm", "idempotency store: gorm or sql")
+	flag.StringVar(&o.store, "store", "gorm", "idempotency store: gorm, sql or pgx (native pgx, -db postgres)")
 	flag.StringVar(&o.db, "db", "sqlite", "database: sqlite, postgres or mysql")
 	flag.StringVar(&o.dsn, "dsn", "", "database DSN (default for sqlite: orders.db in the working directory)")
 	flag.DurationVar(&o.workDelay, "work-delay", 0, "simulated slow work inside each request (to try a concurrent retry by hand)")
@@ -87,6 +89,9 @@ func run(o options, logger *slog.Logger) error {
 	a := &app{repo: b.repo, workDelay: o.workDelay}
 	if o.unprotected {
 		a.begin = b.begin
+		if err := b.repo.benchMigrate(ctx); err != nil {
+			return fmt.Errorf("benchmark tables: %w", err)
+		}
 	}
 	engineOpts := []core.Option{
 		core.WithClock(clock.Now),

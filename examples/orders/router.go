@@ -56,6 +56,8 @@ func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, erro
 	}
 	if a.begin != nil {
 		r.POST("/orders-unprotected", auth, gin.WrapF(inTx(a.begin, a.createOrder)))
+		r.POST("/settle-unprotected", auth, gin.WrapF(inTx(a.begin, a.settle)))
+		r.POST("/settle", auth, ginidem.New(e), gin.WrapF(a.settle))
 	}
 	orders := r.Group("/orders", auth)
 	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
@@ -89,6 +91,8 @@ func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, err
 	}
 	if a.begin != nil {
 		r.POST("/orders-unprotected", echo.WrapHandler(inTx(a.begin, a.createOrder)), auth)
+		r.POST("/settle-unprotected", echo.WrapHandler(inTx(a.begin, a.settle)), auth)
+		r.POST("/settle", echo.WrapHandler(http.HandlerFunc(a.settle)), auth, echoidem.New(e))
 	}
 	g := r.Group("/orders", auth)
 	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
@@ -118,6 +122,8 @@ func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, erro
 	}
 	if a.begin != nil {
 		r.With(auth).Post("/orders-unprotected", inTx(a.begin, a.createOrder))
+		r.With(auth).Post("/settle-unprotected", inTx(a.begin, a.settle))
+		r.With(auth, chiidem.New(e)).Post("/settle", a.settle)
 	}
 	r.Route("/orders", func(r chi.Router) {
 		r.Use(auth)

@@ -35,8 +35,13 @@ type Fixture struct {
 	// Counter counts the statements sent on the store's database; nil
 	// skips the statement counts.
 	Counter *Counter
-	// DB is the pool the store runs on (RunPool limits it).
+	// DB is the pool the store runs on (RunPool limits it); nil for a
+	// store on another pool type (pgxstore), which then sets Hold.
 	DB *sql.DB
+	// Hold, when set, takes every connection of the store's pool until
+	// release is called (a store whose pool is not DB); else the tests
+	// shrink DB to one connection and hold that.
+	Hold func(t *testing.T) (release func())
 	// Twin returns another store on the same table through a pool of its
 	// own, as another process would see the database.
 	Twin func(t *testing.T) core.TxStore

@@ -168,6 +168,8 @@ func (h *harness) blockedClaim(t *testing.T) {
 			t.Fatal(err)
 		}
 		release = func() { _ = tx.Rollback() }
+	} else if f.Hold != nil {
+		release = f.Hold(t)
 	} else {
 		f.DB.SetMaxOpenConns(1)
 		tx, err := f.DB.BeginTx(ctx, nil)

@@ -1,0 +1,183 @@
+package pgxstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/pgxstore"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+// openPool opens a pool on the test database (IDEM_TEST_POSTGRES_DSN;
+// under CI a missing database fails the test) and closes it at cleanup.
+func openPool(t testing.TB, mod func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(sqlstoretest.DSN(t, sqlstoretest.EnvPostgres))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 40 // the conformance suite's races run 32 claimers
+	if mod != nil {
+		mod(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// newStore returns a store on a fresh table (dropped at cleanup) and a
+// function opening another store on the same table through a pool of its
+// own (another process).
+func newStore(t testing.TB, opts ...pgxstore.Option) (*pgxstore.Store, *pgxpool.Pool, func(t testing.TB) *pgxstore.Store) {
+	t.Helper()
+	pool := openPool(t, nil)
+	table := sqlstoretest.Table()
+	s, err := pgxstore.New(pool, append([]pgxstore.Option{pgxstore.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+	twin := func(t testing.TB) *pgxstore.Store {
+		s2, err := pgxstore.New(openPool(t, nil), append([]pgxstore.Option{pgxstore.WithTable(table)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s2
+	}
+	return s, pool, twin
+}
+
+// TestConformance runs core/storetest twice: as the store is (its registry
+// of in-flight ids answers duplicates its own transactions hold), and
+// without the registry, so every claim asks the database as one from
+// another process does.
+func TestConformance(t *testing.T) {
+	for _, v := range []struct {
+		name string
+		opts []pgxstore.Option
+	}{
+		{"registry", nil},
+		{"probe", []pgxstore.Option{pgxstore.WithoutRegistry()}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) core.Store {
+				s, _, _ := newStore(t, v.opts...)
+				return s
+			})
+		})
+	}
+}
+
+func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
+	s, pool, twin := newStore(t, opts...)
+	ctx := context.Background()
+	orders, unique := s.Table()+"_orders", s.Table()+"_unique"
+	for _, ddl := range []string{
+		"CREATE TABLE " + orders + " (name VARCHAR(100) NOT NULL)",
+		"CREATE TABLE " + unique + " (name VARCHAR(100) NOT NULL PRIMARY KEY)",
+	} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+orders+", "+unique) })
+	insert := func(table string) func(ctx context.Context, name string) error {
+		return func(ctx context.Context, name string) error {
+			tx := pgxstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO "+table+" (name) VALUES ($1)", name)
+			return err
+		}
+	}
+	return sqlstoretest.Fixture{
+		Store:  s,
+		Insert: insert(orders),
+		Unique: insert(unique),
+		Count: func(t testing.TB, name string) int {
+			var n int
+			if err := pool.QueryRow(context.Background(), "SELECT COUNT(*) FROM "+orders+" WHERE name = $1", name).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		CallerManaged: func(ctx context.Context, fn func(ctx context.Context) error) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := fn(pgxstore.WithTx(ctx, tx)); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		},
+		Hold: func(t *testing.T) func() {
+			var conns []*pgxpool.Conn
+			for range pool.Stat().MaxConns() {
+				c, err := pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, c)
+			}
+			return func() {
+				for _, c := range conns {
+					c.Release()
+				}
+				conns = nil
+			}
+		},
+		Twin: func(t *testing.T) core.TxStore { return twin(t) },
+	}
+}
+
+// TestAtomic runs sqlstoretest's atomic-mode scenarios (both ways into
+// atomic mode with a business table, the in-flight probe, a failed
+// statement in the shared transaction, concurrent duplicates) on pgx.
+func TestAtomic(t *testing.T) {
+	sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
+}
+
+// TestExactlyOnce runs sqlstoretest's HTTP storms (50 concurrent and 50
+// sequential requests of one key; reject, wait, nested) on pgx.
+func TestExactlyOnce(t *testing.T) {
+	sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
+}
+
+// TestLifetime runs sqlstoretest's lifetime scenarios on pgx: leased
+// routes inside an application's transaction-per-request middleware (the
+// record commits on its own connection), a streamed 50 MiB answer, and a
+// client that goes away.
+func TestLifetime(t *testing.T) {
+	sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
+}
+
+// BenchmarkStore runs core/storetest's benchmarks of the hot paths (leased
+// mode, autocommit): go test -run - -bench . ./
+func BenchmarkStore(b *testing.B) {
+	storetest.Bench(b, func(b *testing.B) core.Store {
+		s, _, _ := newStore(b)
+		return s
+	})
+}

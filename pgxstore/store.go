@@ -1,0 +1,559 @@
+package pgxstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/pgsql"
+)
+
+// DefaultTable is the table name used when WithTable is not given; it is
+// sqlstore's, so both stores can share one table.
+const DefaultTable = "idempotency_records"
+
+// maxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
+// identifier limit.
+const maxTableLen = 48
+
+// Store is a core.TxStore on a pgx pool. Create it with New.
+type Store struct {
+	pool  *pgxpool.Pool
+	table string
+	q     pgsql.Statements
+	// commitComplete is the completion sent in the same round trip as
+	// COMMIT: q.Complete, failing (division by zero) when it matched no
+	// row, so that the COMMIT behind it does not run.
+	commitComplete string
+	lock           uint64 // mixed into the advisory lock keys (per table)
+	reg            registry
+	noRegistry     bool // tests only: every claim asks the database
+	// bg counts the rollbacks running off the requests' paths;
+	// rollbackGate (tests only), when set, holds them until closed.
+	bg           sync.WaitGroup
+	rollbackGate chan struct{}
+}
+
+// background runs fn (a ROLLBACK) off the request's path.
+func (s *Store) background(fn func()) {
+	gate := s.rollbackGate
+	s.bg.Go(func() {
+		if gate != nil {
+			<-gate
+		}
+		fn()
+	})
+}
+
+var (
+	_ core.Store      = (*Store)(nil)
+	_ core.TxStore    = (*Store)(nil)
+	_ core.TimeSource = (*Store)(nil)
+)
+
+// Option configures New.
+type Option interface{ apply(*Store) error }
+
+type optionFunc func(*Store) error
+
+func (f optionFunc) apply(s *Store) error { return f(s) }
+
+// WithTable sets the table name (default DefaultTable,
+// "idempotency_records"). The name must start with a letter or an
+// underscore, hold only ASCII letters, digits and underscores, and be at
+// most 48 bytes; it is used unquoted, so Postgres folds it to lower case.
+func WithTable(name string) Option {
+	return optionFunc(func(s *Store) error {
+		if err := validTable(name); err != nil {
+			return err
+		}
+		s.table = name
+		return nil
+	})
+}
+
+// New returns a store that keeps records in a table reached through pool.
+// It does not create the table: run Migrate, or apply sqlstore's
+// migrations/postgres files (the table is the same) with your migration
+// tool.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pgxstore: nil *pgxpool.Pool", core.ErrConfig)
+	}
+	s := &Store{pool: pool, table: DefaultTable}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(s); err != nil {
+			return nil, err
+		}
+	}
+	s.q = pgsql.New(s.table)
+	s.commitComplete = `WITH u AS (` + s.q.Complete + ` RETURNING 1) SELECT 1 / count(*)::int FROM u`
+	s.lock = pgsql.Fnv64(s.table)
+	return s, nil
+}
+
+func validTable(name string) error {
+	if name == "" || len(name) > maxTableLen {
+		return fmt.Errorf("%w: pgxstore: table name must be 1 to %d bytes, got %q", core.ErrConfig, maxTableLen, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return fmt.Errorf("%w: pgxstore: table name %q: only letters, digits and underscores, not starting with a digit", core.ErrConfig, name)
+		}
+	}
+	return nil
+}
+
+// Table reports the store's table name.
+func (s *Store) Table() string { return s.table }
+
+// Schema returns the DDL of the store's table and its expiry index (the
+// statements Migrate runs), as sqlstore.Schema(sqlstore.Postgres, table)
+// and sqlstore's migrations/postgres files hold it.
+func (s *Store) Schema() string {
+	return strings.Join(pgsql.Schema(s.table), ";\n\n") + ";\n"
+}
+
+// Migrate creates the table and its index if they do not exist. Several
+// processes may migrate at once: the statements run in one transaction
+// behind an advisory lock derived from the table name (as sqlstore's).
+func (s *Store) Migrate(ctx context.Context) error {
+	return s.inShortTx(ctx, func(c querier) error {
+		if err := s.checkServer(ctx, c); err != nil {
+			return err
+		}
+		if _, err := c.Exec(ctx, s.q.MigrateLock, pgsql.MigrateLockKey(s.table)); err != nil {
+			return unavailable("migrate lock", err)
+		}
+		for _, stmt := range pgsql.Schema(s.table) {
+			if _, err := c.Exec(ctx, stmt); err != nil {
+				return unavailable("migrate", err)
+			}
+		}
+		return nil
+	})
+}
+
+// querier is what the store runs its statements on: the pool, a pool
+// connection, or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// inShortTx runs fn in ctx's transaction, or in a short transaction of its
+// own that commits when fn returns nil.
+func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
+	if c, ok, err := s.conn(ctx); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		return fn(c)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return unavailable("begin", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return unavailable("commit", err)
+	}
+	return nil
+}
+
+// --- core.Store --------------------------------------------------------------
+
+// Claim implements core.Store with sqlstore's Postgres claim: a
+// non-blocking advisory lock probe and INSERT ... ON CONFLICT in one
+// statement. In a transaction of Begin that has not begun, BEGIN and the
+// claim travel in one round trip.
+func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	v := ctx.Value(ctxKey{})
+	if _, hidden := v.(hiddenTx); hidden {
+		v = nil
+	}
+	l, _ := v.(*lazyTx)
+	if l != nil && l.s != s {
+		l = nil // another store's transaction: its end clears its own registry
+	}
+	if s.noRegistry {
+		return s.claimDB(ctx, req, l)
+	}
+	wait := v == nil || (l != nil && !l.started())
+	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now)
+	switch {
+	case err != nil:
+		return core.ClaimResult{}, unavailable("claim", err)
+	case held:
+		return inProgressElsewhere(req.ID), nil
+	case found != nil:
+		return core.ClaimResult{Record: *found}, nil
+	}
+	if cl == nil {
+		return s.claimDB(ctx, req, l)
+	}
+	settled := false
+	defer func() {
+		if !settled {
+			s.reg.Settle(cl, req.ID, false, nil)
+		}
+	}()
+	res, err := s.claimDB(ctx, req, l)
+	claimed := err == nil && res.Claimed && l.hold(req.ID)
+	var rec *core.Record
+	if err == nil && !res.Claimed {
+		rec = &res.Record
+	}
+	s.reg.Settle(cl, req.ID, claimed, rec)
+	settled = true
+	return res, err
+}
+
+// claimDB runs the claim statement, pipelined with BEGIN when ctx carries
+// a transaction of Begin that has not begun.
+func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (core.ClaimResult, error) {
+	args := []any{pgsql.LockKey(req.ID, s.lock), req.ID[:], req.Caller, req.Scope, req.Key,
+		nullBytes(req.Fingerprint), req.Token, timeArg(req.LeaseUntil), timeArg(req.ExpiresAt),
+		timeArg(req.Now), req.Takeover}
+	for try := 0; ; try++ {
+		var (
+			ok, inserted bool
+			rec          core.Record
+			found        bool
+			err          error
+		)
+		if l != nil && try == 0 {
+			found, err = l.beginWith(ctx, s.q.Claim, args, func(r pgx.Row) (bool, error) {
+				return scanRecord(r, &rec, &ok, &inserted)
+			})
+		} else {
+			c, inTx, cerr := s.conn(ctx)
+			if cerr != nil {
+				return core.ClaimResult{}, cerr
+			}
+			q := s.q.Claim
+			if !inTx {
+				q = s.q.ClaimLeased
+			}
+			found, err = scanRecord(c.QueryRow(ctx, q, args...), &rec, &ok, &inserted)
+		}
+		if err != nil {
+			return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		}
+		if l != nil && ok && !inserted {
+			l.lockHeld() // the transaction holds the id's lock without its row
+		}
+		switch {
+		case inserted:
+			if l != nil {
+				l.claimed(req.ID, req.Token)
+			}
+			return core.ClaimResult{Claimed: true, Record: rec}, nil
+		case !ok && (!found || !live(rec, req.Now) || takeable(rec, req)):
+			// Another transaction holds the identity and is creating,
+			// replacing or taking over the record.
+			return inProgressElsewhere(req.ID), nil
+		case found && live(rec, req.Now) && !(ok && takeable(rec, req)):
+			// Completed, indeterminate, or held by a live lease.
+			return core.ClaimResult{Record: rec}, nil
+		}
+		// We held the lock but ON CONFLICT met a row our snapshot does not
+		// show (committed between the snapshot and the lock): run again
+		// with a new snapshot (READ COMMITTED).
+		if try+1 == maxClaimTries {
+			return inProgressElsewhere(req.ID), nil
+		}
+	}
+}
+
+// maxClaimTries bounds the retries of a claim that lost a race against a
+// transaction that committed between two of its steps.
+const maxClaimTries = 3
+
+// Extend implements core.Store.
+func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	lu := timeArg(leaseUntil)
+	tag, err := c.Exec(ctx, s.q.Extend, lu, lu, id[:], token)
+	if err != nil {
+		return s.failure(ctx, "extend", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return core.ErrFenced
+	}
+	return nil
+}
+
+// Complete implements core.Store. In a transaction of Begin that claimed
+// id with token, the completion is not sent at once: it travels with
+// COMMIT, in one round trip (a statement of the transaction that runs
+// before then sends it first). The transaction holds the record's row from
+// its claim on, so nothing can fence the completion meanwhile; should it
+// still match no row, the COMMIT does not run and Commit returns an error
+// wrapping core.ErrFenced.
+func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.Completion) error {
+	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
+		return fmt.Errorf("%w: pgxstore: Complete with state %v", core.ErrConfig, cp.State)
+	}
+	args := []any{int16(cp.State), cp.Status, nullBytes(bytes.Clone(cp.Response)), timeArg(cp.ExpiresAt), id[:], token}
+	if l, ok := ctx.Value(ctxKey{}).(*lazyTx); ok && l.s == s {
+		deferred, err := l.deferCompletion(id, token, args)
+		if err != nil {
+			return s.failure(ctx, "complete", err)
+		}
+		if deferred {
+			return nil
+		}
+	}
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	tag, err := c.Exec(ctx, s.q.Complete, args...)
+	if err != nil {
+		return s.failure(ctx, "complete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return core.ErrFenced
+	}
+	return nil
+}
+
+// Release implements core.Store.
+func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if l, ok := ctx.Value(ctxKey{}).(*lazyTx); ok {
+		l.unclaimed(id)
+	}
+	tag, err := c.Exec(ctx, s.q.Release, id[:], token)
+	if err != nil {
+		return s.failure(ctx, "release", err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	var one int
+	switch err := c.QueryRow(ctx, s.q.Exists, id[:]).Scan(&one); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil // missing: nothing to release
+	case err != nil:
+		return s.failure(ctx, "release check", err)
+	}
+	return core.ErrFenced
+}
+
+// Get implements core.Store.
+func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return core.Record{}, err
+	}
+	var rec core.Record
+	_, err = scanRecord(c.QueryRow(ctx, s.q.Get, id[:], timeArg(now)), &rec)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return core.Record{}, core.ErrNotFound
+	case err != nil:
+		return core.Record{}, s.failure(ctx, "get", err)
+	}
+	return rec, nil
+}
+
+// DeleteExpired implements core.Store: one batch of at most limit rows,
+// oldest first, skipping rows another transaction has locked, so
+// concurrent sweepers and live claims never wait on it.
+func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	tag, err := c.Exec(ctx, s.q.DeleteExpired, timeArg(now), limit)
+	if err != nil {
+		return 0, s.failure(ctx, "delete expired", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Now reads the database's clock (core.TimeSource), so that processes whose
+// wall clocks drift agree on leases and expiry: pass it to
+// core.NewSyncedClock and the synced clock to core.WithClock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var us int64
+	if err := c.QueryRow(ctx, s.q.Now).Scan(&us); err != nil {
+		return time.Time{}, unavailable("now", err)
+	}
+	return time.UnixMicro(us).UTC(), nil
+}
+
+// --- helpers -----------------------------------------------------------------
+
+// failure wraps the driver error of a statement run with ctx: with
+// core.ErrTxAborted when the database aborted the transaction that ctx
+// carries, else with core.ErrStoreUnavailable.
+func (s *Store) failure(ctx context.Context, op string, err error) error {
+	switch ctx.Value(ctxKey{}).(type) {
+	case nil, hiddenTx:
+	default:
+		if aborted(err) {
+			return fmt.Errorf("%w: pgxstore: %s: %w", core.ErrTxAborted, op, err)
+		}
+	}
+	return unavailable(op, err)
+}
+
+// aborted reports whether err says that Postgres aborted the transaction
+// the statement ran in: SQLSTATE 25P02 (an earlier statement failed), 40001
+// (serialization failure) or 40P01 (deadlock victim), as sqlstore reads
+// them.
+func aborted(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return errors.Is(err, errTxFailed)
+	}
+	switch pe.Code {
+	case "25P02", "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// unavailable wraps a driver error with core.ErrStoreUnavailable; both stay
+// inspectable with errors.Is / errors.As.
+func unavailable(op string, err error) error {
+	if errors.Is(err, core.ErrStoreUnavailable) || errors.Is(err, core.ErrConfig) || errors.Is(err, core.ErrTxAborted) {
+		return err
+	}
+	return fmt.Errorf("%w: pgxstore: %s: %w", core.ErrStoreUnavailable, op, err)
+}
+
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// timeArg is t as a column value: UTC, truncated to microseconds (the
+// columns keep microseconds); the zero time is NULL.
+func timeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UTC().Truncate(time.Microsecond)
+}
+
+// debugString returns s as valid UTF-8 without NUL bytes (which Postgres
+// text refuses), of at most core.MaxDebugLen bytes.
+func debugString(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if len(s) <= core.MaxDebugLen {
+		return s
+	}
+	s = s[:core.MaxDebugLen]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
+
+// takeable reports whether req may take rec over (lapsed lease, Takeover).
+func takeable(rec core.Record, req core.ClaimRequest) bool {
+	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
+}
+
+// inProgressElsewhere is the answer when another transaction holds the
+// identity and its row is not visible.
+func inProgressElsewhere(id core.ID) core.ClaimResult {
+	return core.ClaimResult{Record: core.Record{ID: id, State: core.StateInProgress}}
+}
+
+// scanRecord scans the columns of pgsql.Cols into rec, after any extra
+// leading destinations. found is false when the row's columns are all
+// NULL (an outer join that matched nothing).
+func scanRecord(r pgx.Row, rec *core.Record, extra ...any) (found bool, err error) {
+	var (
+		id                       []byte
+		caller, scope, key       *string
+		state                    *int16
+		token                    *int64
+		attempt, status          *int32
+		leaseUntil, exp, created *time.Time
+	)
+	dest := append(extra, &id, &caller, &scope, &key, &rec.Fingerprint, &state, &token, &attempt,
+		&leaseUntil, &exp, &created, &status, &rec.Response)
+	if err := r.Scan(dest...); err != nil {
+		return false, err
+	}
+	if id == nil {
+		*rec = core.Record{}
+		return false, nil
+	}
+	if len(id) != len(rec.ID) {
+		return false, fmt.Errorf("pgxstore: id of %d bytes", len(id))
+	}
+	copy(rec.ID[:], id)
+	rec.Caller, rec.Scope, rec.Key = deref(caller), deref(scope), deref(key)
+	rec.State = core.State(deref(state))
+	rec.Token = deref(token)
+	rec.Attempt = int(deref(attempt))
+	rec.Status = int(deref(status))
+	rec.LeaseUntil, rec.ExpiresAt, rec.CreatedAt = utc(leaseUntil), utc(exp), utc(created)
+	return true, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func utc(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
