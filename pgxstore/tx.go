@@ -169,20 +169,34 @@ func (l *lazyTx) beginWith(ctx context.Context, q string, args []any, scan func(
 		}
 		return scan(l.conn.QueryRow(ctx, q, args...))
 	}
-	conn, err := l.s.pool.Acquire(l.ctx)
-	if err != nil {
-		l.err = err
-		return false, err
-	}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(q, args...)
-	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		conn.Release()
-		l.err = err
-		return false, err
+	// A connection that fails before BEGIN succeeded (a new connection cut
+	// while connecting, an idle one the server closed) is tried once more
+	// on another, as database/sql retries a bad connection: nothing of the
+	// transaction can have committed.
+	var (
+		conn *pgxpool.Conn
+		br   pgx.BatchResults
+		err  error
+	)
+	for try := 0; ; try++ {
+		conn, err = l.s.pool.Acquire(l.ctx)
+		if err == nil {
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			b.Queue(q, args...)
+			br = conn.SendBatch(ctx, b)
+			if _, err = br.Exec(); err != nil {
+				_ = br.Close()
+				conn.Release()
+			}
+		}
+		if err == nil {
+			break
+		}
+		if try == 1 || l.ctx.Err() != nil || ctx.Err() != nil {
+			l.err = err
+			return false, err
+		}
 	}
 	l.conn = conn
 	found, err := scan(br.QueryRow())
