@@ -35,7 +35,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: store}
 	e.tx, _ = store.(TxStore)
 	e.cfg = config{
-		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}},
+		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, maxAttempt: DefaultMaxAttempt},
 		clock:       time.Now,
 		lease:       DefaultLease,
 		takeover:    true,
@@ -167,8 +167,13 @@ type attempt struct {
 	// leased mode: the engine's heartbeat extends the lease while the
 	// attempt is held (see lease.go) and cancels the handler's context with
 	// ErrLeaseLost when a takeover fenced it.
-	lost   atomic.Bool
-	cancel context.CancelCauseFunc
+	lost atomic.Bool
+	// stop releases the MaxAttempt timer of a middleware-managed atomic
+	// attempt (a no-op otherwise); expired: MaxAttempt passed, the lease
+	// is no longer extended.
+	stop    func()
+	expired atomic.Bool
+	cancel  context.CancelCauseFunc
 
 	// finish ran (atomic mode: at the response cap, before the handler
 	// returned): later calls return its result.
@@ -242,17 +247,20 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
 		req.Takeover, takeover = takeover, false
-		cctx, tx := sctx, Tx(nil)
+		cctx, tx, stop := sctx, Tx(nil), func() {}
 		if rt.atomic && !joined {
 			// The attempt outlives its client, as in leased mode: a client
 			// that goes away (the request's context ends) neither rolls the
 			// transaction back nor cancels the handler, whose claim must
 			// hold until it ends, or a retry meanwhile would run it again
 			// (after MarkEffect: a second charge). It records its answer
-			// for the retry.
+			// for the retry. MaxAttempt bounds it instead.
+			var bctx context.Context
+			bctx, stop = rt.bounded(context.WithoutCancel(ctx))
 			var err error
-			cctx, tx, err = e.tx.Begin(context.WithoutCancel(ctx))
+			cctx, tx, err = e.tx.Begin(bctx)
 			if err != nil {
+				stop()
 				return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
 			}
 		}
@@ -262,12 +270,13 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 				dst = new(attempt)
 			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
-				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel}
+				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel, stop: stop}
 			return dst, answer{}
 		}
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
 		}
+		stop()
 		if errors.Is(err, ErrLostRace) {
 			// Another transaction (on a multi-primary cluster, another
 			// node) claimed the identity first and the database rolled
@@ -347,6 +356,36 @@ func (rt *Route) leasedCtx(ctx context.Context) context.Context {
 		ctx = rt.e.tx.WithoutTx(ctx)
 	}
 	return ctx
+}
+
+// bound starts the attempt's MaxAttempt bound and returns the function
+// that ends it, once the attempt has finished. Atomic mode: the
+// transaction's context carries the bound (Route.bounded); the returned
+// function releases its timer. Leased mode: at the bound the handler's
+// context is cancelled (cause ErrAttemptTimeout) and the heartbeat stops
+// extending the lease, which lapses, so a retry can take over.
+func (a *attempt) bound() func() {
+	if !a.rt.atomic && a.rt.p.maxAttempt > 0 && a.cancel != nil {
+		t := time.AfterFunc(a.rt.p.maxAttempt, func() {
+			a.expired.Store(true)
+			a.cancel(ErrAttemptTimeout)
+		})
+		return func() { t.Stop() }
+	}
+	if a.stop != nil {
+		return a.stop
+	}
+	return func() {}
+}
+
+// bounded returns ctx ending at the route's MaxAttempt (cause
+// ErrAttemptTimeout), and the function that releases its timer.
+func (rt *Route) bounded(ctx context.Context) (context.Context, func()) {
+	if rt.p.maxAttempt <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, rt.p.maxAttempt, ErrAttemptTimeout)
+	return ctx, cancel
 }
 
 func storeErr(err error) error {

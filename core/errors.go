@@ -72,6 +72,9 @@ var (
 	// ErrNotFound: a store has no live record for the identity (absent or
 	// expired).
 	ErrNotFound = errors.New("idem: record not found")
+	// ErrAttemptTimeout is the cause (context.Cause) with which a
+	// handler's context ends when its attempt ran for MaxAttempt.
+	ErrAttemptTimeout = errors.New("idem: the attempt ran for MaxAttempt")
 	// ErrFenced: a store refused Complete, Extend or Release because the
 	// record is gone or its fencing token differs from the caller's.
 	ErrFenced = errors.New("idem: fencing token does not match")

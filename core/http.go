@@ -257,6 +257,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		defer cancel(nil)
 		att.cancel = cancel
 	}
+	defer att.bound()()
 	e.hold(att)
 	r = r.WithContext(hctx)
 	r.Body = &c.body

@@ -71,7 +71,9 @@ func (e *Engine) heartbeat() {
 	}
 	batch := l.batch[:0]
 	for a := range l.held {
-		batch = append(batch, a)
+		if !a.expired.Load() { // past MaxAttempt: the lease lapses
+			batch = append(batch, a)
+		}
 	}
 	l.mu.Unlock()
 	var wg sync.WaitGroup

@@ -103,6 +103,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		base = ctx
 	}
 	hctx := context.WithValue(base, attemptKey{}, att)
+	defer att.bound()()
 	e.hold(att)
 
 	var value []byte

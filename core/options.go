@@ -14,6 +14,7 @@ import (
 const (
 	DefaultRetention       = 24 * time.Hour   // how long a record lives
 	DefaultLease           = 30 * time.Second // leased mode: lease of a running attempt
+	DefaultMaxAttempt      = 5 * time.Minute  // how long one attempt may run (MaxAttempt)
 	DefaultRetryAfter      = 1 * time.Second  // Retry-After of 409 and 503 answers
 	DefaultMaxRequestBody  = 1 << 20          // bytes read to fingerprint a request
 	DefaultMaxResponseBody = 1 << 20          // bytes of a response body that are recorded
@@ -94,6 +95,7 @@ type policy struct {
 	fingerprint Fingerprinter // nil: DefaultFingerprint
 	optionalKey bool
 	methods     []string
+	maxAttempt  time.Duration // 0: unbounded
 }
 
 // WithCaller sets the function that names the caller. Either WithCaller or
@@ -293,6 +295,24 @@ func Retention(d time.Duration) RouteOption {
 		panic("idem: Retention must be positive")
 	}
 	return routeOption(func(p *policy) { p.retention = d })
+}
+
+// MaxAttempt bounds how long one attempt may run (default
+// DefaultMaxAttempt, 5 minutes; 0: unbounded). An attempt outlives its
+// client (CONTRACT section 5), so without a bound a handler stuck on an
+// external call without a timeout would hold its key (409 to every retry)
+// and, in atomic mode, its transaction for as long as the process lives.
+// At the bound the handler's context ends with cause ErrAttemptTimeout
+// (in atomic mode the transaction with it); in leased mode the lease is no
+// longer extended, so it lapses and a retry can take over (the stale
+// attempt's completion is fenced). What the handler answers then is
+// classified as always: a 5xx before MarkEffect releases the key, after it
+// the outcome is indeterminate.
+func MaxAttempt(d time.Duration) RouteOption {
+	if d < 0 {
+		panic("idem: MaxAttempt must not be negative")
+	}
+	return routeOption(func(p *policy) { p.maxAttempt = d })
 }
 
 // WaitInFlight makes an in-flight duplicate wait up to d for the first

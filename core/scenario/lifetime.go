@@ -291,3 +291,37 @@ func testLateBodyReader(t *testing.T, x *harness) {
 		t.Fatalf("the late reader read %d bytes %.60q..., want its own %d-byte body", len(got), got, len(lateBody))
 	}
 }
+
+// testMaxAttempt: a handler that waits for its context (an external call
+// that never answers) is ended at MaxAttempt with cause ErrAttemptTimeout,
+// although its client is still there; its 503 before MarkEffect releases
+// the key, and the retry runs.
+func testMaxAttempt(t *testing.T, x *harness) {
+	var n atomic.Int32
+	causes := make(chan error, 1)
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Options: []core.RouteOption{core.MaxAttempt(50 * time.Millisecond)}, Handler: func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if i == 1 {
+			select {
+			case <-r.Context().Done():
+				causes <- context.Cause(r.Context())
+			case <-time.After(failsafe):
+				causes <- nil
+			}
+			http.Error(w, "the provider did not answer", http.StatusServiceUnavailable)
+			return
+		}
+		writeOrder(w, r, int(i))
+	}})
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	if first.Status != http.StatusServiceUnavailable {
+		t.Errorf("first: %v, want the handler's 503", first)
+	}
+	if cause := <-causes; !errors.Is(cause, core.ErrAttemptTimeout) {
+		t.Errorf("the handler's context ended with %v, want ErrAttemptTimeout", cause)
+	}
+	retry := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	wantCalls(t, &n, 2)
+}
