@@ -526,9 +526,8 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // finish records the outcome and, in middleware-managed atomic mode,
 // commits or rolls back. It returns the decision, and an error when the
 // outcome could not be made durable: the client must then not see the
-// handler's answer. It acts once: a second call (the handler returns, or
-// panics, after an atomic answer passed the response cap and was committed
-// early) returns the first call's result.
+// handler's answer. It acts once: a second call returns the first call's
+// result.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	if !a.finished {
 		a.decision, a.err = a.record(v, resp)

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -263,9 +264,6 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
-	if rt.atomic {
-		rec.owner = c // commits at the cap (commitAtCap)
-	}
 	defer rec.free()
 	panicked := true
 	defer func() {
@@ -290,6 +288,29 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		return
 	}
 
+	if err := rec.settle(); err != nil {
+		// Atomic mode, and the answer past the cap could not be spilled
+		// to its temporary file: the answer is incomplete, so nothing is
+		// recorded; the attempt ends as a panic would (released: the
+		// transaction rolls back; indeterminate after MarkEffect) and the
+		// client gets the engine's 500.
+		p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err)) // internal: not shown
+		p.RecordID = ev.ID.String()
+		var ferr error
+		ev.Decision, ferr = att.finish(att.classify(0, true), problemResponse(p))
+		ev.Err = errors.Join(err, ferr)
+		if ferr != nil {
+			// Not even that could be made durable: the store's problem
+			// (503, retry).
+			p = e.problemFor(ferr)
+			p.RecordID = ev.ID.String()
+		}
+		clear(w.Header())
+		e.cfg.errorWriter(w, r, p)
+		ev.Status = p.Status
+		e.emit(ctx, ev, start)
+		return
+	}
 	resp := &c.resp
 	rec.response(resp)
 	att.recordAllow = e.cfg.recorded
@@ -325,22 +346,6 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		rec.deliver()
 	}
 	e.emit(ctx, ev, start)
-}
-
-// commitAtCap finishes an atomic attempt whose answer just passed the
-// recording cap: the outcome (the status, the body not kept) is recorded
-// and the transaction committed before anything reaches the client, so the
-// rest of the answer can stream through instead of being held in memory.
-// The verdict is the status's (a 5xx without MarkEffect rolls back and
-// releases); a later Release or MarkEffect does not change it. After it the
-// transaction is over: the handler's further statements on it fail with
-// the transaction's own error (sql.ErrTxDone for database/sql).
-func (c *call) commitAtCap() error {
-	att := &c.att
-	c.rec.response(&c.resp)
-	att.recordAllow = att.e.cfg.recorded
-	_, err := att.finish(att.classify(c.resp.Status, false), &c.resp)
-	return err
 }
 
 // callerError is a caller function's own failure (not "no caller"): the
@@ -627,21 +632,24 @@ func (b *bodyReader) Close() error { return nil }
 // outcome is recorded, unless the body passes the cap (both modes) or, in
 // leased mode, the handler flushes or hijacks: then it writes through and
 // the record says the body was not kept. In atomic mode nothing reaches the
-// client before the commit: Flush is deferred and Hijack refused, and at
-// the cap the attempt commits first (call.commitAtCap); if that fails, the
-// write fails and the client gets the engine's 503 instead. So a response
-// holds at most the cap in memory. It keeps http.Flusher, http.Hijacker
-// and Unwrap working and ignores 1xx.
+// client before the commit: Flush is deferred and Hijack refused, and past
+// the cap the rest of the answer spills to a temporary file (the held bytes
+// stay in buf), so the handler keeps its transaction to the end; deliver
+// sends the held bytes, then the file, after the commit. If the commit
+// fails the client gets the engine's 503 and none of it. So a response
+// holds at most the cap (and a copy buffer) in memory. It keeps
+// http.Flusher, http.Hijacker and Unwrap working and ignores 1xx.
 type recorder struct {
 	w        http.ResponseWriter
 	atomic   bool
-	owner    *call // atomic mode: commits at the cap
 	status   int
 	max      int
 	buf      *[]byte
-	kept     bool  // the body is complete in buf
-	through  bool  // writing through to w
-	failed   error // the commit at the cap failed: every write fails
+	kept     bool          // the body is complete in buf
+	through  bool          // writing through to w
+	spill    *os.File      // atomic mode past the cap: the rest of the answer
+	spillW   *bufio.Writer // buffers writes to spill
+	failed   error         // spilling failed: every write fails (settle reports it)
 	hijacked bool
 	// transparent: a nested layer took over (call.supersede); every call
 	// goes to w unchanged.
@@ -655,6 +663,11 @@ func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
 }
 
 func (rec *recorder) free() {
+	if rec.spill != nil {
+		_ = rec.spill.Close()
+		_ = os.Remove(rec.spill.Name())
+		rec.spill, rec.spillW = nil, nil
+	}
 	if rec.buf != nil && cap(*rec.buf) <= 1<<20 {
 		bufPool.Put(rec.buf)
 	}
@@ -696,13 +709,22 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.through {
 		return rec.w.Write(p)
 	}
+	if rec.spillW != nil {
+		return rec.spillWrite(p)
+	}
 	if len(*rec.buf)+len(p) > rec.max {
 		rec.kept = false
-		if rec.owner != nil {
-			if err := rec.owner.commitAtCap(); err != nil {
-				rec.failed = err
-				return 0, err
+		if rec.atomic {
+			// Nothing may reach the client before the commit, and the
+			// handler may still be reading from its transaction: the
+			// rest goes to a temporary file, sent after the commit.
+			f, err := os.CreateTemp("", "idem-spill-*")
+			if err != nil {
+				rec.failed = fmt.Errorf("idem: the answer passed the recording cap (%d bytes) and its temporary file could not be created: %w", rec.max, err)
+				return 0, rec.failed
 			}
+			rec.spill, rec.spillW = f, bufio.NewWriterSize(f, 32<<10)
+			return rec.spillWrite(p)
 		}
 		rec.goThrough()
 		return rec.w.Write(p)
@@ -716,7 +738,7 @@ func (rec *recorder) WriteString(s string) (int, error) {
 	if rec.transparent {
 		return io.WriteString(rec.w, s)
 	}
-	if rec.through || rec.hijacked || rec.failed != nil || len(*rec.buf)+len(s) > rec.max {
+	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || len(*rec.buf)+len(s) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {
@@ -724,6 +746,32 @@ func (rec *recorder) WriteString(s string) (int, error) {
 	}
 	*rec.buf = append(*rec.buf, s...)
 	return len(s), nil
+}
+
+// spillWrite appends p to the temporary file (atomic mode past the cap).
+func (rec *recorder) spillWrite(p []byte) (int, error) {
+	n, err := rec.spillW.Write(p)
+	if err != nil {
+		rec.failed = fmt.Errorf("idem: the answer passed the recording cap (%d bytes) and its temporary file could not be written: %w", rec.max, err)
+		return n, rec.failed
+	}
+	return n, nil
+}
+
+// settle ends the handler's writing before the outcome is recorded: what
+// is buffered for the temporary file is written and the file rewound. It
+// returns why the answer could not be spilled whole (atomic mode).
+func (rec *recorder) settle() error {
+	if rec.failed == nil && rec.spillW != nil {
+		err := rec.spillW.Flush()
+		if err == nil {
+			_, err = rec.spill.Seek(0, io.SeekStart)
+		}
+		if err != nil {
+			rec.failed = fmt.Errorf("idem: the answer passed the recording cap (%d bytes) and its temporary file could not be written: %w", rec.max, err)
+		}
+	}
+	return rec.failed
 }
 
 // goThrough sends what is held and switches to writing through.
@@ -737,6 +785,21 @@ func (rec *recorder) goThrough() {
 		_, _ = rec.w.Write(*rec.buf)
 		*rec.buf = (*rec.buf)[:0]
 	}
+	rec.sendSpill()
+}
+
+// sendSpill sends the temporary file's contents, if any (after the held
+// bytes), and drops the file.
+func (rec *recorder) sendSpill() {
+	if rec.spill == nil {
+		return
+	}
+	if rec.settle() == nil {
+		_, _ = io.Copy(rec.w, rec.spill)
+	}
+	_ = rec.spill.Close()
+	_ = os.Remove(rec.spill.Name())
+	rec.spill, rec.spillW = nil, nil
 }
 
 // passThrough makes the recorder transparent (call.supersede). Anything
@@ -753,8 +816,8 @@ func (rec *recorder) passThrough() {
 }
 
 // Flush streams the response in leased mode (the body is then not kept);
-// in atomic mode it is deferred until the transaction commits (or, past
-// the cap, flushes what streams after the commit).
+// in atomic mode it is deferred until the transaction commits (deliver then
+// sends everything, past the cap from the temporary file).
 func (rec *recorder) Flush() {
 	if rec.transparent {
 		_ = http.NewResponseController(rec.w).Flush()
@@ -817,4 +880,5 @@ func (rec *recorder) deliver() {
 	if len(*rec.buf) > 0 {
 		_, _ = rec.w.Write(*rec.buf)
 	}
+	rec.sendSpill()
 }

@@ -180,6 +180,27 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 			}
 			return tx.WithContext(ctx).Table(orders).Create(&order{Name: name}).Error
 		},
+		Stream: func(ctx context.Context, prefix string, each func(string) error) error {
+			tx := gormstore.DB(ctx)
+			if tx == nil {
+				return errors.New("no GORM transaction in the context")
+			}
+			rows, err := tx.WithContext(ctx).Table(orders).Select("name").Where("name LIKE ?", prefix+"%").Order("name").Rows()
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var name string
+				if err := rows.Scan(&name); err != nil {
+					return err
+				}
+				if err := each(name); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		},
 		Unique: func(ctx context.Context, name string) error {
 			tx := gormstore.DB(ctx)
 			if tx == nil {

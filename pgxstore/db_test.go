@@ -114,6 +114,27 @@ func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
 		Store:  s,
 		Insert: insert(orders),
 		Unique: insert(unique),
+		Stream: func(ctx context.Context, prefix string, each func(string) error) error {
+			tx := pgxstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			rows, err := tx.Query(ctx, "SELECT name FROM "+orders+" WHERE name LIKE $1 ORDER BY name", prefix+"%")
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var name string
+				if err := rows.Scan(&name); err != nil {
+					return err
+				}
+				if err := each(name); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		},
 		Count: func(t testing.TB, name string) int {
 			var n int
 			if err := pool.QueryRow(context.Background(), "SELECT COUNT(*) FROM "+orders+" WHERE name = $1", name).Scan(&n); err != nil {

@@ -140,6 +140,27 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
+		Stream: func(ctx context.Context, prefix string, each func(string) error) error {
+			tx := sqlstore.TxFrom(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the context")
+			}
+			rows, err := tx.QueryContext(ctx, "SELECT name FROM "+orders+" WHERE name LIKE "+ph(d)+" ORDER BY name", prefix+"%")
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var name string
+				if err := rows.Scan(&name); err != nil {
+					return err
+				}
+				if err := each(name); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		},
 		Unique: func(ctx context.Context, name string) error {
 			tx := sqlstore.TxFrom(ctx)
 			if tx == nil {

@@ -24,6 +24,12 @@ type Fixture struct {
 	Insert func(ctx context.Context, name string) error
 	// Count returns how many committed business rows are named name.
 	Count func(t testing.TB, name string) int
+	// Stream reads the business rows whose names start with prefix, in
+	// name order, from a cursor in the transaction that ctx carries,
+	// calling each for every row while the cursor is open; it returns the
+	// first error of each, else the cursor's own (rows.Err). It fails when
+	// ctx carries no transaction.
+	Stream func(ctx context.Context, prefix string, each func(name string) error) error
 	// CallerManaged begins the application's own transaction, runs fn with
 	// a context that carries it (sqlstore.WithTx, gormstore.WithTx), and
 	// commits when fn returns nil, else rolls back.

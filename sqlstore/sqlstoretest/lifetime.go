@@ -24,8 +24,8 @@ import (
 // outlives, on a real database: a Leased() route under the application's
 // transaction-per-request middleware (its record commits on its own
 // connection, whatever the request's context carries), and an atomic answer
-// far over the recording cap (committed first, then streamed, with bounded
-// memory).
+// far over the recording cap (spilled to a temporary file, committed with
+// the record when the handler returns, then sent, with bounded memory).
 func RunLifetime(t *testing.T, cfg Config) {
 	for _, tc := range []struct {
 		name string
@@ -35,7 +35,8 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased in the app's transaction: a success is recorded even when the app rolls back", leasedAppRollbackSuccess},
 		{"ok, leased in the app's transaction: a duplicate from another connection gets 409 while the first runs", leasedAppInFlight},
 		{"ok, leased Once in the caller's transaction: the record commits on its own connection", leasedOnceInCallerTx},
-		{"ok, atomic: a 50 MiB answer commits at the cap and streams with bounded memory", atomicStream},
+		{"ok, atomic: a 50 MiB answer spills past the cap, commits, then streams with bounded memory", atomicStream},
+		{"ok, atomic: an export streamed from a cursor of the transaction past the cap reaches the client whole", atomicCursorExport},
 		{"ok, atomic: a client that goes away does not end the attempt; a retry meanwhile gets 409, afterwards the replay", atomicClientGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, cfg) })
@@ -271,10 +272,13 @@ func leasedAppInFlight(t *testing.T, cfg Config) {
 }
 
 // atomicStream: a handler in middleware-managed atomic mode writes its
-// business row, then a 50 MiB answer. Past the recording cap the engine
-// commits (the row and the record, status 201, body not kept), then
-// streams: the client gets every byte, the process allocates far less than
-// the answer, and a retry gets the 201 with a response-not-kept problem.
+// business row, then a 50 MiB answer, then a last row on the same
+// transaction. Past the recording cap the answer spills to a temporary
+// file; the handler keeps its transaction, so the last row succeeds; the
+// engine commits (both rows and the record, status 201, body not kept),
+// then sends: the client gets every byte, the process allocates far less
+// than the answer, and a retry gets the 201 with a response-not-kept
+// problem.
 func atomicStream(t *testing.T, cfg Config) {
 	const size = 50 << 20
 	chunk := []byte(strings.Repeat("0123456789abcdef", 4096)) // 64 KiB
@@ -299,7 +303,7 @@ func atomicStream(t *testing.T, cfg Config) {
 				return
 			}
 		}
-		// The transaction committed at the cap: a late write fails.
+		// The transaction is still open past the cap: a late write succeeds.
 		lateErr.Store(fmt.Sprint(f.Insert(r.Context(), "export-late")))
 	})))
 	t.Cleanup(srv.Close)
@@ -316,9 +320,12 @@ func atomicStream(t *testing.T, cfg Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The headers arrived: the business row is committed.
+	// The headers arrived: the business rows are committed.
 	if n := f.Count(t, "export"); n != 1 {
 		t.Errorf("business rows when the client got the headers: %d, want 1 (committed before anything was sent)", n)
+	}
+	if n := f.Count(t, "export-late"); n != 1 {
+		t.Errorf("late rows when the client got the headers: %d, want 1 (committed with the record)", n)
 	}
 	got, err := io.Copy(io.Discard, res.Body)
 	res.Body.Close()
@@ -330,11 +337,8 @@ func atomicStream(t *testing.T, cfg Config) {
 	if d := after.TotalAlloc - before.TotalAlloc; d > bound {
 		t.Errorf("the exchange allocated %d MiB for a %d MiB answer, want under %d MiB", d>>20, size>>20, bound>>20)
 	}
-	if v, _ := lateErr.Load().(string); v == "<nil>" {
-		t.Error("a write on the transaction after the commit at the cap succeeded")
-	}
-	if n := f.Count(t, "export-late"); n != 0 {
-		t.Errorf("%d rows written after the commit, want 0", n)
+	if v, _ := lateErr.Load().(string); v != "<nil>" {
+		t.Errorf("a write on the transaction past the cap failed: %s, want nil (the transaction stays open)", v)
 	}
 	dup, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"export":"all"}`))
 	if err != nil {
@@ -352,6 +356,69 @@ func atomicStream(t *testing.T, cfg Config) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1", n)
+	}
+}
+
+// atomicCursorExport: a handler in middleware-managed atomic mode inserts
+// 3000 rows, then streams them back (600 bytes a line, about 1.7 MiB, past
+// the 1 MiB recording cap) from a cursor on the same transaction. The
+// transaction must stay open until the handler returns: the client gets
+// every line with 201, and the rows are committed with the record.
+func atomicCursorExport(t *testing.T, cfg Config) {
+	const rows, width = 3000, 600
+	f := cfg.New(t)
+	if f.Stream == nil {
+		t.Fatal("the fixture sets no Stream: set Fixture.Stream")
+	}
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handlerErr atomic.Value
+	srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range rows {
+			if err := f.Insert(r.Context(), fmt.Sprintf("line-%05d", i)); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		pad := strings.Repeat(".", width-len("line-00000")-1)
+		err := f.Stream(r.Context(), "line-", func(name string) error {
+			_, err := io.WriteString(w, name+pad+"\n")
+			return err
+		})
+		handlerErr.Store(fmt.Sprint(err))
+	})))
+	t.Cleanup(srv.Close)
+
+	req, err := http.NewRequestWithContext(ctxT(t), http.MethodPost, srv.URL, strings.NewReader(`{"export":"lines"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(core.HeaderKey, "lines-"+Table())
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if v, _ := handlerErr.Load().(string); v != "<nil>" {
+		t.Errorf("the handler's cursor ended with %s, want nil", v)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if err != nil || res.StatusCode != http.StatusCreated || len(b) != rows*width || len(lines) != rows {
+		t.Fatalf("the client got %d with %d bytes, %d lines (%v), want 201 with %d bytes, %d lines", res.StatusCode, len(b), len(lines), err, rows*width, rows)
+	}
+	if last := fmt.Sprintf("line-%05d", rows-1); !strings.HasPrefix(lines[rows-1], last) {
+		t.Errorf("the last line starts %.20q, want %q", lines[rows-1], last)
+	}
+	for _, name := range []string{"line-00000", fmt.Sprintf("line-%05d", rows-1)} {
+		if n := f.Count(t, name); n != 1 {
+			t.Errorf("%d committed rows %s, want 1", n, name)
+		}
 	}
 }
 
