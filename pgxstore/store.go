@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -16,15 +15,12 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/pgsql"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // DefaultTable is the table name used when WithTable is not given; it is
 // sqlstore's, so both stores can share one table.
 const DefaultTable = "idempotency_records"
-
-// maxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
-// identifier limit.
-const maxTableLen = 48
 
 // Store is a core.TxStore on a pgx pool. Create it with New.
 type Store struct {
@@ -105,21 +101,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-func validTable(name string) error {
-	if name == "" || len(name) > maxTableLen {
-		return fmt.Errorf("%w: pgxstore: table name must be 1 to %d bytes, got %q", core.ErrConfig, maxTableLen, name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
-		case '0' <= c && c <= '9' && i > 0:
-		default:
-			return fmt.Errorf("%w: pgxstore: table name %q: only letters, digits and underscores, not starting with a digit", core.ErrConfig, name)
-		}
-	}
-	return nil
-}
+func validTable(name string) error { return storeutil.ValidTable("pgxstore", name) }
 
 // Table reports the store's table name.
 func (s *Store) Table() string { return s.table }
@@ -477,24 +459,7 @@ func timeArg(t time.Time) any {
 	return t.UTC().Truncate(time.Microsecond)
 }
 
-// debugString returns s as valid UTF-8 without NUL bytes (which Postgres
-// text refuses), of at most core.MaxDebugLen bytes.
-func debugString(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= core.MaxDebugLen {
-		return s
-	}
-	s = s[:core.MaxDebugLen]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
-}
+func debugString(s string) string { return storeutil.DebugString(s) }
 
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
 

@@ -5,21 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
-
-// maxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
-// identifier limit.
-const maxTableLen = 48
 
 // Conn is what the store runs its statements on. *sql.DB, *sql.Tx, *sql.Conn
 // and gorm.ConnPool all satisfy it.
@@ -138,21 +133,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-func validTable(name string) error {
-	if name == "" || len(name) > maxTableLen {
-		return fmt.Errorf("%w: sqlstore: table name must be 1 to %d bytes, got %q", core.ErrConfig, maxTableLen, name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
-		case '0' <= c && c <= '9' && i > 0:
-		default:
-			return fmt.Errorf("%w: sqlstore: table name %q: only letters, digits and underscores, not starting with a digit", core.ErrConfig, name)
-		}
-	}
-	return nil
-}
+func validTable(name string) error { return storeutil.ValidTable("sqlstore", name) }
 
 // Dialect reports the store's dialect.
 func (s *Store) Dialect() Dialect { return s.d }
@@ -701,24 +682,7 @@ func nullBytes(b []byte) any {
 	return b
 }
 
-// debugString returns s as valid UTF-8 without NUL bytes (which Postgres
-// text refuses), of at most core.MaxDebugLen bytes.
-func debugString(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= core.MaxDebugLen {
-		return s
-	}
-	s = s[:core.MaxDebugLen]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
-}
+func debugString(s string) string { return storeutil.DebugString(s) }
 
 func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
