@@ -1,0 +1,128 @@
+package echo5idem_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/echo5idem"
+	"github.com/labstack/echo/v5"
+)
+
+// TestGroupNotFound: a group with the middleware registers catch-all
+// RouteNotFound routes (Echo does so for every group with middleware);
+// requests they answer keep Echo's 404, with or without a key, and are
+// never recorded. Routes of the group stay protected.
+func TestGroupNotFound(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	g := r.Group("/api", echo5idem.New(e))
+	runs := 0
+	g.POST("/orders", counter(&runs))
+	g.GET("/orders/:id", counter(&runs))
+
+	for _, path := range []string{"/api/nowhere", "/api", "/api/orders/7"} {
+		for _, key := range []string{"", "k1", "k1"} {
+			w := do(r, "POST", path, key)
+			if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || replayed(w) {
+				t.Errorf("POST %s (key %q): %d %q, want Echo's own 404 or 405", path, key, w.Code, w.Body)
+			}
+		}
+	}
+	if w := do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
+		t.Errorf("a route of the group without a key: %d, want 400", w.Code)
+	}
+	if runs != 0 {
+		t.Errorf("a handler ran %d times", runs)
+	}
+}
+
+// TestInstalledWithPre: installed with Pre, the middleware runs before
+// Echo routes the request; a request that reaches a route is refused (500
+// not-protected), never passed through unprotected; unknown paths keep
+// Echo's 404.
+func TestInstalledWithPre(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.Pre(echo5idem.New(e))
+	runs := 0
+	r.POST("/orders/:id", counter(&runs))
+
+	for _, key := range []string{"", "k1", "k1"} {
+		if w := do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
+		}
+	}
+	if runs != 0 {
+		t.Errorf("the handler ran %d times unprotected", runs)
+	}
+	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusNotFound {
+		t.Errorf("unknown path: %d, want Echo's 404", w.Code)
+	}
+}
+
+// TestBodyConsumedUpstream: a middleware before echo5idem that reads the
+// body without restoring it (as c.Bind does) makes the request refused
+// (500, body-consumed), never fingerprinted as empty.
+func TestBodyConsumedUpstream(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c *echo.Context) error {
+			_, _ = io.ReadAll(c.Request().Body)
+			return next(c)
+		}
+	})
+	r.Use(echo5idem.New(e))
+	runs := 0
+	r.POST("/orders", counter(&runs))
+
+	w := do(r, "POST", "/orders", "k1")
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "body-consumed") {
+		t.Errorf("consumed body: %d %q, want a 500 body-consumed problem", w.Code, w.Body)
+	}
+	if runs != 0 {
+		t.Errorf("the handler ran %d times, want 0", runs)
+	}
+}
+
+// TestRouterAnswers: what Echo's router answers itself keeps its answer,
+// with or without a key, and is never recorded: a RouteNotFound route of
+// the application's own (a custom 404 page) and a known path with another
+// method (405 with Allow). A route registered with Any is a route: its
+// POSTs are protected.
+func TestRouterAnswers(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.Use(echo5idem.New(e))
+	notFound, anyRuns, getRuns := 0, 0, 0
+	r.RouteNotFound("/pages/*", func(c *echo.Context) error {
+		notFound++
+		return c.String(http.StatusNotFound, "no such page")
+	})
+	r.GET("/orders", counter(&getRuns))
+	r.Any("/hooks", counter(&anyRuns))
+
+	for i, key := range []string{"", "k1", "k1"} {
+		if w := do(r, "POST", "/pages/nowhere", key); w.Code != http.StatusNotFound || w.Body.String() != "no such page" || replayed(w) {
+			t.Errorf("RouteNotFound, key %q: %d %q replayed=%v, want the application's own 404", key, w.Code, w.Body, replayed(w))
+		}
+		if notFound != i+1 {
+			t.Errorf("RouteNotFound handler ran %d times after %d requests, want every time", notFound, i+1)
+		}
+		if w := do(r, "POST", "/orders", key); w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") == "" || replayed(w) {
+			t.Errorf("another method, key %q: %d Allow=%q replayed=%v, want Echo's 405 with Allow", key, w.Code, w.Header().Get("Allow"), replayed(w))
+		}
+	}
+	if w := do(r, "POST", "/hooks", ""); w.Code != http.StatusBadRequest {
+		t.Errorf("an Any route without a key: %d, want 400 (protected)", w.Code)
+	}
+	first, second := do(r, "POST", "/hooks", "k2"), do(r, "POST", "/hooks", "k2")
+	if first.Code != http.StatusCreated || !same(first, second) || anyRuns != 1 {
+		t.Errorf("an Any route: %d then %d replayed=%v, runs %d; want one run and a replay", first.Code, second.Code, replayed(second), anyRuns)
+	}
+	if getRuns != 0 {
+		t.Errorf("GET /orders ran %d times", getRuns)
+	}
+}

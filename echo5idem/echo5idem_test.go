@@ -1,0 +1,439 @@
+package echo5idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/echo5idem"
+	"github.com/labstack/echo/v5"
+	"github.com/labstack/echo/v5/middleware"
+)
+
+// events records the scope of every decision of an engine.
+type events struct {
+	mu     sync.Mutex
+	scopes []string
+}
+
+func (ev *events) observe(_ context.Context, e core.Event) {
+	ev.mu.Lock()
+	ev.scopes = append(ev.scopes, e.Scope)
+	ev.mu.Unlock()
+}
+
+func (ev *events) last() string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.scopes) == 0 {
+		return ""
+	}
+	return ev.scopes[len(ev.scopes)-1]
+}
+
+// newEngine returns an engine over st (a leased memstore when nil) that
+// logs nothing and reports scopes to the returned events.
+func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
+	t.Helper()
+	if st == nil {
+		st = memstore.New()
+	}
+	ev := &events{}
+	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
+		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
+	e, err := core.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ev
+}
+
+func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(core.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+func replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get(core.HeaderReplayed) == "true"
+}
+
+// counter is a handler that counts its runs and answers 201 with the count.
+func counter(n *int) echo.HandlerFunc {
+	return func(c *echo.Context) error {
+		*n++
+		return c.JSON(http.StatusCreated, map[string]any{"run": *n, "id": c.Param("id")})
+	}
+}
+
+// same reports whether a replay equals the first answer.
+func same(first, replay *httptest.ResponseRecorder) bool {
+	return replayed(replay) && first.Code == replay.Code && first.Body.String() == replay.Body.String() &&
+		first.Header().Get("Content-Type") == replay.Header().Get("Content-Type")
+}
+
+func TestScopeIsTheRoutePattern(t *testing.T) {
+	install := map[string]func(e *core.Engine, h echo.HandlerFunc) *echo.Echo{
+		"global": func(e *core.Engine, h echo.HandlerFunc) *echo.Echo {
+			r := echo.New()
+			r.Use(echo5idem.New(e))
+			r.POST("/api/orders/:id/refunds", h)
+			return r
+		},
+		"group": func(e *core.Engine, h echo.HandlerFunc) *echo.Echo {
+			r := echo.New()
+			g := r.Group("/api", echo5idem.New(e))
+			g.POST("/orders/:id/refunds", h)
+			return r
+		},
+		"per route": func(e *core.Engine, h echo.HandlerFunc) *echo.Echo {
+			r := echo.New()
+			r.POST("/api/orders/:id/refunds", h, echo5idem.New(e))
+			return r
+		},
+	}
+	for name, build := range install {
+		t.Run("ok, "+name+": two ids with the same key and body share the scope (the second is a 422)", func(t *testing.T) {
+			e, ev := newEngine(t, nil)
+			n := 0
+			r := build(e, counter(&n))
+			first := do(r, "POST", "/api/orders/1/refunds", "k")
+			second := do(r, "POST", "/api/orders/2/refunds", "k")
+			if first.Code != 201 || second.Code != 422 || replayed(second) || n != 1 {
+				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
+					first.Code, first.Body, second.Code, second.Body, replayed(second), n)
+			}
+			if got := ev.last(); got != "POST /api/orders/:id/refunds" {
+				t.Fatalf("scope %q, want the route pattern", got)
+			}
+		})
+	}
+}
+
+func TestExplicitScope(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	r := echo.New()
+	r.POST("/v1/orders", counter(&n), echo5idem.New(e, core.Scope("create-order")))
+	r.POST("/v2/orders", counter(&n), echo5idem.New(e, core.Scope("create-order")))
+	do(r, "POST", "/v1/orders", "k")
+	if w := do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.last() != "create-order" {
+		// One record for both routes (a record of its own would run the
+		// handler); the path is part of the fingerprint, so: 422.
+		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.last())
+	}
+}
+
+// customErrors is an application's HTTPErrorHandler: its own JSON shape and
+// a header.
+func customErrors(c *echo.Context, err error) {
+	if r, _ := echo.UnwrapResponse(c.Response()); r != nil && r.Committed {
+		return
+	}
+	code := echo.StatusCode(err)
+	if code == 0 {
+		code = http.StatusInternalServerError
+	}
+	c.Response().Header().Set("Content-Language", "en")
+	_ = c.JSON(code, map[string]string{"error": err.Error(), "path": c.Path()})
+}
+
+func TestReturnedErrorsAreRecorded(t *testing.T) {
+	tests := []struct {
+		name     string
+		store    func() core.Store
+		handler  func(n int) error
+		errors   echo.HTTPErrorHandler // nil: Echo's default
+		code     int
+		body     string
+		runsTwo  bool // the retry executes again (released), instead of replaying
+		retryRan int
+	}{
+		{name: "ok, an HTTPError is recorded as Echo's default handler sends it",
+			handler: func(int) error { return echo.NewHTTPError(http.StatusConflict, "out of stock") },
+			code:    409, body: `{"message":"out of stock"}` + "\n"},
+		{name: "ok, an HTTPError through a custom error handler",
+			handler: func(int) error { return echo.NewHTTPError(http.StatusUnprocessableEntity, "bad iban") },
+			errors:  customErrors,
+			code:    422, body: `{"error":"code=422, message=bad iban","path":"/orders/:id"}` + "\n"},
+		{name: "ok, a plain error is the 500 the error handler sends; leased, before MarkEffect: released, the retry runs",
+			handler: func(int) error { return errors.New("db down") },
+			code:    500, body: `{"message":"Internal Server Error"}` + "\n", runsTwo: true},
+		{name: "ok, a plain error in atomic mode: 500, released, the retry runs",
+			store:   func() core.Store { return memstore.New().Atomic() },
+			handler: func(n int) error { return fmt.Errorf("attempt %d failed", n) },
+			code:    500, body: `{"message":"Internal Server Error"}` + "\n", runsTwo: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var st core.Store
+			if tt.store != nil {
+				st = tt.store()
+			}
+			e, _ := newEngine(t, st)
+			n := 0
+			var outerErr []error
+			r := echo.New()
+			if tt.errors != nil {
+				r.HTTPErrorHandler = tt.errors
+			}
+			r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+				return func(c *echo.Context) error {
+					err := next(c)
+					outerErr = append(outerErr, err)
+					return err
+				}
+			})
+			r.POST("/orders/:id", func(c *echo.Context) error { n++; return tt.handler(n) }, echo5idem.New(e))
+			first, second := do(r, "POST", "/orders/1", "k"), do(r, "POST", "/orders/1", "k")
+			if first.Code != tt.code || first.Body.String() != tt.body {
+				t.Fatalf("first %d %q, want %d %q", first.Code, first.Body, tt.code, tt.body)
+			}
+			if tt.runsTwo {
+				if replayed(second) || n != 2 {
+					t.Fatalf("retry replayed=%v runs=%d, want a second execution", replayed(second), n)
+				}
+			} else if !same(first, second) || n != 1 || second.Header().Get("Content-Language") != first.Header().Get("Content-Language") {
+				t.Fatalf("replay %d %q %v, runs %d; want the first answer again", second.Code, second.Body, second.Header(), n)
+			}
+			if outerErr[0] != nil || outerErr[1] != nil {
+				t.Fatalf("the middleware returned %v, want nil (the error is answered inside the capture)", outerErr)
+			}
+		})
+	}
+}
+
+func TestRestoreAndHooks(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	n, hooks := 0, 0
+	var status int
+	var attempt, ownReq bool
+	r := echo.New()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c *echo.Context) error {
+			req, res := c.Request(), c.Response()
+			er, err := echo.UnwrapResponse(res)
+			if err != nil {
+				return err
+			}
+			er.Before(func() { hooks++ })
+			err = next(c)
+			_, attempt = core.AttemptFrom(c.Request().Context())
+			ownReq = c.Request() == req && c.Response() == res
+			status = er.Status
+			return err
+		}
+	}, echo5idem.New(e))
+	r.POST("/orders", counter(&n))
+	for i, name := range []string{"ok, the first answer", "ok, the replay"} {
+		t.Run(name, func(t *testing.T) {
+			hooks = 0
+			w := do(r, "POST", "/orders", "k")
+			if w.Code != 201 || status != 201 || attempt || !ownReq || hooks != 1 || replayed(w) != (i == 1) {
+				t.Fatalf("code %d, outer saw status %d attempt=%v own request/response=%v, Before hooks %d", w.Code, status, attempt, ownReq, hooks)
+			}
+		})
+	}
+}
+
+func TestSkipper(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	n := 0
+	r := echo.New()
+	r.Use(echo5idem.NewWithConfig(echo5idem.Config{
+		Engine:  e,
+		Skipper: func(c *echo.Context) bool { return c.Request().Header.Get("X-Internal") != "" },
+	}))
+	r.POST("/orders", counter(&n))
+	tests := []struct {
+		name     string
+		internal string
+		replayed bool
+		runs     int
+	}{
+		{"ok, a skipped request runs", "1", false, 1},
+		{"ok, and runs again", "1", false, 2},
+		{"ok, a protected request runs", "", false, 3},
+		{"ok, its retry replays", "", true, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(r, "POST", "/orders", "k", "X-Internal", tt.internal)
+			if w.Code != 201 || replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want replayed=%v runs=%d", w.Code, replayed(w), n, tt.replayed, tt.runs)
+			}
+		})
+	}
+}
+
+func TestFlushStreams(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.POST("/stream", func(c *echo.Context) error {
+		c.Response().WriteHeader(http.StatusOK)
+		_, _ = c.Response().Write([]byte("part 1,"))
+		http.NewResponseController(c.Response()).Flush() // must reach the engine's writer: the body is streamed
+		_, err := c.Response().Write([]byte("part 2"))
+		return err
+	}, echo5idem.New(e))
+	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
+		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
+	}
+	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
+	}
+}
+
+func TestAtomicModeReachesTheTransaction(t *testing.T) {
+	e, _ := newEngine(t, memstore.New().Atomic())
+	r := echo.New()
+	r.Use(echo5idem.New(e))
+	r.POST("/orders", func(c *echo.Context) error {
+		info, ok := core.AttemptFrom(c.Request().Context())
+		return c.JSON(201, map[string]bool{"protected": ok, "atomic": info.Atomic})
+	})
+	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}`+"\n" {
+		t.Fatalf("ok, c.Request().Context() carries the atomic attempt: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestCaller(t *testing.T) {
+	e, err := core.New(memstore.New(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+		core.WithCaller(echo5idem.Caller(func(c *echo.Context) (string, error) {
+			account, _ := c.Get("account").(string)
+			return account, nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	r := echo.New()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // the application's auth middleware
+		return func(c *echo.Context) error {
+			if a := c.Request().Header.Get("X-Account"); a != "" {
+				c.Set("account", a)
+			}
+			return next(c)
+		}
+	}, echo5idem.New(e))
+	r.POST("/orders", counter(&n))
+	tests := []struct {
+		name     string
+		account  string
+		code     int
+		replayed bool
+		runs     int
+	}{
+		{"ok, alice runs", "alice", 201, false, 1},
+		{"ok, bob with alice's key gets his own execution", "bob", 201, false, 2},
+		{"ok, alice's retry replays hers", "alice", 201, true, 2},
+		{"nok, 401 without an account", "", 401, false, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			}
+		})
+	}
+	if _, err := echo5idem.Caller(func(*echo.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNoCaller) {
+		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNoCaller", err)
+	}
+}
+
+func TestPanics(t *testing.T) {
+	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		r := echo.New()
+		r.POST("/x", func(c *echo.Context) error { panic("boom") }, echo5idem.New(e))
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", v)
+			}
+		}()
+		do(r, "POST", "/x", "k")
+		t.Fatal("no panic")
+	})
+	t.Run("ok, middleware.Recover answers 500 and the record is released", func(t *testing.T) {
+		e, _ := newEngine(t, nil)
+		n := 0
+		r := echo.New()
+		r.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true}), echo5idem.New(e))
+		r.POST("/x", func(c *echo.Context) error {
+			n++
+			if n == 1 {
+				panic("boom")
+			}
+			return c.String(201, "ok")
+		})
+		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+			t.Fatalf("first %d, want Recover's 500", w.Code)
+		}
+		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		}
+	})
+}
+
+func TestPassThrough(t *testing.T) {
+	e, ev := newEngine(t, nil)
+	n := 0
+	var outerErr error
+	r := echo.New()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c *echo.Context) error { outerErr = next(c); return outerErr }
+	}, echo5idem.New(e))
+	teapot := echo.NewHTTPError(http.StatusTeapot, "short and stout")
+	r.GET("/orders/:id", func(c *echo.Context) error { n++; return teapot })
+	tests := []struct {
+		name, method, path string
+		code               int
+		err                error
+	}{
+		{"ok, a method that is not covered runs every time and its error goes out", "GET", "/orders/1", 418, teapot},
+		{"ok, an unknown route is Echo's 404", "POST", "/nope", 404, echo.ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 2 {
+				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) || !errors.Is(outerErr, tt.err) {
+					t.Fatalf("%d replayed=%v error %v, want %d untouched with %v", w.Code, replayed(w), outerErr, tt.code, tt.err)
+				}
+			}
+		})
+	}
+	if n != 2 || ev.last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	}
+}
+
+func TestConfig(t *testing.T) {
+	if _, err := (echo5idem.Config{}).ToMiddleware(); !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("nok, ToMiddleware without an engine: %v, want ErrConfig", err)
+	}
+	defer func() {
+		if err, _ := recover().(error); !errors.Is(err, core.ErrConfig) {
+			t.Fatalf("recovered %v, want ErrConfig", err)
+		}
+	}()
+	echo5idem.New(nil)
+}

@@ -1,0 +1,50 @@
+package echo5idem_test
+
+import (
+	"net/http"
+	"regexp"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/echo5idem"
+	"github.com/labstack/echo/v5"
+)
+
+// param matches a ServeMux/chi path parameter ("{id}").
+var param = regexp.MustCompile(`\{(\w+)\}`)
+
+// echoPattern translates "/orders/{id}" to Echo's "/orders/:id".
+func echoPattern(p string) string { return param.ReplaceAllString(p, ":$1") }
+
+func TestScenarios(t *testing.T) {
+	scenario.Run(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New() // no recovery: panics must reach the suite
+		for _, rt := range routes {
+			r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler), echo5idem.New(e, rt.Options...))
+		}
+		return r
+	})
+}
+
+func TestScenariosGlobal(t *testing.T) {
+	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New()
+		r.Use(echo5idem.New(e))
+		for _, rt := range routes {
+			r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler))
+		}
+		return r
+	})
+}
+
+func TestScenariosNested(t *testing.T) {
+	scenario.RunNested(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New()
+		r.Use(echo5idem.New(e))
+		for _, rt := range routes {
+			r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler), echo5idem.New(e, rt.Options...))
+		}
+		return r
+	})
+}
