@@ -156,10 +156,25 @@ type uniqueRow struct {
 func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture { return fixtureOn(t, d, nil) }
 
 func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) sqlstoretest.Fixture {
+	return fixtureWith(t, d, session, false)
+}
+
+// fixtureWith is fixtureOn whose business statements run, with plugin,
+// through the application's *gorm.DB with the plugin installed
+// (db.WithContext(ctx), as a repository writes), instead of through
+// gormstore.DB(ctx).
+func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB, plugin bool) sqlstoretest.Fixture {
 	s, db, c, twin := newStoreTwin(t, d, session)
 	sqlDB, err := db.DB()
 	if err != nil {
 		t.Fatal(err)
+	}
+	txDB := func(ctx context.Context) *gorm.DB { return gormstore.DB(ctx) }
+	if plugin {
+		if err := db.Use(gormstore.Plugin()); err != nil {
+			t.Fatal(err)
+		}
+		txDB = func(context.Context) *gorm.DB { return db }
 	}
 	orders := s.Table() + "_orders"
 	if err := db.Table(orders).AutoMigrate(&order{}); err != nil {
@@ -174,14 +189,14 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
-			tx := gormstore.DB(ctx)
+			tx := txDB(ctx)
 			if tx == nil {
 				return errors.New("no GORM transaction in the context")
 			}
 			return tx.WithContext(ctx).Table(orders).Create(&order{Name: name}).Error
 		},
 		Stream: func(ctx context.Context, prefix string, each func(string) error) error {
-			tx := gormstore.DB(ctx)
+			tx := txDB(ctx)
 			if tx == nil {
 				return errors.New("no GORM transaction in the context")
 			}
@@ -202,7 +217,7 @@ func fixtureOn(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB
 			return rows.Err()
 		},
 		Unique: func(ctx context.Context, name string) error {
-			tx := gormstore.DB(ctx)
+			tx := txDB(ctx)
 			if tx == nil {
 				return errors.New("no GORM transaction in the context")
 			}
@@ -233,6 +248,28 @@ func TestAtomic(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
+		})
+	}
+}
+
+// TestAtomicWithPlugin: RunAtomic with the business statements on the
+// application's *gorm.DB (db.WithContext(ctx)) joined by the plugin,
+// instead of gormstore.DB(ctx): the same results on every database.
+func TestAtomicWithPlugin(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixtureWith(t, d, nil, true) }})
+		})
+	}
+}
+
+// TestExactlyOnceWithPlugin: RunExactlyOnce (50 concurrent, then 50
+// sequential copies of one request) with the business row written
+// through the application's *gorm.DB and the plugin: one row, one answer.
+func TestExactlyOnceWithPlugin(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixtureWith(t, d, nil, true) }})
 		})
 	}
 }

@@ -8,4 +8,9 @@
 // calls Begin and the handler writes through DB(r.Context()).
 // Caller-managed: code inside db.Transaction(func(tx *gorm.DB) error {...})
 // passes WithTx(ctx, tx) to the engine (Engine.Once) or to the store.
+//
+// Repositories that write through the application's own *gorm.DB
+// (r.db.WithContext(ctx).Create(...)) join that transaction with the
+// plugin: db.Use(Plugin()). Without it, such a write fails with
+// ErrOutsideTx instead of running outside the transaction.
 package gormstore

@@ -122,3 +122,57 @@ func ExampleWithTx() {
 	// created replayed: true
 	// orders: 1
 }
+
+// OrderRepo is an application's repository: it knows nothing of idem and
+// writes through its own *gorm.DB with the context it is given.
+type OrderRepo struct{ db *gorm.DB }
+
+func (r OrderRepo) Create(ctx context.Context, o *Order) error {
+	return r.db.WithContext(ctx).Create(o).Error
+}
+
+// With the plugin, the repository's db.WithContext(ctx) runs in the
+// request's transaction: the first attempt's order is rolled back with
+// its 500, the retry's commits with the key.
+func ExamplePlugin() {
+	db, store, done := openExampleDB()
+	defer done()
+	if err := db.Use(gormstore.Plugin()); err != nil {
+		panic(err)
+	}
+	repo := OrderRepo{db: db}
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	attempts := 0
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		attempts++
+		order := Order{Item: "tea"}
+		if err := repo.Create(r.Context(), &order); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if attempts == 1 {
+			http.Error(w, "the warehouse did not answer", http.StatusInternalServerError) // rolls the order back
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+
+	for range 3 {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"item":"tea"}`))
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		fmt.Println(w.Code, "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	var n int64
+	db.Model(&Order{}).Count(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 500 replayed: false
+	// 201 replayed: false
+	// 201 replayed: true
+	// orders: 1
+}

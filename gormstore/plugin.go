@@ -1,11 +1,132 @@
 package gormstore
 
-import "gorm.io/gorm"
+import (
+	"errors"
+	"fmt"
 
-// Plugin is a stub (no behaviour yet).
+	"gorm.io/gorm"
+
+	"github.com/idemkit/idem/core"
+)
+
+// ErrOutsideTx: a GORM write whose context carries a transaction (the one
+// DB(ctx) returns: the request's in atomic mode, or one passed with WithTx)
+// would run outside it, on the pool or in a transaction of its own. It
+// fails before it reaches the database, with a message naming the fix. It
+// wraps core.ErrConfig.
+var ErrOutsideTx = fmt.Errorf("%w: gormstore: a write would run outside the transaction its context carries", core.ErrConfig)
+
+const (
+	pluginName   = "idem"    // the plugin's name in gorm.Config.Plugins
+	callbackName = "idem:tx" // the callback New and Plugin register
+)
+
+// Plugin returns the GORM plugin that makes the application's own
+// *gorm.DB join the transaction a context carries:
+//
+//	db.Use(gormstore.Plugin())
+//
+// With it, every statement run with a context (db.WithContext(ctx)...)
+// whose context carries a transaction of the same database (the one
+// DB(ctx) returns: the request's in middleware-managed atomic mode, or one
+// passed with WithTx) runs in that transaction. A repository that knows
+// nothing of idem (r.db.WithContext(ctx).Create(&order)) then commits or
+// rolls back with the key row, and reads its own writes. Statements
+// without such a context, with a context from Store.WithoutTx (the
+// transaction hidden), or on another database (another *sql.DB) run as
+// they would without the plugin.
+//
+// A transaction the application opens itself (db.WithContext(ctx).
+// Transaction(...), db.Begin()) is not joined (GORM begins it before any
+// callback runs): its writes fail with ErrOutsideTx on Postgres and
+// MySQL/MariaDB; on SQLite its BEGIN waits for the request's write lock
+// (busy_timeout) first. Use DB(ctx).Transaction(...) (a savepoint in the
+// request's transaction) instead.
+//
+// Without the plugin, New's callback still finds such writes: every
+// create, update, delete and Exec whose context carries a transaction but
+// runs outside it fails with ErrOutsideTx, and reads run as they are.
 func Plugin() gorm.Plugin { return plugin{} }
 
 type plugin struct{}
 
-func (plugin) Name() string                 { return "idem" }
-func (plugin) Initialize(db *gorm.DB) error { return nil }
+func (plugin) Name() string { return pluginName }
+
+func (plugin) Initialize(db *gorm.DB) error { return register(db) }
+
+// register adds the callback that joins (Plugin installed) or guards (not
+// installed) the transaction of a statement's context to every processor
+// of db's callbacks, first in each, once per set of callbacks.
+func register(db *gorm.DB) error {
+	cb := db.Callback()
+	if cb.Create().Get(callbackName) != nil {
+		return nil
+	}
+	return errors.Join(
+		cb.Create().Before("*").Register(callbackName, inTx(true)),
+		cb.Update().Before("*").Register(callbackName, inTx(true)),
+		cb.Delete().Before("*").Register(callbackName, inTx(true)),
+		cb.Raw().Before("*").Register(callbackName, inTx(true)), // Exec
+		cb.Query().Before("*").Register(callbackName, inTx(false)),
+		cb.Row().Before("*").Register(callbackName, inTx(false)), // Row, Rows, Scan
+	)
+}
+
+// inTx returns the callback for a processor whose statements write (or
+// only read). When the statement's context carries a transaction (TxFrom)
+// on the statement's database and the statement does not run in it: with
+// the plugin installed, a statement on the pool is moved into it; a write
+// that stays outside (no plugin, or a transaction of its own) fails with
+// ErrOutsideTx before it reaches the database.
+func inTx(write bool) func(*gorm.DB) {
+	return func(db *gorm.DB) {
+		stmt := db.Statement
+		if db.Error != nil || stmt.Context == nil {
+			return
+		}
+		tx := TxFrom(stmt.Context)
+		if tx == nil || sameConn(stmt.ConnPool, tx.Statement.ConnPool) || !sameDB(db, tx) {
+			return
+		}
+		_, ownTx := stmt.ConnPool.(gorm.TxCommitter)
+		if _, join := db.Plugins[pluginName]; join && !ownTx {
+			stmt.ConnPool = tx.Statement.ConnPool
+			return
+		}
+		if !write {
+			return
+		}
+		if ownTx {
+			_ = db.AddError(fmt.Errorf("%w, in a transaction of its own (db.Transaction or db.Begin with the request's context): "+
+				"it would not commit or roll back with the request's; open it with gormstore.DB(ctx).Transaction(...) (a savepoint in the request's transaction), "+
+				"or give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
+			return
+		}
+		_ = db.AddError(fmt.Errorf("%w, on the connection pool: install the plugin so that the application's *gorm.DB joins it (db.Use(gormstore.Plugin())), "+
+			"or write through gormstore.DB(ctx); give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
+	}
+}
+
+// sameConn reports whether two connection pools of GORM statements are
+// the same transaction (seen through GORM's prepared-statement wrapper).
+func sameConn(a, b gorm.ConnPool) bool {
+	return unwrapConn(a) == unwrapConn(b)
+}
+
+func unwrapConn(p gorm.ConnPool) gorm.ConnPool {
+	if ps, ok := p.(*gorm.PreparedStmtTX); ok {
+		return ps.Tx
+	}
+	return p
+}
+
+// sameDB reports whether the statement db and the transaction tx run on
+// one database (the same *sql.DB).
+func sameDB(db, tx *gorm.DB) bool {
+	a, err := db.DB()
+	if err != nil {
+		return false
+	}
+	b, err := tx.DB()
+	return err == nil && a == b
+}

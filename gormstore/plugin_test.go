@@ -2,6 +2,7 @@ package gormstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -176,5 +177,199 @@ func TestPluginJoinsTheRequestTransaction(t *testing.T) {
 				t.Errorf("the handler ran %d times, want 3", n)
 			}
 		})
+	}
+}
+
+// TestWritesOutsideTheTransactionFailWithoutThePlugin: without the plugin,
+// a repository write with the request's context would run outside the
+// request's transaction (Postgres, MySQL: committed on its own, whatever
+// the request's outcome; SQLite: waiting for the request's write lock).
+// The callback New registers makes it fail at once with ErrOutsideTx
+// (never SQLite's "database is locked"), naming the plugin; reads run.
+func TestWritesOutsideTheTransactionFailWithoutThePlugin(t *testing.T) {
+	for _, tc := range pluginDialects {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newPluginApp(t, tc.d, false, tc.session)
+			var createErr, countErr error
+			post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+				createErr = app.repo.Create(r.Context(), "tea")
+				_, countErr = app.repo.Count(r.Context(), "tea")
+				w.WriteHeader(http.StatusInternalServerError)
+			})
+			post("k1")
+			if !errors.Is(createErr, gormstore.ErrOutsideTx) || !errors.Is(createErr, core.ErrConfig) {
+				t.Fatalf("the repository's write: %v, want ErrOutsideTx (and core.ErrConfig)", createErr)
+			}
+			if !strings.Contains(createErr.Error(), "db.Use(gormstore.Plugin())") {
+				t.Errorf("the error %q does not name the plugin", createErr)
+			}
+			if countErr != nil {
+				t.Errorf("a read outside the transaction: %v, want it to run", countErr)
+			}
+			if n := app.count(t, "tea"); n != 0 {
+				t.Errorf("%d rows, want none", n)
+			}
+		})
+	}
+}
+
+// TestPluginOwnTransactions: a transaction the repository opens itself
+// with the request's context cannot be joined (GORM begins it before any
+// callback): its writes fail with ErrOutsideTx on Postgres and MySQL (on
+// SQLite its BEGIN would wait for the request's lock first), naming the
+// savepoint form, which joins: gormstore.DB(ctx).Transaction.
+func TestPluginOwnTransactions(t *testing.T) {
+	for _, tc := range pluginDialects {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newPluginApp(t, tc.d, true, tc.session)
+			var ownErr, savepointErr error
+			post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+				if tc.d != sqlstore.SQLite {
+					ownErr = app.repo.CreateInOwnTx(r.Context(), "own")
+				}
+				savepointErr = gormstore.DB(r.Context()).Transaction(func(tx *gorm.DB) error {
+					return orderRepo{db: tx, table: app.repo.table}.Create(r.Context(), "savepoint")
+				})
+				w.WriteHeader(http.StatusCreated)
+			})
+			if status, _, body := post("k1"); status != http.StatusCreated {
+				t.Fatalf("%d %q", status, body)
+			}
+			if tc.d != sqlstore.SQLite {
+				if !errors.Is(ownErr, gormstore.ErrOutsideTx) || !strings.Contains(ownErr.Error(), "gormstore.DB(ctx).Transaction(...)") {
+					t.Errorf("a write in the repository's own transaction: %v, want ErrOutsideTx naming gormstore.DB(ctx).Transaction", ownErr)
+				}
+				if n := app.count(t, "own"); n != 0 {
+					t.Errorf("%d rows of the repository's own transaction, want none", n)
+				}
+			}
+			if savepointErr != nil {
+				t.Errorf("gormstore.DB(ctx).Transaction: %v", savepointErr)
+			}
+			if n := app.count(t, "savepoint"); n != 1 {
+				t.Errorf("%d rows of the savepoint, want 1", n)
+			}
+		})
+	}
+}
+
+// TestPluginWithoutTx: a context from Store.WithoutTx hides the request's
+// transaction from the plugin too: a write with it commits on its own (an
+// audit row that must survive the request's rollback), neither joined nor
+// refused. Not on SQLite: one writer, so such a write waits for the
+// request's transaction.
+func TestPluginWithoutTx(t *testing.T) {
+	for _, tc := range pluginDialects[:2] {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newPluginApp(t, tc.d, true, tc.session)
+			var auditErr error
+			post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+				if err := app.repo.Create(r.Context(), "order"); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				auditErr = app.repo.Create(app.store.WithoutTx(r.Context()), "audit")
+				w.WriteHeader(http.StatusServiceUnavailable) // rolled back
+			})
+			post("k1")
+			if auditErr != nil {
+				t.Fatalf("a write with store.WithoutTx(ctx): %v", auditErr)
+			}
+			if orders, audits := app.count(t, "order"), app.count(t, "audit"); orders != 0 || audits != 1 {
+				t.Errorf("%d order rows and %d audit rows after a 503, want 0 (joined, rolled back) and 1 (outside, committed)", orders, audits)
+			}
+		})
+	}
+}
+
+// TestPluginOtherDatabase: the plugin joins only a transaction of the
+// statement's own database: a repository on another database (another
+// *sql.DB, with the plugin too) writes there as usual with the request's
+// context, neither joined nor refused, and its row survives the request's
+// rollback.
+func TestPluginOtherDatabase(t *testing.T) {
+	app := newPluginApp(t, sqlstore.SQLite, true, nil)
+	other, _ := openGorm(t, sqlstore.SQLite)
+	if err := other.Use(gormstore.Plugin()); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Table("audit").AutoMigrate(&order{}); err != nil {
+		t.Fatal(err)
+	}
+	audit := orderRepo{db: other, table: "audit"}
+	var auditErr error
+	post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if err := app.repo.Create(r.Context(), "order"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		auditErr = audit.Create(r.Context(), "audit")
+		w.WriteHeader(http.StatusInternalServerError) // rolled back
+	})
+	post("k1")
+	if auditErr != nil {
+		t.Fatalf("a write on the other database: %v", auditErr)
+	}
+	if n := app.count(t, "order"); n != 0 {
+		t.Errorf("%d order rows after a 500, want 0", n)
+	}
+	if n, err := audit.Count(context.Background(), "audit"); err != nil || n != 1 {
+		t.Errorf("%d rows on the other database (%v), want 1", n, err)
+	}
+}
+
+// TestPluginCallerManaged: in caller-managed mode (gormstore.WithTx inside
+// db.Transaction), the repository joins the caller's transaction through
+// the plugin: a run whose unit fails rolls its row back with the key, the
+// next commits both.
+func TestPluginCallerManaged(t *testing.T) {
+	for _, tc := range pluginDialects {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newPluginApp(t, tc.d, true, tc.session)
+			e, err := core.New(app.store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			msg := core.Message{Consumer: "orders", ID: "m1"}
+			for i, fail := range []bool{true, false, false} {
+				var res core.Result
+				err := app.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					var err error
+					res, err = e.Once(gormstore.WithTx(ctx, tx), msg, func(ctx context.Context) ([]byte, error) {
+						if err := app.repo.Create(ctx, "tea"); err != nil {
+							return nil, err
+						}
+						if fail {
+							return nil, errors.New("the unit failed after its write")
+						}
+						return []byte("done"), nil
+					})
+					return err
+				})
+				if fail != (err != nil) || !fail && (string(res.Value) != "done" || res.Replayed != (i == 2)) {
+					t.Fatalf("run %d: %v %q replayed=%v", i+1, err, res.Value, res.Replayed)
+				}
+			}
+			if n := app.count(t, "tea"); n != 1 {
+				t.Errorf("%d rows, want 1", n)
+			}
+		})
+	}
+}
+
+// TestPluginLeasedRoute: a Leased route has no transaction of idem's: the
+// repository writes on the pool as it would without idem, neither joined
+// nor refused.
+func TestPluginLeasedRoute(t *testing.T) {
+	app := newPluginApp(t, sqlstore.SQLite, true, nil)
+	var createErr error
+	post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+		createErr = app.repo.Create(r.Context(), "tea")
+		w.WriteHeader(http.StatusCreated)
+	}, core.Leased())
+	post("k1")
+	if createErr != nil || app.count(t, "tea") != 1 {
+		t.Fatalf("the write of a Leased route: %v, %d rows; want it committed", createErr, app.count(t, "tea"))
 	}
 }

@@ -47,7 +47,12 @@ func WithTxOptions(opts *sql.TxOptions) Option { return sqlstore.WithTxOptions(o
 // sqlstore.WithRequireSyncWait.
 func WithRequireSyncWait() Option { return sqlstore.WithRequireSyncWait() }
 
-// New returns a store on db. The dialect follows db.Dialector.Name():
+// New returns a store on db. It registers a callback on db (see Plugin):
+// a GORM write whose context carries a transaction (DB(ctx)) but would run
+// outside it fails with ErrOutsideTx instead of losing atomicity (Postgres,
+// MySQL/MariaDB) or waiting for the transaction's lock (SQLite);
+// db.Use(Plugin()) makes such writes join the transaction instead.
+// The dialect follows db.Dialector.Name():
 // "postgres" (gorm.io/driver/postgres), "mysql" (gorm.io/driver/mysql, for
 // MySQL 8 and MariaDB 10.6+; open it with parseTime=true) or "sqlite"
 // (github.com/glebarez/sqlite, or gorm.io/driver/sqlite). It does not create
@@ -75,6 +80,9 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	inner, err := sqlstore.New(sqlDB, d, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if err := register(db); err != nil {
+		return nil, fmt.Errorf("%w: gormstore: registering the transaction callback on db: %w", core.ErrConfig, err)
 	}
 	return &Store{db: db, inner: inner}, nil
 }

@@ -138,6 +138,11 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The repository writes through gdb.WithContext(ctx); the plugin runs
+	// those statements in the request's transaction in atomic mode.
+	if err := gdb.Use(gormstore.Plugin()); err != nil {
+		return nil, err
+	}
 	sdb, err := gdb.DB()
 	if err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -193,12 +192,11 @@ type providerCharge struct {
 	AmountCents int64
 }
 
-// tx is the middleware's transaction when there is one (atomic mode), else
-// the pool, bound to ctx.
+// tx is the repository's *gorm.DB bound to ctx. The repository knows
+// nothing of idem: the gormstore plugin (db.Use(gormstore.Plugin()) in
+// openGORM) runs its statements in the middleware's transaction when ctx
+// carries one (atomic mode), and on the pool otherwise.
 func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
-	if tx := gormstore.TxFrom(ctx); tx != nil {
-		return tx
-	}
 	return r.db.WithContext(ctx)
 }
 
