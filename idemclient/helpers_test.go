@@ -14,7 +14,8 @@ import (
 )
 
 // fakeClock is the Transport's clock in the tests: a wait is recorded and
-// moves the clock on at once.
+// moves the clock on at once (a wait whose context has ended is recorded
+// and returns the context's error).
 type fakeClock struct {
 	mu      sync.Mutex
 	now     time.Time
@@ -38,12 +39,12 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 	if c.onSleep != nil {
 		c.onSleep()
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.waits = append(c.waits, d)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	c.now = c.now.Add(d)
 	return nil
 }

@@ -104,16 +104,18 @@ var rules = []rule{
 	}},
 	{"RetryAttemptTimeout", "An attempt without response headers within the attempt timeout is abandoned and retried with the same key.", func(t *testing.T) {
 		s := newServer(t, hang, answer(201))
-		tr, _ := newTransport(t, WithAttemptTimeout(100*time.Millisecond))
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		tr, _ := newTransport(t, WithAttemptTimeout(300*time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		resp, _, err := send(t, tr, ctx, http.MethodPost, s.URL, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
 		oneKey(t, s.Seen())
-		if resp.StatusCode != 201 || Attempts(resp) != 2 {
-			t.Errorf("%d after %d attempts, want 201 after 2", resp.StatusCode, Attempts(resp))
+		// Usually 2 attempts; a third when the loaded machine answered the
+		// second too late.
+		if resp.StatusCode != 201 || Attempts(resp) < 2 || Attempts(resp) != len(s.Seen()) {
+			t.Errorf("%d after %d attempts (%d requests), want 201 after at least 2", resp.StatusCode, Attempts(resp), len(s.Seen()))
 		}
 	}},
 	{"RetryAfterSeconds", "A 409 with Retry-After in seconds is retried after exactly that wait.", func(t *testing.T) {
@@ -219,10 +221,10 @@ var rules = []rule{
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		s := newServer(t, func(w http.ResponseWriter, r *http.Request, n int) { cancel(); hang(w, r, n) }, answer(201))
-		tr, _ := newTransport(t)
+		tr, c := newTransport(t)
 		_, _, err := send(t, tr, ctx, http.MethodPost, s.URL, "x")
-		if !errors.Is(err, context.Canceled) || len(s.Seen()) != 1 {
-			t.Errorf("error %v after %d requests, want context.Canceled after 1", err, len(s.Seen()))
+		if !errors.Is(err, context.Canceled) || len(s.Seen()) != 1 || len(c.Waits()) != 0 {
+			t.Errorf("error %v after %d requests and waits %v, want context.Canceled after 1 and no wait", err, len(s.Seen()), c.Waits())
 		}
 	}},
 	{"Backoff", "Without Retry-After the n-th retry waits a uniform random time in [0, min(max, base·2^(n-1))].", func(t *testing.T) {
