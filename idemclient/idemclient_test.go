@@ -107,3 +107,12 @@ func TestErrorTimeout(t *testing.T) {
 		t.Fatal("Timeout() wrong")
 	}
 }
+
+// The zero Transport says how to make one instead of panicking.
+func TestZeroTransport(t *testing.T) {
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", strings.NewReader("x"))
+	_, err := (&Transport{}).RoundTrip(req)
+	if err == nil || !strings.Contains(err.Error(), "NewTransport") {
+		t.Fatalf("error %v, want one naming NewTransport", err)
+	}
+}

@@ -70,8 +70,9 @@ func WithMaxElapsed(d time.Duration) Option {
 	})
 }
 
-// WithAttemptTimeout bounds the wait for one attempt's response headers
-// (default DefaultAttemptTimeout, 30 seconds). An attempt without headers by
+// WithAttemptTimeout bounds one attempt from its start (sending the request
+// included) to its response headers (default DefaultAttemptTimeout, 30
+// seconds). An attempt without headers by
 // then is abandoned and retried with the same key: on an idem server the
 // abandoned attempt runs to its end, and the retry gets 409 while it runs,
 // then its answer. The body of the response that came is not bounded (use

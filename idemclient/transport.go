@@ -27,7 +27,9 @@ var ErrAttemptTimeout = errors.New("idemclient: no response headers within the a
 
 // Transport is an http.RoundTripper that sends every non-safe request with
 // an Idempotency-Key and retries it with the same key and body (see the
-// package documentation for the rules). It is safe for concurrent use.
+// package documentation for the rules). Make it with NewTransport (the
+// zero value answers every request with an error saying so). It is safe
+// for concurrent use.
 type Transport struct {
 	base http.RoundTripper
 	cfg  config
@@ -72,6 +74,12 @@ func NewClient(opts ...Option) (*http.Client, error) {
 
 // RoundTrip sends req, and again while the answer says so.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.base == nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, errors.New("idemclient: a Transport must be made with NewTransport or NewClient")
+	}
 	if !keyed(req.Method) {
 		return t.base.RoundTrip(req)
 	}
@@ -104,6 +112,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if body, err = again(); err != nil {
 			return nil, &Error{Key: key, Attempts: n, Err: fmt.Errorf("idemclient: Request.GetBody: %w", err)}
 		}
+	}
+}
+
+// CloseIdleConnections closes the base transport's idle connections, if it
+// has that method (http.Client.CloseIdleConnections calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
 	}
 }
 
