@@ -2,6 +2,7 @@ package idemclient
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -29,6 +30,7 @@ type config struct {
 	backoffBase     time.Duration
 	backoffMax      time.Duration
 	maxBufferedBody int64
+	onRetry         func(Retry)
 }
 
 func defaults() config {
@@ -115,6 +117,26 @@ func WithMaxBufferedBody(n int64) Option {
 			return fmt.Errorf("idemclient: WithMaxBufferedBody(%d): 0 (never buffer) or positive", n)
 		}
 		c.maxBufferedBody = n
+		return nil
+	})
+}
+
+// Retry describes a retry that is about to happen (WithOnRetry).
+type Retry struct {
+	Request *http.Request // the caller's request: read it, do not modify it
+	Key     string        // the key every attempt carries
+	Attempt int           // the attempt that was not the answer (1: the first)
+	Status  int           // its response's status; 0 when it had none
+	Err     error         // its error when it had no response
+	Wait    time.Duration // the wait before the next attempt
+}
+
+// WithOnRetry calls f before each wait for another attempt (default: none),
+// for a log line or a metric: a client that retries for a minute without a
+// trace is hard to operate. f runs on the request's goroutine; keep it fast.
+func WithOnRetry(f func(Retry)) Option {
+	return option(func(c *config) error {
+		c.onRetry = f
 		return nil
 	})
 }

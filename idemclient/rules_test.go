@@ -328,6 +328,22 @@ var rules = []rule{
 			}
 		}
 	}},
+	{"OnRetry", "WithOnRetry is told of every retry: the key, the attempt, its status or error, and the wait.", func(t *testing.T) {
+		s := newServer(t, drop, answer(409, "Retry-After", "2"), answer(201))
+		var got []Retry
+		tr, _ := newTransport(t, WithOnRetry(func(r Retry) { got = append(got, r) }))
+		mustSend(t, tr, http.MethodPost, s.URL, "x")
+		k := oneKey(t, s.Seen())
+		if len(got) != 2 {
+			t.Fatalf("%d calls, want 2: %+v", len(got), got)
+		}
+		if r := got[0]; r.Key != k || r.Attempt != 1 || r.Status != 0 || r.Err == nil || r.Wait != DefaultBackoffBase || r.Request == nil {
+			t.Errorf("first call %+v, want attempt 1, an error, wait %s, key %s", r, DefaultBackoffBase, k)
+		}
+		if r := got[1]; r.Key != k || r.Attempt != 2 || r.Status != 409 || r.Err != nil || r.Wait != 2*time.Second {
+			t.Errorf("second call %+v, want attempt 2, 409, wait 2s, key %s", r, k)
+		}
+	}},
 	{"Concurrent", "One Transport serves concurrent requests, each with its own key on all its attempts.", func(t *testing.T) {
 		var mu sync.Mutex
 		tries := map[string]int{}

@@ -103,6 +103,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !t.fits(ctx, start, wait) {
 			return t.finish(key, n, resp, err)
 		}
+		if t.cfg.onRetry != nil {
+			t.cfg.onRetry(retryOf(req, key, n, resp, err, wait))
+		}
 		if resp != nil {
 			discard(resp.Body)
 		}
@@ -316,6 +319,14 @@ func (t *Transport) finish(key string, n int, resp *http.Response, err error) (*
 		return nil, &Error{Key: key, Attempts: n, Err: err}
 	}
 	return resp, nil
+}
+
+func retryOf(req *http.Request, key string, n int, resp *http.Response, err error, wait time.Duration) Retry {
+	r := Retry{Request: req, Key: key, Attempt: n, Err: err, Wait: wait}
+	if resp != nil {
+		r.Status = resp.StatusCode
+	}
+	return r
 }
 
 // sleep waits d or until ctx ends.
