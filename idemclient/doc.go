@@ -48,7 +48,8 @@
 // (WithBackoff). Retries end after WithMaxAttempts attempts, when the next
 // attempt would start more than WithMaxElapsed after the first, and when the
 // request's context ends; a wait that would run past either bound is not
-// started, and the last answer is returned at once.
+// started, and the last answer is returned at once. WithOnRetry reports
+// each retry, for a log line or a metric.
 //
 // # Bodies
 //
