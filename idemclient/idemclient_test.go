@@ -3,6 +3,7 @@ package idemclient
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -114,5 +115,31 @@ func TestZeroTransport(t *testing.T) {
 	_, err := (&Transport{}).RoundTrip(req)
 	if err == nil || !strings.Contains(err.Error(), "NewTransport") {
 		t.Fatalf("error %v, want one naming NewTransport", err)
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("disk gone") }
+
+// A body that cannot be read before the first attempt, or a GetBody that
+// fails before a retry, ends the request with an *Error carrying the key.
+func TestBodyErrors(t *testing.T) {
+	s := newServer(t, drop, answer(201))
+	tr, _ := newTransport(t)
+	req, _ := http.NewRequest(http.MethodPost, s.URL, io.NopCloser(failingReader{}))
+	_, err := tr.RoundTrip(req)
+	var e *Error
+	if !errors.As(err, &e) || e.Key == "" || e.Attempts != 0 || !strings.Contains(err.Error(), "disk gone") {
+		t.Errorf("unreadable body: %v, want an *Error with a key and no attempt", err)
+	}
+	req, _ = http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
+	req.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("no copy") }
+	_, err = tr.RoundTrip(req)
+	if !errors.As(err, &e) || e.Attempts != 1 || !strings.Contains(err.Error(), "GetBody") {
+		t.Errorf("failing GetBody: %v, want an *Error after 1 attempt naming GetBody", err)
+	}
+	if n := len(s.Seen()); n != 1 {
+		t.Errorf("%d requests reached the server, want 1", n)
 	}
 }

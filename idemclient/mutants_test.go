@@ -143,7 +143,7 @@ func TestRulesCatchMutants(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			cmd := exec.CommandContext(t.Context(), goTool, "test", "-count=1", "-run", "^TestRules$", ".")
+			cmd := exec.CommandContext(t.Context(), goTool, "test", "-count=1", "-vet=off", "-ldflags=-s -w", "-run", "^TestRules$", ".")
 			cmd.Dir = dir
 			cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
 			out, err := cmd.CombinedOutput()
