@@ -13,6 +13,7 @@ require (
 	github.com/idemkit/idem/echoidem v0.0.0
 	github.com/idemkit/idem/ginidem v0.0.0
 	github.com/idemkit/idem/gormstore v0.0.0
+	github.com/idemkit/idem/idemclient v0.0.0
 	github.com/idemkit/idem/pgxstore v0.0.0
 	github.com/idemkit/idem/sqlstore v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -80,6 +81,7 @@ replace (
 	github.com/idemkit/idem/echoidem => ../echoidem
 	github.com/idemkit/idem/ginidem => ../ginidem
 	github.com/idemkit/idem/gormstore => ../gormstore
+	github.com/idemkit/idem/idemclient => ../idemclient
 	github.com/idemkit/idem/pgxstore => ../pgxstore
 	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

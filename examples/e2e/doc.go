@@ -14,6 +14,9 @@
 //     processes, a replay from another process, SIGKILL with the retry on a
 //     survivor (atomic and leased), and three sweepers deleting expired rows
 //     at once.
+//   - client_test.go: idemclient (the client half) against the service:
+//     answers dropped after the service committed, and an attempt timeout
+//     during a slow leased payment.
 //
 // Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
 // IDEM_TEST_MYSQL_DSN (scripts/test.sh starts both); every test creates a

@@ -36,12 +36,14 @@ func listenLoopback(t testing.TB) net.Listener {
 // connection's request is forwarded, the server's whole response is read
 // (so the server has committed and answered), and then the client's
 // connection is reset without a single byte of that response: the client
-// sees a transport error, the server believes it answered.
+// sees a transport error, the server believes it answered. cuts does the
+// same to the next cuts connections.
 type lossyProxy struct {
 	ln      net.Listener
 	target  string
 	cutNext atomic.Bool
-	lost    chan lostResponse
+	cuts    atomic.Int32
+	lost    chan lostResponse // one per cut connection
 }
 
 // lostResponse is what the server sent on a cut connection.
@@ -53,7 +55,7 @@ type lostResponse struct {
 }
 
 func newLossyProxy(t testing.TB, target string) *lossyProxy {
-	p := &lossyProxy{ln: listenLoopback(t), target: target, lost: make(chan lostResponse, 1)}
+	p := &lossyProxy{ln: listenLoopback(t), target: target, lost: make(chan lostResponse, 16)}
 	go p.serve()
 	return p
 }
@@ -71,11 +73,24 @@ func (p *lossyProxy) serve() {
 			c.Close()
 			continue
 		}
-		if !p.cutNext.CompareAndSwap(true, false) {
+		if !p.cutNext.CompareAndSwap(true, false) && !p.takeCut() {
 			pipe(c, s)
 			continue
 		}
 		go p.cut(c, s)
+	}
+}
+
+// takeCut takes one of p.cuts, if any is left.
+func (p *lossyProxy) takeCut() bool {
+	for {
+		n := p.cuts.Load()
+		if n <= 0 {
+			return false
+		}
+		if p.cuts.CompareAndSwap(n, n-1) {
+			return true
+		}
 	}
 }
 

@@ -1,0 +1,3 @@
+module github.com/idemkit/idem/idemclient
+
+go 1.25
