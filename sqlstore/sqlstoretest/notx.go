@@ -1,0 +1,69 @@
+package sqlstoretest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+)
+
+// RunTxAccess checks a store's accessor of the request's transaction
+// (sqlstore.Tx, gormstore.DB): use runs one statement through the
+// accessor with the context it is given. Without a transaction in the
+// context (not the request's context: NotTheRequestsContext) and in a
+// Leased route (idem holds no transaction for it: LeasedRoute), use must
+// fail with an error wrapping core.ErrNoTx whose text contains
+// notRequestHint and leasedHint, the fix; in an atomic route on s
+// (AtomicRoute) it must succeed. check, when not nil, runs after the
+// atomic request, to look at what it committed.
+func RunTxAccess(t *testing.T, s core.TxStore, use func(ctx context.Context) error, notRequestHint, leasedHint string, check func(t *testing.T)) {
+	wantNoTx := func(t *testing.T, what string, err error, hint string) {
+		t.Helper()
+		if !errors.Is(err, core.ErrNoTx) {
+			t.Fatalf("%s: error %v, want core.ErrNoTx", what, err)
+		}
+		if !strings.Contains(err.Error(), hint) {
+			t.Errorf("%s: error %q does not say %q", what, err, hint)
+		}
+	}
+	t.Run("NotTheRequestsContext", func(t *testing.T) {
+		wantNoTx(t, "without a transaction", use(context.Background()), notRequestHint)
+	})
+
+	e, err := core.New(s, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leasedErr, atomicErr error
+	leased := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		leasedErr = use(r.Context())
+	}), core.Scope("leased"), core.Leased())
+	atomic := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		atomicErr = use(r.Context())
+		w.WriteHeader(http.StatusCreated)
+	}), core.Scope("atomic"))
+	send := func(h http.Handler) {
+		r := httptest.NewRequest("POST", "/", nil)
+		r.Header.Set(core.HeaderKey, "k1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	t.Run("LeasedRoute", func(t *testing.T) {
+		send(leased)
+		wantNoTx(t, "a Leased route", leasedErr, leasedHint)
+	})
+	t.Run("AtomicRoute", func(t *testing.T) {
+		send(atomic)
+		if atomicErr != nil {
+			t.Fatalf("in an atomic route: %v", atomicErr)
+		}
+		if check != nil {
+			check(t)
+		}
+	})
+}
