@@ -1,4 +1,4 @@
-package gormstore_test
+package dbtest_test
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func Example() {
 
 // Caller-managed atomic mode: code inside db.Transaction runs Once with
 // gormstore.WithTx; the record commits or rolls back with the transaction.
-func ExampleWithTx() {
+func Example_withTx() {
 	db, store, done := openExampleDB()
 	defer done()
 	e, err := core.New(store, core.WithSingleCaller())
