@@ -7,9 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,63 +16,8 @@ import (
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/internal/adaptertest"
 )
-
-// events records the scope of every decision of an engine.
-type events struct {
-	mu     sync.Mutex
-	scopes []string
-}
-
-func (ev *events) observe(_ context.Context, e core.Event) {
-	ev.mu.Lock()
-	ev.scopes = append(ev.scopes, e.Scope)
-	ev.mu.Unlock()
-}
-
-func (ev *events) last() string {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if len(ev.scopes) == 0 {
-		return ""
-	}
-	return ev.scopes[len(ev.scopes)-1]
-}
-
-// newEngine returns an engine over st (a leased memstore when nil) that
-// logs nothing and reports scopes to the returned events.
-func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
-	t.Helper()
-	if st == nil {
-		st = memstore.New()
-	}
-	ev := &events{}
-	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
-		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
-	e, err := core.New(st, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, ev
-}
-
-func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(core.HeaderKey, key)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	return w
-}
-
-func replayed(w *httptest.ResponseRecorder) bool {
-	return w.Header().Get(core.HeaderReplayed) == "true"
-}
 
 // counter is a handler that counts its runs and answers 201 with the count.
 func counter(n *int) http.HandlerFunc {
@@ -148,21 +91,21 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := tt.build(chiidem.New(e), counter(&n))
-			first, second := do(r, "POST", tt.path1, "k"), do(r, "POST", tt.path2, "k")
+			first, second := adaptertest.Do(r, "POST", tt.path1, "k"), adaptertest.Do(r, "POST", tt.path2, "k")
 			// One record (a record of its own would run the handler): the
 			// same path replays, another path (another id) is a 422.
 			want, wantReplayed := 422, false
 			if tt.path1 == tt.path2 {
 				want, wantReplayed = 201, true
 			}
-			if first.Code != 201 || second.Code != want || replayed(second) != wantReplayed || n != 1 {
+			if first.Code != 201 || second.Code != want || adaptertest.Replayed(second) != wantReplayed || n != 1 {
 				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: %d, replayed=%v",
-					first.Code, first.Body, second.Code, second.Body, replayed(second), n, want, wantReplayed)
+					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n, want, wantReplayed)
 			}
-			if got := ev.last(); got != tt.scope {
+			if got := ev.Last(); got != tt.scope {
 				t.Fatalf("scope %q, want %q", got, tt.scope)
 			}
 		})
@@ -186,33 +129,33 @@ func TestRoutePathOverride(t *testing.T) {
 	}
 	for name, build := range install {
 		t.Run("ok, "+name+": middleware.URLFormat routes /orders.json to /orders", func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := build(chiidem.New(e), counter(&n))
-			do(r, "POST", "/orders.json", "k")
-			if w := do(r, "POST", "/orders.json", "k"); !replayed(w) || n != 1 || ev.last() != "POST /orders" {
-				t.Fatalf("replayed=%v runs=%d scope=%q, want a replay in scope POST /orders", replayed(w), n, ev.last())
+			adaptertest.Do(r, "POST", "/orders.json", "k")
+			if w := adaptertest.Do(r, "POST", "/orders.json", "k"); !adaptertest.Replayed(w) || n != 1 || ev.Last() != "POST /orders" {
+				t.Fatalf("replayed=%v runs=%d scope=%q, want a replay in scope POST /orders", adaptertest.Replayed(w), n, ev.Last())
 			}
 		})
 	}
 }
 
 func TestExplicitScope(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := chi.NewRouter()
 	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v1/orders", counter(&n))
 	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v2/orders", counter(&n))
-	do(r, "POST", "/v1/orders", "k")
-	if w := do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.last() != "create-order" {
+	adaptertest.Do(r, "POST", "/v1/orders", "k")
+	if w := adaptertest.Do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.Last() != "create-order" {
 		// One record for both routes (a record of its own would run the
 		// handler); the path is part of the fingerprint, so: 422.
-		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.last())
+		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.Last())
 	}
 }
 
 func TestPassThrough(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
@@ -235,19 +178,19 @@ func TestPassThrough(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for range 2 {
-				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) {
-					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, replayed(w), tt.code)
+				if w := adaptertest.Do(r, tt.method, tt.path, "k"); w.Code != tt.code || adaptertest.Replayed(w) {
+					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, adaptertest.Replayed(w), tt.code)
 				}
 			}
 		})
 	}
-	if n != 2 || ev.last() != "" {
-		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	if n != 2 || ev.Last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.Last())
 	}
 }
 
 func TestFlushStreams(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
 	r.Post("/stream", func(w http.ResponseWriter, r *http.Request) {
@@ -257,17 +200,17 @@ func TestFlushStreams(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "part 2")
 	})
-	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	first, second := adaptertest.Do(r, "POST", "/stream", "k"), adaptertest.Do(r, "POST", "/stream", "k")
 	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
 		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
 	}
-	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+	if !adaptertest.Replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
 		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
 	}
 }
 
 func TestAtomicModeReachesTheTransaction(t *testing.T) {
-	e, _ := newEngine(t, memstore.New().Atomic())
+	e, _ := adaptertest.NewEngine(t, memstore.New().Atomic())
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
 	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
@@ -275,7 +218,7 @@ func TestAtomicModeReachesTheTransaction(t *testing.T) {
 		w.WriteHeader(201)
 		fmt.Fprintf(w, "protected=%v atomic=%v", ok, info.Atomic)
 	})
-	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != "protected=true atomic=true" {
+	if w := adaptertest.Do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != "protected=true atomic=true" {
 		t.Fatalf("ok, r.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
 	}
 }
@@ -316,9 +259,9 @@ func TestCallerFromTheRequestContext(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
-			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
-				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			w := adaptertest.Do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, adaptertest.Replayed(w), n, tt.code, tt.replayed, tt.runs)
 			}
 		})
 	}
@@ -326,7 +269,7 @@ func TestCallerFromTheRequestContext(t *testing.T) {
 
 func TestPanics(t *testing.T) {
 	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		r := chi.NewRouter()
 		r.Use(chiidem.New(e))
 		r.Post("/x", func(http.ResponseWriter, *http.Request) { panic("boom") })
@@ -335,11 +278,11 @@ func TestPanics(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic", v)
 			}
 		}()
-		do(r, "POST", "/x", "k")
+		adaptertest.Do(r, "POST", "/x", "k")
 		t.Fatal("no panic")
 	})
 	t.Run("ok, middleware.Recoverer answers 500 and the record is released", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		n := 0
 		r := chi.NewRouter()
 		r.Use(recoverer, chiidem.New(e))
@@ -350,11 +293,11 @@ func TestPanics(t *testing.T) {
 			}
 			w.WriteHeader(201)
 		})
-		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 500 {
 			t.Fatalf("first %d, want Recoverer's 500", w.Code)
 		}
-		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
-			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 201 || adaptertest.Replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, adaptertest.Replayed(w), n)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/adaptertest"
 )
 
 // TestRewritingMiddleware: chiidem installed with Use in a sub-router,
@@ -27,7 +28,7 @@ func TestRewritingMiddleware(t *testing.T) {
 		{"CleanPath", middleware.CleanPath, "/api//orders"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			r := chi.NewRouter()
 			r.Use(c.rewrite)
 			runs := 0
@@ -36,20 +37,20 @@ func TestRewritingMiddleware(t *testing.T) {
 				sr.Post("/orders", counter(&runs))
 			})
 
-			if w := do(r, "POST", c.path, ""); w.Code != http.StatusBadRequest {
+			if w := adaptertest.Do(r, "POST", c.path, ""); w.Code != http.StatusBadRequest {
 				t.Fatalf("no key: %d %q, want 400 (the route must be protected)", w.Code, w.Body)
 			}
-			first := do(r, "POST", c.path, "k1")
+			first := adaptertest.Do(r, "POST", c.path, "k1")
 			if first.Code != http.StatusCreated {
 				t.Fatalf("first: %d %q", first.Code, first.Body)
 			}
-			if got := ev.last(); got != "POST /api/orders" {
+			if got := ev.Last(); got != "POST /api/orders" {
 				t.Errorf("scope %q, want POST /api/orders", got)
 			}
-			if w := do(r, "POST", c.path, "k1"); !replayed(w) || runs != 1 {
+			if w := adaptertest.Do(r, "POST", c.path, "k1"); !adaptertest.Replayed(w) || runs != 1 {
 				t.Errorf("duplicate: %d %q, %d runs, want a replay and 1 run", w.Code, w.Body, runs)
 			}
-			if w := do(r, "POST", "/api/nowhere", "k2"); w.Code != http.StatusNotFound {
+			if w := adaptertest.Do(r, "POST", "/api/nowhere", "k2"); w.Code != http.StatusNotFound {
 				t.Errorf("unknown path under the sub-router: %d, want the router's 404", w.Code)
 			}
 		})
@@ -61,7 +62,7 @@ func TestRewritingMiddleware(t *testing.T) {
 // handler chiidem could not find: the request is refused (fail closed),
 // never passed through; a path no route serves keeps the router's 404.
 func TestRewriterAfterTheMiddleware(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
 	r.Use(middleware.StripSlashes)
@@ -69,7 +70,7 @@ func TestRewriterAfterTheMiddleware(t *testing.T) {
 	r.Post("/orders", counter(&runs))
 
 	for _, key := range []string{"", "k1", "k1"} {
-		w := do(r, "POST", "/orders/", key)
+		w := adaptertest.Do(r, "POST", "/orders/", key)
 		if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("key %q: %d %q, want a 500 problem document (fail closed)", key, w.Code, w.Body)
 		}
@@ -77,10 +78,10 @@ func TestRewriterAfterTheMiddleware(t *testing.T) {
 	if runs != 0 {
 		t.Errorf("the handler ran %d times unprotected", runs)
 	}
-	if w := do(r, "POST", "/orders", "k1"); w.Code != http.StatusCreated {
+	if w := adaptertest.Do(r, "POST", "/orders", "k1"); w.Code != http.StatusCreated {
 		t.Errorf("the route's own path: %d, want 201", w.Code)
 	}
-	if w := do(r, "POST", "/nowhere/", "k1"); w.Code != http.StatusNotFound {
+	if w := adaptertest.Do(r, "POST", "/nowhere/", "k1"); w.Code != http.StatusNotFound {
 		t.Errorf("unknown path: %d, want the router's 404", w.Code)
 	}
 }
@@ -89,7 +90,7 @@ func TestRewriterAfterTheMiddleware(t *testing.T) {
 // middleware in the sub-router the request goes on to: refused (fail
 // closed), never passed through.
 func TestRewriterInSubRouter(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
 	runs := 0
@@ -98,17 +99,17 @@ func TestRewriterInSubRouter(t *testing.T) {
 		sr.Post("/orders", counter(&runs))
 	})
 	for _, key := range []string{"", "k1", "k1"} {
-		if w := do(r, "POST", "/api/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		if w := adaptertest.Do(r, "POST", "/api/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
 		}
 	}
 	if runs != 0 {
 		t.Errorf("the handler ran %d times unprotected", runs)
 	}
-	if w := do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("the route's own path without a key: %d, want 400", w.Code)
 	}
-	if w := do(r, "POST", "/api/nowhere/", "k1"); w.Code != http.StatusNotFound {
+	if w := adaptertest.Do(r, "POST", "/api/nowhere/", "k1"); w.Code != http.StatusNotFound {
 		t.Errorf("unknown path: %d, want the router's 404", w.Code)
 	}
 }
@@ -138,18 +139,18 @@ func TestMount(t *testing.T) {
 		}, "POST /api/legacy/*"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			runs := 0
 			r := c.build(e, counter(&runs))
 			prefix := strings.TrimSuffix(strings.TrimPrefix(c.scope, "POST "), "/*")
-			if w := do(r, "POST", prefix+"/a/b/", ""); w.Code != http.StatusBadRequest {
+			if w := adaptertest.Do(r, "POST", prefix+"/a/b/", ""); w.Code != http.StatusBadRequest {
 				t.Fatalf("no key: %d %q, want 400 (the mount must be protected)", w.Code, w.Body)
 			}
-			do(r, "POST", prefix+"/a/b/", "k1")
-			if got := ev.last(); got != c.scope {
+			adaptertest.Do(r, "POST", prefix+"/a/b/", "k1")
+			if got := ev.Last(); got != c.scope {
 				t.Errorf("scope %q, want %q", got, c.scope)
 			}
-			if w := do(r, "POST", prefix+"/a/b/", "k1"); !replayed(w) || runs != 1 {
+			if w := adaptertest.Do(r, "POST", prefix+"/a/b/", "k1"); !adaptertest.Replayed(w) || runs != 1 {
 				t.Errorf("duplicate: %d, %d runs, want a replay and 1 run", w.Code, runs)
 			}
 		})
@@ -159,7 +160,7 @@ func TestMount(t *testing.T) {
 // TestSkipper: a global install with a Skipper leaves the skipped
 // requests unprotected and protects the others.
 func TestSkipper(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(chiidem.NewWithConfig(chiidem.Config{Engine: e, Skipper: func(r *http.Request) bool {
 		return strings.HasPrefix(r.URL.Path, "/webhooks/")
@@ -169,18 +170,18 @@ func TestSkipper(t *testing.T) {
 	r.Post("/webhooks/{provider}", counter(&hooks))
 
 	for i := 1; i <= 2; i++ {
-		if w := do(r, "POST", "/webhooks/stripe", ""); w.Code != http.StatusCreated || replayed(w) {
+		if w := adaptertest.Do(r, "POST", "/webhooks/stripe", ""); w.Code != http.StatusCreated || adaptertest.Replayed(w) {
 			t.Fatalf("skipped route, run %d: %d %q, want the handler's 201", i, w.Code, w.Body)
 		}
 	}
 	if hooks != 2 {
 		t.Errorf("the skipped route ran %d times, want 2", hooks)
 	}
-	if w := do(r, "POST", "/orders", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/orders", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("protected route without a key: %d, want 400", w.Code)
 	}
-	do(r, "POST", "/orders", "k1")
-	if w := do(r, "POST", "/orders", "k1"); !replayed(w) || orders != 1 {
+	adaptertest.Do(r, "POST", "/orders", "k1")
+	if w := adaptertest.Do(r, "POST", "/orders", "k1"); !adaptertest.Replayed(w) || orders != 1 {
 		t.Errorf("protected route: duplicate not replayed (%d runs)", orders)
 	}
 }
@@ -197,7 +198,7 @@ func TestConfigWithoutEngine(t *testing.T) {
 // body without restoring it makes the request refused (500,
 // body-consumed), never fingerprinted as empty.
 func TestBodyConsumedUpstream(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -209,7 +210,7 @@ func TestBodyConsumedUpstream(t *testing.T) {
 	runs := 0
 	r.Post("/orders", counter(&runs))
 
-	w := do(r, "POST", "/orders", "k1")
+	w := adaptertest.Do(r, "POST", "/orders", "k1")
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "body-consumed") {
 		t.Errorf("consumed body: %d %q, want a 500 body-consumed problem", w.Code, w.Body)
 	}
@@ -232,14 +233,14 @@ func TestRewritersCombinedAfterTheMiddleware(t *testing.T) {
 		{"CleanPath, URLFormat", []func(http.Handler) http.Handler{middleware.CleanPath, middleware.URLFormat}, "//orders.json"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e, _ := newEngine(t, nil)
+			e, _ := adaptertest.NewEngine(t, nil)
 			r := chi.NewRouter()
 			r.Use(chiidem.New(e))
 			r.Use(c.mws...)
 			runs := 0
 			r.Post("/orders", counter(&runs))
 			for _, key := range []string{"", "k1", "k1"} {
-				w := do(r, "POST", c.path, key)
+				w := adaptertest.Do(r, "POST", c.path, key)
 				if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 					t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
 				}
@@ -247,7 +248,7 @@ func TestRewritersCombinedAfterTheMiddleware(t *testing.T) {
 			if runs != 0 {
 				t.Errorf("the handler ran %d times unprotected", runs)
 			}
-			if w := do(r, "POST", "/nowhere.json/", "k1"); w.Code != http.StatusNotFound {
+			if w := adaptertest.Do(r, "POST", "/nowhere.json/", "k1"); w.Code != http.StatusNotFound {
 				t.Errorf("a path no rewrite routes: %d, want the router's 404", w.Code)
 			}
 		})
@@ -258,13 +259,13 @@ func TestRewritersCombinedAfterTheMiddleware(t *testing.T) {
 // sequence including a rewriter that is not installed would route is the
 // router's 404, not a refusal.
 func TestRewriterNotInstalledKeepsTheRouterAnswer(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := chi.NewRouter()
 	r.Use(chiidem.New(e))
 	r.Use(middleware.URLFormat) // StripSlashes is not installed
 	runs := 0
 	r.Post("/orders", counter(&runs))
-	if w := do(r, "POST", "/orders.json/", "k1"); w.Code != http.StatusNotFound {
+	if w := adaptertest.Do(r, "POST", "/orders.json/", "k1"); w.Code != http.StatusNotFound {
 		t.Errorf("%d %q, want the router's 404", w.Code, w.Body)
 	}
 	if runs != 0 {

@@ -1,6 +1,6 @@
 module github.com/idemkit/idem/chiidem
 
-go 1.25
+go 1.25.0
 
 require github.com/idemkit/idem v0.0.0
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v4"
 )
 
@@ -15,7 +16,7 @@ import (
 // requests they answer keep Echo's 404, with or without a key, and are
 // never recorded. Routes of the group stay protected.
 func TestGroupNotFound(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	g := r.Group("/api", echoidem.New(e))
 	runs := 0
@@ -24,13 +25,13 @@ func TestGroupNotFound(t *testing.T) {
 
 	for _, path := range []string{"/api/nowhere", "/api", "/api/orders/7"} {
 		for _, key := range []string{"", "k1", "k1"} {
-			w := do(r, "POST", path, key)
-			if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || replayed(w) {
+			w := adaptertest.Do(r, "POST", path, key)
+			if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || adaptertest.Replayed(w) {
 				t.Errorf("POST %s (key %q): %d %q, want Echo's own 404 or 405", path, key, w.Code, w.Body)
 			}
 		}
 	}
-	if w := do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("a route of the group without a key: %d, want 400", w.Code)
 	}
 	if runs != 0 {
@@ -43,21 +44,21 @@ func TestGroupNotFound(t *testing.T) {
 // not-protected), never passed through unprotected; unknown paths keep
 // Echo's 404.
 func TestInstalledWithPre(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Pre(echoidem.New(e))
 	runs := 0
 	r.POST("/orders/:id", counter(&runs))
 
 	for _, key := range []string{"", "k1", "k1"} {
-		if w := do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		if w := adaptertest.Do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
 		}
 	}
 	if runs != 0 {
 		t.Errorf("the handler ran %d times unprotected", runs)
 	}
-	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusNotFound {
+	if w := adaptertest.Do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusNotFound {
 		t.Errorf("unknown path: %d, want Echo's 404", w.Code)
 	}
 }
@@ -66,7 +67,7 @@ func TestInstalledWithPre(t *testing.T) {
 // body without restoring it (as c.Bind does) makes the request refused
 // (500, body-consumed), never fingerprinted as empty.
 func TestBodyConsumedUpstream(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -78,7 +79,7 @@ func TestBodyConsumedUpstream(t *testing.T) {
 	runs := 0
 	r.POST("/orders", counter(&runs))
 
-	w := do(r, "POST", "/orders", "k1")
+	w := adaptertest.Do(r, "POST", "/orders", "k1")
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "body-consumed") {
 		t.Errorf("consumed body: %d %q, want a 500 body-consumed problem", w.Code, w.Body)
 	}

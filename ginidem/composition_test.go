@@ -13,12 +13,13 @@ import (
 	"github.com/gin-gonic/gin/binding"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/adaptertest"
 )
 
 // TestSkipper: a global install with a Skipper leaves the skipped route
 // unprotected and protects the others.
 func TestSkipper(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := gin.New()
 	r.Use(ginidem.NewWithConfig(ginidem.Config{Engine: e, Skipper: func(c *gin.Context) bool {
 		return c.FullPath() == "/webhooks/:provider"
@@ -28,18 +29,18 @@ func TestSkipper(t *testing.T) {
 	r.POST("/webhooks/:provider", counter(&hooks))
 
 	for i := 1; i <= 2; i++ {
-		if w := do(r, "POST", "/webhooks/stripe", ""); w.Code != http.StatusCreated || replayed(w) {
+		if w := adaptertest.Do(r, "POST", "/webhooks/stripe", ""); w.Code != http.StatusCreated || adaptertest.Replayed(w) {
 			t.Fatalf("skipped route, run %d: %d %q, want the handler's 201", i, w.Code, w.Body)
 		}
 	}
 	if hooks != 2 {
 		t.Errorf("the skipped route ran %d times, want 2", hooks)
 	}
-	if w := do(r, "POST", "/orders", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/orders", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("protected route without a key: %d, want 400", w.Code)
 	}
-	do(r, "POST", "/orders", "k1")
-	if w := do(r, "POST", "/orders", "k1"); !replayed(w) || orders != 1 {
+	adaptertest.Do(r, "POST", "/orders", "k1")
+	if w := adaptertest.Do(r, "POST", "/orders", "k1"); !adaptertest.Replayed(w) || orders != 1 {
 		t.Errorf("protected route: duplicate not replayed (%d runs)", orders)
 	}
 }
@@ -69,7 +70,7 @@ func post(h http.Handler, body, key string) *httptest.ResponseRecorder {
 // with c.ShouldBindBodyWith leaves the bytes in gin.BodyBytesKey; they are
 // fingerprinted, so another body under the same key is a 422.
 func TestBodyBoundUpstream(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := gin.New()
 	r.Use(func(c *gin.Context) {
 		var o order
@@ -95,7 +96,7 @@ func TestBodyBoundUpstream(t *testing.T) {
 	if first.Code != http.StatusCreated || first.Body.String() != `{"amount":10}` {
 		t.Fatalf("first: %d %q", first.Code, first.Body)
 	}
-	if w := post(r, `{"amount":10}`, "k1"); !replayed(w) || !bytes.Equal(w.Body.Bytes(), first.Body.Bytes()) {
+	if w := post(r, `{"amount":10}`, "k1"); !adaptertest.Replayed(w) || !bytes.Equal(w.Body.Bytes(), first.Body.Bytes()) {
 		t.Errorf("same body: %d %q, want the replay", w.Code, w.Body)
 	}
 	if w := post(r, `{"amount":99}`, "k1"); w.Code != http.StatusUnprocessableEntity {
@@ -110,7 +111,7 @@ func TestBodyBoundUpstream(t *testing.T) {
 // without leaving it makes idem refuse the request (500, body-consumed),
 // never fingerprint it as empty.
 func TestBodyConsumedUpstream(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := gin.New()
 	r.Use(func(c *gin.Context) {
 		_, _ = io.ReadAll(c.Request.Body)

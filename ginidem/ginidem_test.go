@@ -1,77 +1,20 @@
 package ginidem_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/adaptertest"
 )
-
-// events records the scope of every decision of an engine.
-type events struct {
-	mu     sync.Mutex
-	scopes []string
-}
-
-func (ev *events) observe(_ context.Context, e core.Event) {
-	ev.mu.Lock()
-	ev.scopes = append(ev.scopes, e.Scope)
-	ev.mu.Unlock()
-}
-
-func (ev *events) last() string {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if len(ev.scopes) == 0 {
-		return ""
-	}
-	return ev.scopes[len(ev.scopes)-1]
-}
-
-// newEngine returns an engine over st (a leased memstore when nil) that
-// logs nothing and reports scopes to the returned events.
-func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
-	t.Helper()
-	if st == nil {
-		st = memstore.New()
-	}
-	ev := &events{}
-	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
-		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
-	e, err := core.New(st, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, ev
-}
-
-func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(core.HeaderKey, key)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	return w
-}
-
-func replayed(w *httptest.ResponseRecorder) bool {
-	return w.Header().Get(core.HeaderReplayed) == "true"
-}
 
 // counter is a handler that counts its runs and answers 201 with the count.
 func counter(n *int) gin.HandlerFunc {
@@ -103,16 +46,16 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 	}
 	for name, build := range install {
 		t.Run("ok, "+name+": two ids with the same key and body share the scope (the second is a 422)", func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := build(e, counter(&n))
-			first := do(r, "POST", "/api/orders/1/refunds", "k")
-			second := do(r, "POST", "/api/orders/2/refunds", "k")
-			if first.Code != 201 || second.Code != 422 || replayed(second) || n != 1 {
+			first := adaptertest.Do(r, "POST", "/api/orders/1/refunds", "k")
+			second := adaptertest.Do(r, "POST", "/api/orders/2/refunds", "k")
+			if first.Code != 201 || second.Code != 422 || adaptertest.Replayed(second) || n != 1 {
 				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
-					first.Code, first.Body, second.Code, second.Body, replayed(second), n)
+					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n)
 			}
-			if got := ev.last(); got != "POST /api/orders/:id/refunds" {
+			if got := ev.Last(); got != "POST /api/orders/:id/refunds" {
 				t.Fatalf("scope %q, want the route pattern", got)
 			}
 		})
@@ -120,21 +63,21 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 }
 
 func TestExplicitScope(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := gin.New()
 	r.POST("/v1/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
 	r.POST("/v2/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
-	do(r, "POST", "/v1/orders", "k")
-	if w := do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.last() != "create-order" {
+	adaptertest.Do(r, "POST", "/v1/orders", "k")
+	if w := adaptertest.Do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.Last() != "create-order" {
 		// One record for both routes (a record of its own would run the
 		// handler); the path is part of the fingerprint, so: 422.
-		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.last())
+		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.Last())
 	}
 }
 
 func TestAbortAndRestore(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	type seen struct {
 		aborted  bool
 		status   int
@@ -165,7 +108,7 @@ func TestAbortAndRestore(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := do(r, "POST", "/orders", tt.key)
+			w := adaptertest.Do(r, "POST", "/orders", tt.key)
 			if w.Code != tt.code || n != tt.runs || after != tt.runs {
 				t.Fatalf("status %d, runs %d/%d; want %d, %d", w.Code, n, after, tt.code, tt.runs)
 			}
@@ -207,22 +150,22 @@ func TestDeferredHeader(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, _ := newEngine(t, nil)
+			e, _ := adaptertest.NewEngine(t, nil)
 			r := gin.New()
 			r.POST("/x", ginidem.New(e), tt.handler)
-			first, second := do(r, "POST", "/x", "k"), do(r, "POST", "/x", "k")
+			first, second := adaptertest.Do(r, "POST", "/x", "k"), adaptertest.Do(r, "POST", "/x", "k")
 			if first.Code != tt.code || first.Body.String() != tt.body {
 				t.Fatalf("first %d %q, want %d %q", first.Code, first.Body, tt.code, tt.body)
 			}
-			if second.Code != tt.code || second.Body.String() != tt.body || !replayed(second) {
-				t.Fatalf("replay %d %q replayed=%v, want %d %q", second.Code, second.Body, replayed(second), tt.code, tt.body)
+			if second.Code != tt.code || second.Body.String() != tt.body || !adaptertest.Replayed(second) {
+				t.Fatalf("replay %d %q replayed=%v, want %d %q", second.Code, second.Body, adaptertest.Replayed(second), tt.code, tt.body)
 			}
 		})
 	}
 }
 
 func TestWriterInterfaces(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := gin.New()
 	r.POST("/stream", ginidem.New(e), func(c *gin.Context) {
 		if _, ok := c.Writer.(interface{ Unwrap() http.ResponseWriter }); !ok {
@@ -237,24 +180,24 @@ func TestWriterInterfaces(t *testing.T) {
 			panic("no CloseNotify channel")
 		}
 	})
-	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	first, second := adaptertest.Do(r, "POST", "/stream", "k"), adaptertest.Do(r, "POST", "/stream", "k")
 	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
 		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
 	}
-	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+	if !adaptertest.Replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
 		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
 	}
 }
 
 func TestAtomicModeReachesTheTransaction(t *testing.T) {
-	e, _ := newEngine(t, memstore.New().Atomic())
+	e, _ := adaptertest.NewEngine(t, memstore.New().Atomic())
 	r := gin.New()
 	r.Use(ginidem.New(e))
 	r.POST("/orders", func(c *gin.Context) {
 		info, ok := core.AttemptFrom(c.Request.Context())
 		c.JSON(201, gin.H{"protected": ok, "atomic": info.Atomic})
 	})
-	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}` {
+	if w := adaptertest.Do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}` {
 		t.Fatalf("ok, c.Request.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
 	}
 }
@@ -290,9 +233,9 @@ func TestCaller(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
-			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
-				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			w := adaptertest.Do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, adaptertest.Replayed(w), n, tt.code, tt.replayed, tt.runs)
 			}
 		})
 	}
@@ -303,7 +246,7 @@ func TestCaller(t *testing.T) {
 
 func TestPanics(t *testing.T) {
 	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		r := gin.New()
 		r.POST("/x", ginidem.New(e), func(c *gin.Context) { panic("boom") })
 		defer func() {
@@ -311,11 +254,11 @@ func TestPanics(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic", v)
 			}
 		}()
-		do(r, "POST", "/x", "k")
+		adaptertest.Do(r, "POST", "/x", "k")
 		t.Fatal("no panic")
 	})
 	t.Run("ok, gin.Recovery answers 500 and the record is released", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		n := 0
 		r := gin.New()
 		r.Use(gin.RecoveryWithWriter(io.Discard), ginidem.New(e))
@@ -326,17 +269,17 @@ func TestPanics(t *testing.T) {
 			}
 			c.String(201, "ok")
 		})
-		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 500 {
 			t.Fatalf("first %d, want Recovery's 500", w.Code)
 		}
-		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
-			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 201 || adaptertest.Replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, adaptertest.Replayed(w), n)
 		}
 	})
 }
 
 func TestPassThrough(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
@@ -354,14 +297,14 @@ func TestPassThrough(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for range 2 {
-				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) {
-					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, replayed(w), tt.code)
+				if w := adaptertest.Do(r, tt.method, tt.path, "k"); w.Code != tt.code || adaptertest.Replayed(w) {
+					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, adaptertest.Replayed(w), tt.code)
 				}
 			}
 		})
 	}
-	if n != 2 || ev.last() != "" {
-		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	if n != 2 || ev.Last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.Last())
 	}
 }
 

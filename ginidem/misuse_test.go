@@ -8,13 +8,14 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/adaptertest"
 )
 
 // TestDownstreamKeyFromTheGinContext: core.DownstreamKey(c, ...) with the
 // *gin.Context fails with core.ErrNoAttempt instead of returning "";
 // ginidem.DownstreamKey(c, ...) gives the request's key.
 func TestDownstreamKeyFromTheGinContext(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	var wrongKey, rightKey, reqKey string
 	var wrongErr, rightErr error
 	r := gin.New()
@@ -24,7 +25,7 @@ func TestDownstreamKeyFromTheGinContext(t *testing.T) {
 		reqKey, _ = core.DownstreamKey(c.Request.Context(), "charge")
 		c.Status(http.StatusCreated)
 	})
-	if w := do(r, "POST", "/pay", "k1"); w.Code != http.StatusCreated {
+	if w := adaptertest.Do(r, "POST", "/pay", "k1"); w.Code != http.StatusCreated {
 		t.Fatalf("status %d", w.Code)
 	}
 	if wrongKey != "" || !errors.Is(wrongErr, core.ErrNoAttempt) {

@@ -1,6 +1,6 @@
 module github.com/idemkit/idem/pgxstore
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/idemkit/idem v0.0.0
@@ -12,7 +12,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
 

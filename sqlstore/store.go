@@ -36,8 +36,8 @@ type Store struct {
 	q        queries
 	lock     uint64   // mixed into Postgres advisory lock keys (per table)
 	reg      registry // ids held by this store's open transactions
-	// noRegistry (tests only) makes every claim ask the database, as a
-	// claim from another process does.
+	// noRegistry makes every claim ask the database, as a claim from
+	// another process does (WithoutRegistry).
 	noRegistry bool
 }
 
@@ -94,6 +94,20 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 func WithRequireSyncWait() Option {
 	return optionFunc(func(s *Store) error {
 		s.syncWait = true
+		return nil
+	})
+}
+
+// WithoutRegistry makes every claim ask the database, as a claim from
+// another process does, instead of first answering a duplicate of an id
+// that one of the store's own open transactions holds from its registry of
+// in-flight ids. The answers are the same, only slower: it exists for
+// tests and measurements of the cross-process path (the conformance suite
+// runs every store both ways), and production code has no reason to use
+// it.
+func WithoutRegistry() Option {
+	return optionFunc(func(s *Store) error {
+		s.noRegistry = true
 		return nil
 	})
 }

@@ -46,10 +46,11 @@
 //
 // # How the suite runs
 //
-// Every scenario runs as a subtest named after the behaviour it checks
-// ("ok, replays the stored 201 with Idempotent-Replayed", "nok, 422 on a
-// different body") and carries one sentence stating the rule, printed when
-// it fails. Scenarios run in leased mode (memstore.New()) and, where the
+// Every scenario runs as a subtest of its mode ("leased" or "atomic") named
+// in CamelCase after the behaviour it checks ("ReplaysRecordedAnswer",
+// "BodyMismatch"), as core/storetest's cases are, so that -run selects it
+// (go test -run 'TestScenarios/atomic/BodyMismatch'), and carries one
+// sentence stating the rule, printed when it fails. Scenarios run in leased mode (memstore.New()) and, where the
 // rule applies, in atomic mode (memstore.New().Atomic()), each with its own
 // store and engine, one after another (never in parallel). The factory is
 // called once per scenario.

@@ -69,8 +69,8 @@ type builder func(t *testing.T, e *core.Engine, routes []Route) http.Handler
 
 // scenario is one rule of the contract and the check of it.
 type scenario struct {
-	name  string // subtest name: the behaviour, "ok, ..." or "nok, ..."
-	rule  string // one sentence, printed when the scenario fails
+	name  string // subtest name, CamelCase, names the behaviour (go test -run 'Scenarios/leased/Replay')
+	rule  string // one sentence stating the rule, printed when the scenario fails
 	modes modes  // where the rule applies
 	fn    func(t *testing.T, x *harness)
 }

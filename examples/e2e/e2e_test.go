@@ -443,10 +443,12 @@ func testCrashLeased(t *testing.T, owner testing.TB, c config, s *server, orderI
 	path := fmt.Sprintf("/orders/%d/payments", orderID)
 	key, body, account := "pay-"+randomHex(8), `{"amount_cents":1999}`, "payer"
 	res := postAsync("http://"+s.addr, path, account, key, body)
+	// Killed once the provider's charge is committed: the handler is then
+	// past the provider call (or returning from it, which leaves the same
+	// state behind), inside its -work-delay.
 	waitFor(t, "the provider charge", 15*time.Second, func() bool {
 		return c.db.count(t, `SELECT COUNT(*) FROM provider_charges`) > 0
 	})
-	time.Sleep(100 * time.Millisecond) // well inside the sleep after the provider call
 	s.kill()
 	killedAt := time.Now()
 	if r := <-res; r.err == nil {

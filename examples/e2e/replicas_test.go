@@ -163,18 +163,20 @@ func testReplicaStorm(t *testing.T, c config) {
 			t.Errorf("process %d served no connection of the storm", i)
 		}
 	}
-	executedRE := regexp.MustCompile(`path=/orders status=201 .*idempotency=executed`)
-	executedLines := func() int {
+	// The processes are new: every POST /orders so far is the storm's.
+	stormRE := regexp.MustCompile(`method=POST path=/orders status=\d+ `)
+	executedRE := regexp.MustCompile(`method=POST path=/orders status=201 .*idempotency=executed`)
+	lines := func(re *regexp.Regexp) int {
 		total := 0
 		for _, p := range procs {
-			total += len(p.logs.grep(executedRE))
+			total += len(p.logs.grep(re))
 		}
 		return total
 	}
-	// The access log line follows the answer.
-	waitFor(t, "the executed request's log line", 10*time.Second, func() bool { return executedLines() > 0 })
-	time.Sleep(200 * time.Millisecond)
-	if total := executedLines(); total != 1 {
+	// Every request gets one access log line, written after its answer:
+	// once all of the storm's are in, the executed ones can be counted.
+	waitFor(t, "every storm request's log line", 10*time.Second, func() bool { return lines(stormRE) >= stormSize() })
+	if total := lines(executedRE); total != 1 {
 		t.Errorf("executed POST /orders over the three logs: %d, want 1", total)
 	}
 
@@ -270,10 +272,12 @@ func testReplicaKillLeased(t *testing.T, c config) {
 	if victim < 0 {
 		t.Fatal("the balancer did not report the backend")
 	}
+	// Killed once the provider's charge is committed: the handler is then
+	// past the provider call (or returning from it, which leaves the same
+	// state behind), inside its -work-delay.
 	waitFor(t, "the provider charge", 15*time.Second, func() bool {
 		return c.db.count(t, `SELECT COUNT(*) FROM provider_charges`) > 0
 	})
-	time.Sleep(100 * time.Millisecond)
 	procs[victim].kill()
 	killedAt := time.Now()
 	if r := <-res; r.err == nil {

@@ -585,3 +585,21 @@ func spread(ds []time.Duration) string {
 	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Nanosecond) }
 	return fmt.Sprintf("min %v, median %v, max %v over %d", r(s[0]), r(s[len(s)/2]), r(s[len(s)-1]), len(s))
 }
+
+// EachName calls each with the one string column of every row of rows, in
+// order, while the cursor is open, and closes rows: the body of a
+// Fixture.Stream. It returns the first error of a scan or of each, else
+// the cursor's own (rows.Err).
+func EachName(rows *sql.Rows, each func(name string) error) error {
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return err
+		}
+		if err := each(name); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}

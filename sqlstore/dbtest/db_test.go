@@ -1,4 +1,4 @@
-package sqlstore_test
+package dbtest_test
 
 import (
 	"context"
@@ -117,7 +117,10 @@ func ph(d sqlstore.Dialect) string {
 	return "?"
 }
 
-func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstoretest.Fixture {
+func fixture(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture { return fixtureWith(t, d) }
+
+// fixtureWith is fixture for a store with opts.
+func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstoretest.Fixture {
 	s, db, c, twin := newStoreAt(t, d, opts...)
 	orders := s.Table() + "_orders"
 	ctx := context.Background()
@@ -149,17 +152,7 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 			if err != nil {
 				return err
 			}
-			defer rows.Close()
-			for rows.Next() {
-				var name string
-				if err := rows.Scan(&name); err != nil {
-					return err
-				}
-				if err := each(name); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
+			return sqlstoretest.EachName(rows, each)
 		},
 		Unique: func(ctx context.Context, name string) error {
 			tx := sqlstore.TxFrom(ctx)
@@ -193,23 +186,14 @@ func fixture(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqlstore
 	}
 }
 
-func TestAtomic(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
-}
+// TestAtomic: the atomic-mode scenarios of sqlstoretest on every database.
+func TestAtomic(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunAtomic) }
 
 // TestExactlyOnce: the same HTTP request 50 times concurrently and 50 times
 // sequentially, in middleware-managed atomic mode, on every database: one
 // business row, one answer.
 func TestExactlyOnce(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
+	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunExactlyOnce)
 }
 
 // TestLifetime: a Leased() route under the application's
@@ -217,11 +201,7 @@ func TestExactlyOnce(t *testing.T) {
 // connection, and an atomic answer over the recording cap commits first and
 // streams, on every database.
 func TestLifetime(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
+	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunLifetime)
 }
 
 // TestPool: a storm of duplicates of one long request, with a pool of 5,
@@ -230,16 +210,12 @@ func TestLifetime(t *testing.T) {
 // of in-flight ids, so every duplicate asks the database (as duplicates
 // from other processes do).
 func TestPool(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunPool(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-			if sqlstoretest.Measure() {
-				t.Run("without-registry", func(t *testing.T) {
-					sqlstoretest.RunPool(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture {
-						return fixture(t, d, sqlstore.WithoutRegistry())
-					}})
-				})
-			}
+	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunPool)
+	if sqlstoretest.Measure() {
+		t.Run("without-registry", func(t *testing.T) {
+			sqlstoretest.PerDialect(t, dialects, func(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
+				return fixtureWith(t, d, sqlstore.WithoutRegistry())
+			}, sqlstoretest.RunPool)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package gormstore_test
+package dbtest_test
 
 import (
 	"context"
@@ -204,17 +204,7 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 			if err != nil {
 				return err
 			}
-			defer rows.Close()
-			for rows.Next() {
-				var name string
-				if err := rows.Scan(&name); err != nil {
-					return err
-				}
-				if err := each(name); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
+			return sqlstoretest.EachName(rows, each)
 		},
 		Unique: func(ctx context.Context, name string) error {
 			tx := txDB(ctx)
@@ -244,13 +234,7 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 	}
 }
 
-func TestAtomic(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
-}
+func TestAtomic(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunAtomic) }
 
 // TestAtomicWithPlugin: RunAtomic with the business statements on the
 // application's *gorm.DB (db.WithContext(ctx)) joined by the plugin,
@@ -313,11 +297,7 @@ func TestAtomicWithPrepareStmt(t *testing.T) {
 // written through gormstore.DB, on every database: one business row, one
 // answer.
 func TestExactlyOnce(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunExactlyOnce(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
+	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunExactlyOnce)
 }
 
 // TestLifetime: a Leased() route under the application's
@@ -325,20 +305,10 @@ func TestExactlyOnce(t *testing.T) {
 // connection, and an atomic answer over the recording cap commits first and
 // streams, on every database.
 func TestLifetime(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunLifetime(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
+	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunLifetime)
 }
 
 // TestPool: a storm of duplicates of one long request, with a pool of 5,
 // does not starve unrelated requests (latencies logged with -v; more
 // samples with -stores.measure).
-func TestPool(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.String(), func(t *testing.T) {
-			sqlstoretest.RunPool(t, sqlstoretest.Config{Dialect: d, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t, d) }})
-		})
-	}
-}
+func TestPool(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunPool) }

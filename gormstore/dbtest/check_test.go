@@ -1,4 +1,4 @@
-package gormstore_test
+package dbtest_test
 
 import (
 	"context"

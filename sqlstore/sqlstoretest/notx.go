@@ -1,4 +1,4 @@
-package sqlstore_test
+package sqlstoretest
 
 import (
 	"context"
@@ -11,14 +11,18 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/sqlstore"
 )
 
-// TestTxWithoutTransactionFailsLoudly: sqlstore.Tx with a context that
-// carries no transaction (not the request's, or a Leased route's) returns
-// an error wrapping core.ErrNoTx that names the fix; in an atomic route it
-// returns the request's transaction.
-func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
+// RunTxAccess checks a store's accessor of the request's transaction
+// (sqlstore.Tx, gormstore.DB): use runs one statement through the
+// accessor with the context it is given. Without a transaction in the
+// context (not the request's context: NotTheRequestsContext) and in a
+// Leased route (idem holds no transaction for it: LeasedRoute), use must
+// fail with an error wrapping core.ErrNoTx whose text contains
+// notRequestHint and leasedHint, the fix; in an atomic route on s
+// (AtomicRoute) it must succeed. check, when not nil, runs after the
+// atomic request, to look at what it committed.
+func RunTxAccess(t *testing.T, s core.TxStore, use func(ctx context.Context) error, notRequestHint, leasedHint string, check func(t *testing.T)) {
 	wantNoTx := func(t *testing.T, what string, err error, hint string) {
 		t.Helper()
 		if !errors.Is(err, core.ErrNoTx) {
@@ -29,28 +33,20 @@ func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
 		}
 	}
 	t.Run("NotTheRequestsContext", func(t *testing.T) {
-		tx, err := sqlstore.Tx(context.Background())
-		if tx != nil {
-			t.Error("a transaction from a context without one")
-		}
-		wantNoTx(t, "Tx(ctx)", err, "c.Request.Context()")
+		wantNoTx(t, "without a transaction", use(context.Background()), notRequestHint)
 	})
 
-	s, _, _ := newStore(t, sqlstore.SQLite)
 	e, err := core.New(s, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var leasedErr, atomicErr error
 	leased := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, leasedErr = sqlstore.Tx(r.Context())
+		leasedErr = use(r.Context())
 	}), core.Scope("leased"), core.Leased())
 	atomic := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := sqlstore.Tx(r.Context())
-		if err == nil {
-			_, err = tx.ExecContext(r.Context(), "SELECT 1")
-		}
-		atomicErr = err
+		atomicErr = use(r.Context())
+		w.WriteHeader(http.StatusCreated)
 	}), core.Scope("atomic"))
 	send := func(h http.Handler) {
 		r := httptest.NewRequest("POST", "/", nil)
@@ -59,12 +55,15 @@ func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
 	}
 	t.Run("LeasedRoute", func(t *testing.T) {
 		send(leased)
-		wantNoTx(t, "a Leased route", leasedErr, "this route is Leased: idem holds no transaction for it; use your own *sql.DB")
+		wantNoTx(t, "a Leased route", leasedErr, leasedHint)
 	})
 	t.Run("AtomicRoute", func(t *testing.T) {
 		send(atomic)
 		if atomicErr != nil {
-			t.Fatalf("Tx in an atomic route: %v", atomicErr)
+			t.Fatalf("in an atomic route: %v", atomicErr)
+		}
+		if check != nil {
+			check(t)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package sqlstore_test
+package dbtest_test
 
 import (
 	"context"

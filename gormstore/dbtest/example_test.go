@@ -1,4 +1,4 @@
-package gormstore_test
+package dbtest_test
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func Example() {
 
 // Caller-managed atomic mode: code inside db.Transaction runs Once with
 // gormstore.WithTx; the record commits or rolls back with the transaction.
-func ExampleWithTx() {
+func Example_withTx() {
 	db, store, done := openExampleDB()
 	defer done()
 	e, err := core.New(store, core.WithSingleCaller())
@@ -134,7 +134,7 @@ func (r OrderRepo) Create(ctx context.Context, o *Order) error {
 // With the plugin, the repository's db.WithContext(ctx) runs in the
 // request's transaction: the first attempt's order is rolled back with
 // its 500, the retry's commits with the key.
-func ExamplePlugin() {
+func Example_plugin() {
 	db, store, done := openExampleDB()
 	defer done()
 	if err := db.Use(gormstore.Plugin()); err != nil {

@@ -1,4 +1,4 @@
-package sqlstore_test
+package dbtest_test
 
 import (
 	"context"
@@ -91,7 +91,7 @@ func Example() {
 // Caller-managed atomic mode: a queue consumer that already holds a
 // transaction runs Once inside it with sqlstore.WithTx; the engine neither
 // commits nor rolls back, the consumer does.
-func ExampleWithTx() {
+func Example_withTx() {
 	db, store, done := openExampleDB()
 	defer done()
 	e, err := core.New(store, core.WithSingleCaller())
@@ -132,7 +132,7 @@ func ExampleWithTx() {
 // Check at start-up: a store created with the wrong dialect, or on a table
 // that was never migrated, stops the start with an error naming the fix
 // instead of answering 503 at the first request.
-func ExampleStore_Check() {
+func Example_check() {
 	db, store, done := openExampleDB()
 	defer done()
 	ctx := context.Background()

@@ -1,0 +1,88 @@
+// Package adaptertest holds what the tests of the Gin, Echo and chi
+// adapters share: an engine that logs nothing and reports the scope of
+// every decision, and a one-line request helper. It is a test helper of
+// this repository, not part of idem's API: internal, so only modules under
+// github.com/idemkit/idem (the adapters) can import it, from their tests.
+//
+// The behaviour every adapter must show is in core/scenario; these helpers
+// serve each adapter's own tests of its framework's idioms.
+package adaptertest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+// Body is the JSON body every request of Do carries.
+const Body = `{"amount":10}`
+
+// Events records the scope of every decision of an engine.
+type Events struct {
+	mu     sync.Mutex
+	scopes []string
+}
+
+// Observe is the engine's observer (core.WithObserver).
+func (ev *Events) Observe(_ context.Context, e core.Event) {
+	ev.mu.Lock()
+	ev.scopes = append(ev.scopes, e.Scope)
+	ev.mu.Unlock()
+}
+
+// Last returns the scope of the latest decision, "" if there was none.
+func (ev *Events) Last() string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.scopes) == 0 {
+		return ""
+	}
+	return ev.scopes[len(ev.scopes)-1]
+}
+
+// NewEngine returns an engine over st (a leased memstore when nil) for a
+// single caller, that logs nothing and reports scopes to the returned
+// Events; opts come after those defaults and may override them.
+func NewEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *Events) {
+	t.Helper()
+	if st == nil {
+		st = memstore.New()
+	}
+	ev := &Events{}
+	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.Observe),
+		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
+	e, err := core.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ev
+}
+
+// Do sends method path with Body to h, with the Idempotency-Key key (none
+// when "") and the header name-value pairs, and returns what h answered.
+func Do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(Body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(core.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+// Replayed reports whether w carries Idempotent-Replayed: true.
+func Replayed(w *httptest.ResponseRecorder) bool {
+	return w.Header().Get(core.HeaderReplayed) == "true"
+}

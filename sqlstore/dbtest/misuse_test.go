@@ -1,0 +1,27 @@
+package dbtest_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlstoretest"
+)
+
+// TestTxWithoutTransactionFailsLoudly: sqlstore.Tx with a context that
+// carries no transaction (not the request's, or a Leased route's) returns
+// an error wrapping core.ErrNoTx that names the fix; in an atomic route it
+// returns the request's transaction.
+func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
+	if tx, err := sqlstore.Tx(context.Background()); tx != nil || err == nil {
+		t.Errorf("Tx without a transaction: %v, %v; want nil and an error", tx, err)
+	}
+	s, _, _ := newStore(t, sqlstore.SQLite)
+	sqlstoretest.RunTxAccess(t, s, func(ctx context.Context) error {
+		tx, err := sqlstore.Tx(ctx)
+		if err == nil {
+			_, err = tx.ExecContext(ctx, "SELECT 1")
+		}
+		return err
+	}, "c.Request.Context()", "this route is Leased: idem holds no transaction for it; use your own *sql.DB", nil)
+}
