@@ -1,0 +1,2 @@
+// Package grpcidem is idem for gRPC servers.
+package grpcidem
