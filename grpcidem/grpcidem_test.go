@@ -4,93 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/grpcidem"
+	"github.com/idemkit/idem/grpcidem/grpcidemtest"
 )
 
-// Methods of the test service (hand-written descriptors: requests and
-// responses are structpb.Struct, so no generated code is needed).
+type harness = grpcidemtest.Server
+
 const (
-	create = "/test.Orders/Create"
-	other  = "/test.Orders/Other"
-	get    = "/test.Orders/Get"
+	create = grpcidemtest.Create
+	other  = grpcidemtest.Other
+	get    = grpcidemtest.Get
 )
 
-// Handler is what the test service runs for every method.
-type Handler func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error)
+const accountKey = grpcidemtest.AccountKey
 
-type service struct {
-	runs   atomic.Int64
-	handle atomic.Pointer[Handler]
-}
+var callerFromMetadata = grpcidemtest.CallerFromMetadata
 
-func unary(full string) func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-	return func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-		in := new(structpb.Struct)
-		if err := dec(in); err != nil {
-			return nil, err
-		}
-		s := srv.(*service)
-		h := func(ctx context.Context, req any) (any, error) {
-			s.runs.Add(1)
-			return (*s.handle.Load())(ctx, full, req.(*structpb.Struct))
-		}
-		if ic == nil {
-			return h(ctx, in)
-		}
-		return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: full}, h)
-	}
-}
+type reply = grpcidemtest.Reply
 
-var serviceDesc = grpc.ServiceDesc{
-	ServiceName: "test.Orders",
-	HandlerType: (*any)(nil),
-	Methods: []grpc.MethodDesc{
-		{MethodName: "Create", Handler: unary(create)},
-		{MethodName: "Other", Handler: unary(other)},
-		{MethodName: "Get", Handler: unary(get)},
-	},
-}
-
-// harness is a real grpc.Server on an in-memory listener (bufconn) with the
-// interceptor installed, and a client connection to it.
-type harness struct {
-	svc  *service
-	conn *grpc.ClientConn
-}
-
-// accountKey carries the caller in the tests' incoming metadata.
-const accountKey = "x-account"
-
-func callerFromMetadata(ctx context.Context) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get(accountKey); len(v) == 1 {
-		return v[0], nil
-	}
-	return "", nil
-}
-
-// newHarness serves the test service with the interceptor over e (a
-// memstore engine when nil), after outer interceptors.
-func newHarness(t testing.TB, e *core.Engine, h Handler, opts []grpcidem.Option, outer ...grpc.UnaryServerInterceptor) *harness {
+// newHarness serves h with the interceptor over e (a memstore engine when
+// nil).
+func newHarness(t testing.TB, e *core.Engine, h grpcidemtest.Handler, opts []grpcidem.Option, outer ...grpc.UnaryServerInterceptor) *harness {
 	t.Helper()
 	if e == nil {
 		var err error
@@ -99,67 +48,7 @@ func newHarness(t testing.TB, e *core.Engine, h Handler, opts []grpcidem.Option,
 			t.Fatal(err)
 		}
 	}
-	in, err := grpcidem.UnaryServerInterceptor(e, append([]grpcidem.Option{grpcidem.WithCaller(callerFromMetadata)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := &service{}
-	svc.handle.Store(&h)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(append(outer, in)...))
-	srv.RegisterService(&serviceDesc, svc)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &harness{svc: svc, conn: conn}
-}
-
-// reply is what a client received.
-type reply struct {
-	resp     *structpb.Struct
-	header   metadata.MD
-	trailer  metadata.MD
-	err      error
-	replayed bool
-}
-
-func (r reply) code() codes.Code { return status.Code(r.err) }
-
-func (r reply) String() string {
-	if r.err != nil {
-		return fmt.Sprintf("error %v (replayed %v)", r.err, r.replayed)
-	}
-	return fmt.Sprintf("%v (replayed %v)", r.resp.AsMap(), r.replayed)
-}
-
-// call invokes method with key ("" for none) as account ("" for none).
-func (h *harness) call(ctx context.Context, method, account, key string, req map[string]any) reply {
-	md := metadata.MD{}
-	if key != "" {
-		md.Set(grpcidem.MetadataKey, key)
-	}
-	if account != "" {
-		md.Set(accountKey, account)
-	}
-	return h.callMD(ctx, method, md, req)
-}
-
-func (h *harness) callMD(ctx context.Context, method string, md metadata.MD, req map[string]any) reply {
-	in, err := structpb.NewStruct(req)
-	if err != nil {
-		panic(err)
-	}
-	var r reply
-	r.resp = new(structpb.Struct)
-	r.err = h.conn.Invoke(metadata.NewOutgoingContext(ctx, md), method, in, r.resp, grpc.Header(&r.header), grpc.Trailer(&r.trailer))
-	r.replayed = len(r.header.Get(grpcidem.MetadataReplayed)) == 1 && r.header.Get(grpcidem.MetadataReplayed)[0] == "true"
-	return r
+	return grpcidemtest.New(t, e, h, opts, outer...)
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -170,33 +59,21 @@ func ctxT(t *testing.T) context.Context {
 
 // order answers with the run number, which a second execution could not
 // repeat, and sets metadata.
-func order(svc func() *service) Handler {
+func order(svc func() *harness) grpcidemtest.Handler {
 	return func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
-		n := svc().runs.Load()
+		n := svc().Runs.Load()
 		_ = grpc.SetHeader(ctx, metadata.Pairs("location", fmt.Sprintf("/orders/%d", n), "x-debug", "a"))
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("etag", fmt.Sprintf("v%d", n), "x-trace", "b"))
 		return structpb.NewStruct(map[string]any{"order": float64(n), "item": req.AsMap()["item"]})
 	}
 }
 
-func reason(err error) (string, time.Duration) {
-	var r string
-	var d time.Duration
-	for _, x := range status.Convert(err).Details() {
-		switch x := x.(type) {
-		case *errdetails.ErrorInfo:
-			r = x.Reason
-		case *errdetails.RetryInfo:
-			d = x.RetryDelay.AsDuration()
-		}
-	}
-	return r, d
-}
+func reason(err error) (string, time.Duration) { return reply{Err: err}.Reason() }
 
 // newOrders serves order with the location and etag keys recorded.
 func newOrders(t *testing.T, e *core.Engine, opts ...grpcidem.Option) *harness {
 	var h *harness
-	h = newHarness(t, e, order(func() *service { return h.svc }), append([]grpcidem.Option{grpcidem.WithRecordedMetadata("location", "etag", "Authorization", "grpc-status")}, opts...))
+	h = newHarness(t, e, order(func() *harness { return h }), append([]grpcidem.Option{grpcidem.WithRecordedMetadata("location", "etag", "Authorization", "grpc-status")}, opts...))
 	return h
 }
 
@@ -207,27 +84,27 @@ func TestFirstExecutionAndReplay(t *testing.T) {
 	// does not run again.
 	h := newOrders(t, nil)
 	ctx := ctxT(t)
-	first := h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
-	if first.err != nil || first.replayed || first.resp.AsMap()["order"] != float64(1) {
+	first := h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
+	if first.Err != nil || first.Replayed || first.Resp.AsMap()["order"] != float64(1) {
 		t.Fatalf("first: %v", first)
 	}
-	if got := first.header.Get("location"); len(got) != 1 || got[0] != "/orders/1" || len(first.header.Get("x-debug")) != 1 || len(first.trailer.Get("x-trace")) != 1 {
-		t.Fatalf("first: header %v trailer %v", first.header, first.trailer)
+	if got := first.Header.Get("location"); len(got) != 1 || got[0] != "/orders/1" || len(first.Header.Get("x-debug")) != 1 || len(first.Trailer.Get("x-trace")) != 1 {
+		t.Fatalf("first: header %v trailer %v", first.Header, first.Trailer)
 	}
-	again := h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
-	if again.err != nil || !again.replayed || !proto.Equal(again.resp, first.resp) {
+	again := h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
+	if again.Err != nil || !again.Replayed || !proto.Equal(again.Resp, first.Resp) {
 		t.Fatalf("replay: %v, want %v replayed", again, first)
 	}
-	if got := again.header.Get("location"); len(got) != 1 || got[0] != "/orders/1" {
-		t.Errorf("replay: header %v, want the recorded location", again.header)
+	if got := again.Header.Get("location"); len(got) != 1 || got[0] != "/orders/1" {
+		t.Errorf("replay: header %v, want the recorded location", again.Header)
 	}
-	if got := again.trailer.Get("etag"); len(got) != 1 || got[0] != "v1" {
-		t.Errorf("replay: trailer %v, want the recorded etag", again.trailer)
+	if got := again.Trailer.Get("etag"); len(got) != 1 || got[0] != "v1" {
+		t.Errorf("replay: trailer %v, want the recorded etag", again.Trailer)
 	}
-	if len(again.header.Get("x-debug")) != 0 || len(again.trailer.Get("x-trace")) != 0 {
-		t.Errorf("replay: keys outside the allowlist were replayed: header %v trailer %v", again.header, again.trailer)
+	if len(again.Header.Get("x-debug")) != 0 || len(again.Trailer.Get("x-trace")) != 0 {
+		t.Errorf("replay: keys outside the allowlist were replayed: header %v trailer %v", again.Header, again.Trailer)
 	}
-	if n := h.svc.runs.Load(); n != 1 {
+	if n := h.Runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
@@ -238,7 +115,7 @@ func TestMismatch(t *testing.T) {
 	// a replay; nothing runs.
 	h := newOrders(t, nil, grpcidem.WithRouteOptions(core.Scope("orders")))
 	ctx := ctxT(t)
-	if r := h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea", "quantity": 2}); r.err != nil {
+	if r := h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea", "quantity": 2}); r.Err != nil {
 		t.Fatal(r)
 	}
 	for _, tc := range []struct {
@@ -250,16 +127,16 @@ func TestMismatch(t *testing.T) {
 		{"OtherMethod", other, map[string]any{"item": "tea", "quantity": 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := h.call(ctx, tc.method, "acct_1", "k1", tc.req)
-			if r.code() != codes.FailedPrecondition {
+			r := h.Call(ctx, tc.method, "acct_1", "k1", tc.req)
+			if r.Code() != codes.FailedPrecondition {
 				t.Fatalf("got %v, want FailedPrecondition", r)
 			}
-			if why, _ := reason(r.err); why != "KEY_REUSED" {
+			if why, _ := reason(r.Err); why != "KEY_REUSED" {
 				t.Errorf("reason %q, want KEY_REUSED", why)
 			}
 		})
 	}
-	if n := h.svc.runs.Load(); n != 1 {
+	if n := h.Runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
@@ -293,11 +170,11 @@ func TestInFlight(t *testing.T) {
 	h = newHarness(t, nil, func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
 		once.Do(func() { close(entered) })
 		<-gate
-		return structpb.NewStruct(map[string]any{"order": float64(h.svc.runs.Load())})
+		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
 	}, nil)
 	ctx := ctxT(t)
 	firstDone := make(chan reply)
-	go func() { firstDone <- h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"}) }()
+	go func() { firstDone <- h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"}) }()
 	<-entered
 	const dups = 8
 	var wg sync.WaitGroup
@@ -306,27 +183,27 @@ func TestInFlight(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			replies[i] = h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
+			replies[i] = h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"})
 		}()
 	}
 	wg.Wait() // none waits for the gate
 	for _, r := range replies {
-		if r.code() != codes.Aborted {
+		if r.Code() != codes.Aborted {
 			t.Fatalf("duplicate: %v, want Aborted", r)
 		}
-		if why, delay := reason(r.err); why != "IN_PROGRESS" || delay != core.DefaultRetryAfter {
+		if why, delay := reason(r.Err); why != "IN_PROGRESS" || delay != core.DefaultRetryAfter {
 			t.Fatalf("duplicate: reason %q, retry delay %v; want IN_PROGRESS, %v", why, delay, core.DefaultRetryAfter)
 		}
 	}
 	close(gate)
 	first := <-firstDone
-	if first.err != nil || first.replayed {
+	if first.Err != nil || first.Replayed {
 		t.Fatalf("first: %v", first)
 	}
-	if r := h.call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"}); !r.replayed || !proto.Equal(r.resp, first.resp) {
+	if r := h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"}); !r.Replayed || !proto.Equal(r.Resp, first.Resp) {
 		t.Fatalf("after: %v, want the first's answer replayed", r)
 	}
-	if n := h.svc.runs.Load(); n != 1 {
+	if n := h.Runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
@@ -346,16 +223,16 @@ func TestConcurrentDuplicates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			replies[i] = h.call(ctx, create, "acct_1", "storm", map[string]any{"item": "tea"})
+			replies[i] = h.Call(ctx, create, "acct_1", "storm", map[string]any{"item": "tea"})
 		}()
 	}
 	close(start)
 	wg.Wait()
-	if runs := h.svc.runs.Load(); runs != 1 {
+	if runs := h.Runs.Load(); runs != 1 {
 		t.Fatalf("handler ran %d times, want 1", runs)
 	}
 	for _, r := range replies {
-		if r.err != nil && r.code() != codes.Aborted || r.err == nil && r.resp.AsMap()["order"] != float64(1) {
+		if r.Err != nil && r.Code() != codes.Aborted || r.Err == nil && r.Resp.AsMap()["order"] != float64(1) {
 			t.Errorf("reply %v", r)
 		}
 	}
@@ -380,25 +257,25 @@ func TestKeyAndCaller(t *testing.T) {
 		{"NoCaller", metadata.Pairs(grpcidem.MetadataKey, "k"), codes.Unauthenticated, "UNAUTHENTICATED"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := h.callMD(ctx, create, tc.md, map[string]any{"item": "tea"})
-			if why, _ := reason(r.err); r.code() != tc.code || why != tc.reason {
+			r := h.CallMD(ctx, create, tc.md, map[string]any{"item": "tea"})
+			if why, _ := reason(r.Err); r.Code() != tc.code || why != tc.reason {
 				t.Fatalf("got %v (%s), want %v %s", r, why, tc.code, tc.reason)
 			}
 		})
 	}
-	if n := h.svc.runs.Load(); n != 0 {
+	if n := h.Runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times, want 0", n)
 	}
-	a := h.call(ctx, create, "acct_1", "shared", map[string]any{"item": "tea"})
-	b := h.call(ctx, create, "acct_2", "shared", map[string]any{"item": "tea"})
-	if a.err != nil || b.err != nil || a.replayed || b.replayed || proto.Equal(a.resp, b.resp) {
+	a := h.Call(ctx, create, "acct_1", "shared", map[string]any{"item": "tea"})
+	b := h.Call(ctx, create, "acct_2", "shared", map[string]any{"item": "tea"})
+	if a.Err != nil || b.Err != nil || a.Replayed || b.Replayed || proto.Equal(a.Resp, b.Resp) {
 		t.Fatalf("two callers, one key: %v and %v, want two executions", a, b)
 	}
-	if r := h.call(ctx, create, "acct_2", "shared", map[string]any{"item": "tea"}); !r.replayed || !proto.Equal(r.resp, b.resp) {
+	if r := h.Call(ctx, create, "acct_2", "shared", map[string]any{"item": "tea"}); !r.Replayed || !proto.Equal(r.Resp, b.Resp) {
 		t.Fatalf("acct_2 again: %v, want its own answer %v", r, b)
 	}
 	// Quoted and raw keys address the same record, as over HTTP.
-	if r := h.call(ctx, create, "acct_2", `"shared"`, map[string]any{"item": "tea"}); !r.replayed || !proto.Equal(r.resp, b.resp) {
+	if r := h.Call(ctx, create, "acct_2", `"shared"`, map[string]any{"item": "tea"}); !r.Replayed || !proto.Equal(r.Resp, b.Resp) {
 		t.Fatalf("quoted key: %v, want %v replayed", r, b)
 	}
 }
@@ -460,18 +337,18 @@ func TestHandlerOutcomes(t *testing.T) {
 				return nil, tc.err
 			}, nil)
 			ctx := ctxT(t)
-			first := h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
-			second := h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+			first := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+			second := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
 			want := status.Convert(tc.err)
 			for i, r := range []reply{first, second} {
-				if got := status.Convert(r.err); got.Code() != want.Code() || got.Message() != want.Message() || len(got.Details()) != len(want.Details()) {
+				if got := status.Convert(r.Err); got.Code() != want.Code() || got.Message() != want.Message() || len(got.Details()) != len(want.Details()) {
 					t.Errorf("call %d: %v, want %v", i+1, r, want)
 				}
 			}
-			if second.replayed != tc.replayed {
-				t.Errorf("second call replayed %v, want %v", second.replayed, tc.replayed)
+			if second.Replayed != tc.replayed {
+				t.Errorf("second call replayed %v, want %v", second.Replayed, tc.replayed)
 			}
-			if n := h.svc.runs.Load(); n != tc.runs {
+			if n := h.Runs.Load(); n != tc.runs {
 				t.Errorf("handler ran %d times, want %d", n, tc.runs)
 			}
 		})
@@ -502,18 +379,18 @@ func TestPanic(t *testing.T) {
 				panic("boom")
 			}, nil, recovery)
 			ctx := ctxT(t)
-			if r := h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}); r.code() != codes.Internal {
+			if r := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}); r.Code() != codes.Internal {
 				t.Fatalf("first: %v, want the recovery's Internal", r)
 			}
-			second := h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+			second := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
 			wantRuns, wantReason := int64(2), ""
 			if effect {
 				wantRuns, wantReason = 1, "OUTCOME_UNKNOWN"
 			}
-			if why, _ := reason(second.err); second.code() != codes.Internal || why != wantReason {
+			if why, _ := reason(second.Err); second.Code() != codes.Internal || why != wantReason {
 				t.Errorf("second: %v (reason %q), want Internal %q", second, why, wantReason)
 			}
-			if n := h.svc.runs.Load(); n != wantRuns {
+			if n := h.Runs.Load(); n != wantRuns {
 				t.Errorf("handler ran %d times, want %d", n, wantRuns)
 			}
 		})
@@ -525,6 +402,14 @@ func TestOutlivesClient(t *testing.T) {
 	// passes does not cancel the handler, whose answer is recorded for the
 	// retry.
 	gate, done := make(chan struct{}), make(chan error, 1)
+	callCtx := make(chan context.Context, 1) // the call's own context, as the server made it
+	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		select {
+		case callCtx <- ctx: // the first call's
+		default:
+		}
+		return handler(ctx, req)
+	}
 	var h *harness
 	h = newHarness(t, nil, func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
 		<-gate
@@ -533,13 +418,14 @@ func TestOutlivesClient(t *testing.T) {
 		if err != nil {
 			return nil, status.FromContextError(err).Err()
 		}
-		return structpb.NewStruct(map[string]any{"order": float64(h.svc.runs.Load())})
-	}, nil)
+		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
+	}, nil, outer)
 	short, cancel := context.WithTimeout(ctxT(t), 50*time.Millisecond)
 	defer cancel()
-	if r := h.call(short, create, "acct_1", "k", map[string]any{"item": "tea"}); r.code() != codes.DeadlineExceeded {
+	if r := h.Call(short, create, "acct_1", "k", map[string]any{"item": "tea"}); r.Code() != codes.DeadlineExceeded {
 		t.Fatalf("first: %v, want DeadlineExceeded", r)
 	}
+	<-(<-callCtx).Done() // the server has seen the deadline pass
 	close(gate)
 	if err := <-done; err != nil {
 		t.Fatalf("the handler's context ended with its client: %v", err)
@@ -548,11 +434,11 @@ func TestOutlivesClient(t *testing.T) {
 	// returns, which the retry may overtake: retry while it is in progress.
 	ctx := ctxT(t)
 	for {
-		r := h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
-		if r.code() == codes.Aborted {
+		r := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+		if r.Code() == codes.Aborted {
 			continue
 		}
-		if !r.replayed || r.resp.AsMap()["order"] != float64(1) {
+		if !r.Replayed || r.Resp.AsMap()["order"] != float64(1) {
 			t.Fatalf("retry: %v, want the first answer replayed", r)
 		}
 		break
@@ -563,20 +449,20 @@ func TestUnprotected(t *testing.T) {
 	// Rule: methods left out with WithSkipper, or whose route takes calls
 	// without a key (core.KeyOptional), run unprotected every time.
 	var h *harness
-	h = newHarness(t, nil, order(func() *service { return h.svc }), []grpcidem.Option{
+	h = newHarness(t, nil, order(func() *harness { return h }), []grpcidem.Option{
 		grpcidem.WithMethod(get, core.KeyOptional()),
 		grpcidem.WithSkipper(func(_ context.Context, m string) bool { return m == other }),
 	})
 	ctx := ctxT(t)
 	for _, m := range []string{get, get, other, other} {
-		if r := h.call(ctx, m, "acct_1", "", nil); r.err != nil || r.replayed {
+		if r := h.Call(ctx, m, "acct_1", "", nil); r.Err != nil || r.Replayed {
 			t.Fatalf("%s: %v", m, r)
 		}
 	}
-	if r := h.call(ctx, create, "acct_1", "", nil); r.code() != codes.InvalidArgument {
+	if r := h.Call(ctx, create, "acct_1", "", nil); r.Code() != codes.InvalidArgument {
 		t.Fatalf("create without a key: %v, want InvalidArgument", r)
 	}
-	if n := h.svc.runs.Load(); n != 4 {
+	if n := h.Runs.Load(); n != 4 {
 		t.Errorf("handler ran %d times, want 4", n)
 	}
 }
@@ -593,14 +479,14 @@ func TestNotKept(t *testing.T) {
 		return structpb.NewStruct(map[string]any{"blob": "0123456789abcdef0123456789abcdef"})
 	}, nil)
 	ctx := ctxT(t)
-	if r := h.call(ctx, create, "acct_1", "k", nil); r.err != nil || r.resp.AsMap()["blob"] == nil {
+	if r := h.Call(ctx, create, "acct_1", "k", nil); r.Err != nil || r.Resp.AsMap()["blob"] == nil {
 		t.Fatalf("first: %v", r)
 	}
-	r := h.call(ctx, create, "acct_1", "k", nil)
-	if why, _ := reason(r.err); r.code() != codes.Internal || why != "RESPONSE_NOT_KEPT" {
+	r := h.Call(ctx, create, "acct_1", "k", nil)
+	if why, _ := reason(r.Err); r.Code() != codes.Internal || why != "RESPONSE_NOT_KEPT" {
 		t.Fatalf("replay: %v, want Internal RESPONSE_NOT_KEPT", r)
 	}
-	if n := h.svc.runs.Load(); n != 1 {
+	if n := h.Runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
@@ -623,10 +509,10 @@ func TestObserverSeesDecisions(t *testing.T) {
 	}
 	h := newOrders(t, e)
 	ctx := ctxT(t)
-	h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
-	h.call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
-	h.call(ctx, create, "acct_1", "k", map[string]any{"item": "milk"})
-	h.call(ctx, create, "acct_1", "", nil)
+	h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+	h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
+	h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "milk"})
+	h.Call(ctx, create, "acct_1", "", nil)
 	mu.Lock()
 	defer mu.Unlock()
 	want := []core.Decision{core.Executed, core.Replayed, core.Mismatch, core.Invalid}
