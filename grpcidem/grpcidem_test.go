@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -518,5 +519,33 @@ func TestObserverSeesDecisions(t *testing.T) {
 	want := []core.Decision{core.Executed, core.Replayed, core.Mismatch, core.Invalid}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("decisions %v, want %v", got, want)
+	}
+}
+
+// downStore is a store whose claims fail as an unreachable database's do.
+type downStore struct{ core.Store }
+
+func (downStore) Claim(context.Context, core.ClaimRequest) (core.ClaimResult, error) {
+	return core.ClaimResult{}, fmt.Errorf("%w: dial tcp 10.0.0.7:5432: connection refused", core.ErrStoreUnavailable)
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	// Rule: an unreachable store fails closed: Unavailable with a
+	// RetryInfo, the handler does not run, and the store's own error text
+	// (hosts, addresses) does not reach the client.
+	e, err := core.New(downStore{memstore.New()}, core.WithSingleCaller(), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newOrders(t, e)
+	r := h.Call(ctxT(t), create, "acct_1", "k", map[string]any{"item": "tea"})
+	if why, delay := r.Reason(); r.Code() != codes.Unavailable || why != "STORE_UNAVAILABLE" || delay != core.DefaultRetryAfter {
+		t.Fatalf("got %v (reason %q, retry delay %v), want Unavailable STORE_UNAVAILABLE after %v", r, why, delay, core.DefaultRetryAfter)
+	}
+	if strings.Contains(r.Err.Error(), "10.0.0.7") {
+		t.Errorf("the store's error reached the client: %v", r.Err)
+	}
+	if n := h.Runs.Load(); n != 0 {
+		t.Errorf("handler ran %d times, want 0", n)
 	}
 }
