@@ -128,6 +128,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	ev.ID = ident.ID()
 
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, nil, nil)
+	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Attempt = ans.decision, ans.rec.Attempt
 		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
@@ -156,6 +157,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		if panicked {
 			v := recover()
 			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
+			ev.Complete = att.complete
 			ev.Status = 500
 			e.emit(ctx, ev, start)
 			panic(v)
@@ -173,6 +175,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	}
 	ev.Status = resp.Status
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), &kept)
+	ev.Complete = att.complete
 	if rt.atomic && errors.Is(err, ErrLostRace) {
 		// The database rolled the transaction back for a concurrent claim
 		// (another Galera node's): fn's answer is void; answer as the

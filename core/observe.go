@@ -39,6 +39,14 @@ type Event struct {
 	Attempt  int           // attempt number of the record (takeovers increment it)
 	Duration time.Duration // from the start of the request to the decision
 	Err      error         // the error behind a rejection or failure
+	// Claim is how long the claim took: the store's answer, with the
+	// transaction's BEGIN in atomic mode and the wait of WaitInFlight (0
+	// for a request refused before it).
+	Claim time.Duration
+	// Complete is how long recording the outcome took: the completion or
+	// release, with the COMMIT or ROLLBACK in atomic mode (0 when the
+	// handler did not run).
+	Complete time.Duration
 }
 
 // level is the log level of ev: DEBUG for the routine decisions (executed,
