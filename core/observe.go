@@ -35,7 +35,7 @@ type Event struct {
 	// Key is the idempotency key, or the first 16 hex digits of its SHA-256
 	// unless WithRawKeysInLogs is set.
 	Key      string
-	Status   int           // HTTP status sent to the client (0 for Once)
+	Status   int           // HTTP status sent to the client (0 for Once; Exec: the HTTP equivalent)
 	Attempt  int           // attempt number of the record (takeovers increment it)
 	Duration time.Duration // from the start of the request to the decision
 	Err      error         // the error behind a rejection or failure
