@@ -146,6 +146,7 @@ func TestAtomic(t *testing.T) {
 				{"ClientErrorCommitsAndReplays", clientErrorCommits},
 				{"PanicRollsBack", panicRollsBack},
 				{"ConcurrentDuplicatesWriteOnce", concurrentDuplicates},
+				{"CallerManagedTransaction", callerManaged},
 			} {
 				t.Run(tc.name, func(t *testing.T) { tc.fn(t, newFixture(t, d)) })
 			}
@@ -323,5 +324,58 @@ func concurrentDuplicates(t *testing.T, f *fixture) {
 	}
 	if _, delay := replies[0].Reason(); replies[0].Code() == codes.Aborted && delay <= 0 {
 		t.Errorf("in progress without a retry delay: %v", replies[0])
+	}
+}
+
+// callerManaged: a service whose own interceptor opens the transaction
+// (sqlstore.WithTx) gets the claim, the handler's writes and the record in
+// it: the interceptor commits them together; a duplicate replays and writes
+// nothing; when the service rolls back, nothing of the call persists and
+// the retry runs.
+func callerManaged(t *testing.T, f *fixture) {
+	rollback := true
+	txPerCall := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		tx, err := f.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		resp, err := handler(sqlstore.WithTx(ctx, tx), req)
+		if err != nil || rollback {
+			_ = tx.Rollback()
+			if err == nil {
+				err = status.Error(codes.Unavailable, "rolled back by the service")
+			}
+			return nil, err
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		return resp, nil
+	}
+	var s *grpcidemtest.Server
+	s = grpcidemtest.New(t, f.engine, func(ctx context.Context, _ string, req *structpb.Struct) (*structpb.Struct, error) {
+		if err := f.insert(ctx, "tea"); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return structpb.NewStruct(map[string]any{"order": float64(s.Runs.Load())})
+	}, nil, txPerCall)
+	ctx := ctxT(t)
+	if r := s.Call(ctx, grpcidemtest.Create, "acct_1", "k1", map[string]any{"item": "tea"}); r.Code() != codes.Unavailable {
+		t.Fatalf("rolled back: %v", r)
+	}
+	if n := f.count(t, "tea"); n != 0 {
+		t.Fatalf("after the service's rollback: %d rows, want 0", n)
+	}
+	rollback = false
+	first := s.Call(ctx, grpcidemtest.Create, "acct_1", "k1", map[string]any{"item": "tea"})
+	if first.Err != nil || first.Replayed {
+		t.Fatalf("retry: %v, want a new execution", first)
+	}
+	again := s.Call(ctx, grpcidemtest.Create, "acct_1", "k1", map[string]any{"item": "tea"})
+	if again.Err != nil || !again.Replayed || !proto.Equal(again.Resp, first.Resp) {
+		t.Fatalf("duplicate: %v, want %v replayed", again, first)
+	}
+	if n := f.count(t, "tea"); n != 1 || s.Runs.Load() != 2 {
+		t.Fatalf("%d rows, %d runs; want 1, 2", n, s.Runs.Load())
 	}
 }
