@@ -549,3 +549,52 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Errorf("handler ran %d times, want 0", n)
 	}
 }
+
+// watchStore signals every claim that met a record in progress.
+type watchStore struct {
+	core.Store
+	busy chan struct{}
+}
+
+func (s watchStore) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, req)
+	if err == nil && !res.Claimed && res.Record.State == core.StateInProgress {
+		select {
+		case s.busy <- struct{}{}:
+		default:
+		}
+	}
+	return res, err
+}
+
+func TestWaitInFlight(t *testing.T) {
+	// Rule: with core.WaitInFlight on the method, a duplicate waits for
+	// the first call and replays its answer instead of being refused.
+	store := watchStore{Store: memstore.New(), busy: make(chan struct{}, 1)}
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var h *harness
+	h = newHarness(t, e, func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
+		once.Do(func() { close(entered) })
+		<-gate
+		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
+	}, []grpcidem.Option{grpcidem.WithMethod(create, core.WaitInFlight(10*time.Second))})
+	ctx := ctxT(t)
+	first, dup := make(chan reply, 1), make(chan reply, 1)
+	go func() { first <- h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}) }()
+	<-entered
+	go func() { dup <- h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}) }()
+	<-store.busy // the duplicate met the first in progress, and waits
+	close(gate)
+	a, b := <-first, <-dup
+	if a.Err != nil || b.Err != nil || !b.Replayed || !proto.Equal(a.Resp, b.Resp) {
+		t.Fatalf("first %v, duplicate %v; want the duplicate to replay the first", a, b)
+	}
+	if n := h.Runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
