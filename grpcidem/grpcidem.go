@@ -142,13 +142,27 @@ func message(v any) (proto.Message, error) {
 	return nil, fmt.Errorf("grpcidem: %T is not a protocol buffer message (grpcidem needs the proto codec)", v)
 }
 
-// Names of the record's own entries (metadata keys cannot start with ':').
+// A recorded answer's body is a kind byte and its payload: kindMessage,
+// the uvarint length of the response message's full type name, the name,
+// then the message's bytes; or kindStatus, then the google.rpc.Status's
+// bytes. A body without a kind byte was recorded by the engine itself (a
+// panic). The allowlisted metadata are the record's headers, names
+// prefixed (the body keeps the kind: a resolver's response passes through
+// the engine's HTTP header allowlist).
 const (
-	kindKey  = ":grpc" // "message" (OK) or "status" (an error)
-	typeKey  = ":type" // full name of the response message
-	hdrPfx   = "h:"    // a recorded header
-	trailPfx = "t:"    // a recorded trailer
+	kindMessage byte = 'M'
+	kindStatus  byte = 'S'
+	hdrPfx           = "h:" // a recorded header
+	trailPfx         = "t:" // a recorded trailer
 )
+
+// messageBody is the recorded body of an answer m.
+func messageBody(m proto.Message) ([]byte, error) {
+	name := string(m.ProtoReflect().Descriptor().FullName())
+	b := append([]byte{kindMessage}, binary.AppendUvarint(nil, uint64(len(name)))...)
+	b = append(b, name...)
+	return proto.MarshalOptions{}.MarshalAppend(b, m)
+}
 
 // encode turns the handler's result into the response to record. A result
 // that cannot be recorded (not a protocol buffer message, or none at all)
@@ -173,22 +187,31 @@ func (in *interceptor) encode(out *any, herr *error, capt *capture) *core.Respon
 		} else if m, err := message(*out); err != nil {
 			*herr = status.Error(codes.Internal, "the response could not be recorded")
 			in.cfg.logger.Error("grpcidem: the handler's response cannot be recorded", slog.String("error", err.Error()))
-		} else if b, err := proto.Marshal(m); err != nil {
+		} else if b, err := messageBody(m); err != nil {
 			*herr = status.Error(codes.Internal, "the response could not be recorded")
 			in.cfg.logger.Error("grpcidem: the handler's response cannot be recorded", slog.String("error", err.Error()))
 		} else {
-			h[kindKey] = []string{"message"}
-			h[typeKey] = []string{string(m.ProtoReflect().Descriptor().FullName())}
 			return &core.Response{Status: http.StatusOK, Header: h, Body: b}
 		}
 	}
 	st := status.Convert(*herr)
-	b, err := proto.Marshal(st.Proto())
+	b, err := proto.MarshalOptions{}.MarshalAppend([]byte{kindStatus}, st.Proto())
 	if err != nil {
-		b = nil
+		b = nil // replayed as an unknown outcome
 	}
-	h[kindKey] = []string{"status"}
 	return &core.Response{Status: HTTPStatus(st.Code()), Header: h, Body: b}
+}
+
+// Response is the record of a successful call answering m, for a
+// core.Resolver that settles an indeterminate gRPC call as applied
+// (core.Resolution{Outcome: core.Applied, Response: r}): duplicates then
+// get m, as if the handler had returned it.
+func Response(m proto.Message) (*core.Response, error) {
+	b, err := messageBody(m)
+	if err != nil {
+		return nil, err
+	}
+	return &core.Response{Status: http.StatusOK, Body: b, BodyKept: true}, nil
 }
 
 // replay answers with a recorded response.
@@ -203,26 +226,35 @@ func (in *interceptor) replay(ctx context.Context, method string, resp *core.Res
 	}
 	_ = grpc.SetHeader(ctx, hdr)
 	_ = grpc.SetTrailer(ctx, trl)
-	kind := first(resp.Header[kindKey])
-	switch {
-	case !resp.BodyKept:
+	if !resp.BodyKept {
 		return nil, rejection(core.ErrNotKept)
-	case kind == "message":
-		name := first(resp.Header[typeKey])
+	}
+	var kind byte
+	body := resp.Body
+	if len(body) > 0 {
+		kind, body = body[0], body[1:]
+	}
+	switch kind {
+	case kindMessage:
+		n, k := binary.Uvarint(body)
+		if k <= 0 || n > uint64(len(body)-k) {
+			return nil, status.Error(codes.Internal, "the recorded response could not be replayed")
+		}
+		name, payload := string(body[k:k+int(n)]), body[k+int(n):]
 		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
 		if err != nil {
 			in.cfg.logger.Error("grpcidem: the recorded response's type is not registered; it cannot be replayed", slog.String("method", method), slog.String("type", name), slog.String("error", err.Error()))
 			return nil, status.Error(codes.Internal, "the recorded response could not be replayed")
 		}
 		m := mt.New().Interface()
-		if err := proto.Unmarshal(resp.Body, m); err != nil {
+		if err := proto.Unmarshal(payload, m); err != nil {
 			in.cfg.logger.Error("grpcidem: the recorded response does not decode", slog.String("method", method), slog.String("type", name), slog.String("error", err.Error()))
 			return nil, status.Error(codes.Internal, "the recorded response could not be replayed")
 		}
 		return m, nil
-	case kind == "status":
+	case kindStatus:
 		st := new(spb.Status)
-		if err := proto.Unmarshal(resp.Body, st); err != nil {
+		if err := proto.Unmarshal(body, st); err != nil {
 			return nil, status.Error(codes.Internal, "the recorded response could not be replayed")
 		}
 		return nil, status.ErrorProto(st)
@@ -230,13 +262,6 @@ func (in *interceptor) replay(ctx context.Context, method string, resp *core.Res
 	// Recorded by the engine, not by the handler: a panic after MarkEffect
 	// (indeterminate).
 	return nil, rejection(core.ErrIndeterminate)
-}
-
-func first(vs []string) string {
-	if len(vs) == 0 {
-		return ""
-	}
-	return vs[0]
 }
 
 // capture holds what the handler set with grpc.SetHeader, SendHeader and

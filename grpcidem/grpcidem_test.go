@@ -598,3 +598,33 @@ func TestWaitInFlight(t *testing.T) {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
+
+func TestResolver(t *testing.T) {
+	// Rule: a resolver settles an indeterminate call with
+	// grpcidem.Response: duplicates get that message, replayed, and the
+	// handler does not run again.
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithLogger(slog.New(slog.DiscardHandler)),
+		core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+			m, _ := structpb.NewStruct(map[string]any{"settled": "charge ch_1"}) // asked the provider with the downstream key
+			resp, err := grpcidem.Response(m)
+			return core.Resolution{Outcome: core.Applied, Response: resp}, err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, e, func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
+		_ = core.MarkEffect(ctx)
+		return nil, status.Error(codes.Unavailable, "provider timed out")
+	}, nil)
+	ctx := ctxT(t)
+	if r := h.Call(ctx, create, "acct_1", "k", nil); r.Code() != codes.Unavailable {
+		t.Fatalf("first: %v", r)
+	}
+	r := h.Call(ctx, create, "acct_1", "k", nil)
+	if r.Err != nil || !r.Replayed || r.Resp.AsMap()["settled"] != "charge ch_1" {
+		t.Fatalf("after the resolver: %v, want its message replayed", r)
+	}
+	if n := h.Runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
