@@ -44,7 +44,8 @@
 //	}))
 //	mux.Handle("POST /orders", e.Handler(createOrder))
 //
-// Adapters for Gin, Echo and chi call Route.Serve. Message consumers call
+// Adapters for Gin, Echo and chi call Route.Serve; adapters of other
+// transports (grpcidem) call Route.Exec. Message consumers call
 // Engine.Once. Every rejection is an RFC 9457 problem document (see Problem)
 // and maps to a sentinel error in errors.go.
 //

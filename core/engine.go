@@ -180,6 +180,7 @@ type attempt struct {
 	finished bool
 	decision Decision
 	err      error
+	complete time.Duration // how long finish took (Event.Complete)
 }
 
 // answer is the engine's decision for a request that did not get to run:
@@ -194,6 +195,9 @@ type answer struct {
 	// record that was read but cannot be opened or settled is not one:
 	// running the handler again could repeat its effect.
 	unreachable bool
+	// claim is how long acquire took (Event.Claim), set for a claimed
+	// attempt too.
+	claim time.Duration
 }
 
 // claimRequest builds the store request for identity ident.
@@ -233,8 +237,10 @@ func newToken() int64 {
 // its own connection, whatever transaction the request's context carries
 // (a transaction-per-request middleware's), so a rollback of that
 // transaction cannot take the record with it (CONTRACT section 5).
-func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (*attempt, answer) {
+func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (att *attempt, ans answer) {
 	e := rt.e
+	began := e.cfg.clock()
+	defer func() { ans.claim = e.cfg.clock().Sub(began) }()
 	joined := rt.atomic && e.tx.InTx(ctx)
 	sctx := rt.leasedCtx(ctx)
 	deadline := start.Add(rt.p.wait)
@@ -530,7 +536,9 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // result.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	if !a.finished {
+		began := a.e.cfg.clock()
 		a.decision, a.err = a.record(v, resp)
+		a.complete = a.e.cfg.clock().Sub(began)
 		a.finished = true
 	}
 	return a.decision, a.err

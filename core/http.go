@@ -224,6 +224,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		}
 	}
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
+	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
@@ -275,6 +276,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		p.RecordID = ev.ID.String()
 		resp := problemResponse(p)
 		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
+		ev.Complete = att.complete
 		e.emit(ctx, ev, start)
 		panic(v)
 	}()
@@ -298,6 +300,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		p.RecordID = ev.ID.String()
 		var ferr error
 		ev.Decision, ferr = att.finish(att.classify(0, true), problemResponse(p))
+		ev.Complete = att.complete
 		ev.Err = errors.Join(err, ferr)
 		if ferr != nil {
 			// Not even that could be made durable: the store's problem
@@ -315,6 +318,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	rec.response(resp)
 	att.recordAllow = e.cfg.recorded
 	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
+	ev.Complete = att.complete
 	ev.Status, ev.Err = resp.Status, err
 	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
 		// Atomic mode, and the database rolled the transaction back for a

@@ -35,10 +35,18 @@ type Event struct {
 	// Key is the idempotency key, or the first 16 hex digits of its SHA-256
 	// unless WithRawKeysInLogs is set.
 	Key      string
-	Status   int           // HTTP status sent to the client (0 for Once)
+	Status   int           // HTTP status sent to the client (0 for Once; Exec: the HTTP equivalent)
 	Attempt  int           // attempt number of the record (takeovers increment it)
 	Duration time.Duration // from the start of the request to the decision
 	Err      error         // the error behind a rejection or failure
+	// Claim is how long the claim took: the store's answer, with the
+	// transaction's BEGIN in atomic mode and the wait of WaitInFlight (0
+	// for a request refused before it).
+	Claim time.Duration
+	// Complete is how long recording the outcome took: the completion or
+	// release, with the COMMIT or ROLLBACK in atomic mode (0 when the
+	// handler did not run).
+	Complete time.Duration
 }
 
 // level is the log level of ev: DEBUG for the routine decisions (executed,

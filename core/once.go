@@ -89,6 +89,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
 	att, ans := rt.acquire(ctx, ident, id, fp, start, nil, cancel)
+	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		e.emit(ctx, ev, start)
@@ -113,6 +114,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		if panicked {
 			v := recover()
 			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
+			ev.Complete = att.complete
 			e.emit(ctx, ev, start)
 			panic(v)
 		}
@@ -133,6 +135,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		v = vRelease
 	}
 	decision, ferr := att.finish(v, resp)
+	ev.Complete = att.complete
 	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
 		// The database rolled our transaction back for a concurrent claim
 		// (another Galera node's; fn's error, if any, was its doing): fn's

@@ -1,3 +1,3 @@
 module github.com/idemkit/idem/idemclient
 
-go 1.25
+go 1.25.0
