@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -102,7 +103,7 @@ func inTx(write bool) func(*gorm.DB) {
 				"or give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
 			return
 		}
-		_ = db.AddError(fmt.Errorf("%w, on the connection pool: install the plugin so that the application's *gorm.DB joins it (db.Use(gormstore.Plugin())), "+
+		_ = db.AddError(fmt.Errorf("%w, on the connection pool (or a connection of its own, db.Connection): install the plugin so that the application's *gorm.DB joins it (db.Use(gormstore.Plugin())), "+
 			"or write through gormstore.DB(ctx); give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
 	}
 }
@@ -121,9 +122,14 @@ func unwrapConn(p gorm.ConnPool) gorm.ConnPool {
 }
 
 // sameDB reports whether the statement db and the transaction tx run on
-// one database (the same *sql.DB).
+// one database (the same *sql.DB). A statement on a connection of its own
+// (db.Connection: a *sql.Conn, which does not tell its *sql.DB) runs on
+// the database of db's own pool.
 func sameDB(db, tx *gorm.DB) bool {
 	a, err := db.DB()
+	if _, ok := db.Statement.ConnPool.(*sql.Conn); ok && err != nil {
+		a, err = (&gorm.DB{Config: db.Config}).DB()
+	}
 	if err != nil {
 		return false
 	}

@@ -373,3 +373,37 @@ func TestPluginLeasedRoute(t *testing.T) {
 		t.Fatalf("the write of a Leased route: %v, %d rows; want it committed", createErr, app.count(t, "tea"))
 	}
 }
+
+// TestPluginDedicatedConnection: a statement on a connection of its own
+// (db.WithContext(ctx).Connection(func(tx *gorm.DB) error {...}), as code
+// that sets session variables does) with the request's context runs
+// outside the request's transaction as surely as one on the pool: with the
+// plugin it joins the transaction (a 500 leaves no row); without it, the
+// write fails with ErrOutsideTx (never committed on its own, never
+// waiting for SQLite's lock).
+func TestPluginDedicatedConnection(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var connErr error
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					connErr = app.repo.db.WithContext(r.Context()).Connection(func(conn *gorm.DB) error {
+						return orderRepo{db: conn, table: app.repo.table}.Create(r.Context(), "conn")
+					})
+					w.WriteHeader(http.StatusInternalServerError) // rolled back
+				})
+				post("k1")
+				if plugin && connErr != nil {
+					t.Errorf("a write on a connection of its own, with the plugin: %v, want it joined", connErr)
+				}
+				if !plugin && !errors.Is(connErr, gormstore.ErrOutsideTx) {
+					t.Errorf("a write on a connection of its own, without the plugin: %v, want ErrOutsideTx", connErr)
+				}
+				if n := app.count(t, "conn"); n != 0 {
+					t.Errorf("%d rows written on a connection of its own after a 500, want 0", n)
+				}
+			})
+		}
+	}
+}
