@@ -4,6 +4,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
 
 	"gorm.io/gorm"
 
@@ -46,7 +48,9 @@ const (
 //
 // Without the plugin, New's callback still finds such writes: every
 // create, update, delete and Exec whose context carries a transaction but
-// runs outside it fails with ErrOutsideTx, and reads run as they are.
+// runs outside it fails with ErrOutsideTx (so does raw SQL that starts
+// with INSERT, UPDATE, DELETE, REPLACE or MERGE, run with Raw(...).Scan or
+// Rows), and reads run as they are.
 func Plugin() gorm.Plugin { return plugin{} }
 
 type plugin struct{}
@@ -69,7 +73,7 @@ func register(db *gorm.DB) error {
 		cb.Delete().Before("*").Register(callbackName, inTx(true)),
 		cb.Raw().Before("*").Register(callbackName, inTx(true)), // Exec
 		cb.Query().Before("*").Register(callbackName, inTx(false)),
-		cb.Row().Before("*").Register(callbackName, inTx(false)), // Row, Rows, Scan
+		cb.Row().Before("*").Register(callbackName, inTx(false)), // Row, Rows, Scan; writes in raw SQL too (rawWrite)
 	)
 }
 
@@ -94,7 +98,7 @@ func inTx(write bool) func(*gorm.DB) {
 			stmt.ConnPool = tx.Statement.ConnPool
 			return
 		}
-		if !write {
+		if !write && !rawWrite(stmt) {
 			return
 		}
 		if ownTx {
@@ -135,4 +139,21 @@ func sameDB(db, tx *gorm.DB) bool {
 	}
 	b, err := tx.DB()
 	return err == nil && a == b
+}
+
+// rawWrite reports whether stmt is raw SQL that writes
+// (db.Raw("INSERT ... RETURNING id").Scan(&id)): Raw builds its SQL before
+// the callbacks run, and it starts with a writing verb. A statement GORM
+// builds itself (Find, Rows on a model) has no SQL yet. Raw writes that
+// start otherwise (WITH ... INSERT) are not recognised.
+func rawWrite(stmt *gorm.Statement) bool {
+	verb := strings.TrimSpace(stmt.SQL.String())
+	if i := strings.IndexFunc(verb, unicode.IsSpace); i >= 0 {
+		verb = verb[:i]
+	}
+	switch strings.ToUpper(verb) {
+	case "INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE":
+		return true
+	}
+	return false
 }

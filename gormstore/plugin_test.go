@@ -407,3 +407,42 @@ func TestPluginDedicatedConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestRawWritesOutsideTheTransaction: a write sent as raw SQL that returns
+// rows (db.WithContext(ctx).Raw("INSERT ... RETURNING id").Scan(&id), GORM's
+// way to read what an insert returns) is a write like Create: without the
+// plugin it fails with ErrOutsideTx instead of committing on its own
+// (Postgres, MySQL) or waiting for SQLite's lock, and with the plugin it
+// joins the request's transaction. A raw SELECT still runs without the
+// plugin.
+func TestRawWritesOutsideTheTransaction(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var insertErr, selectErr error
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					db := app.repo.db.WithContext(r.Context())
+					var id int64
+					insertErr = db.Raw("\n  insert\nINTO "+app.repo.table+" (name) VALUES (?) RETURNING id", "raw").Scan(&id).Error
+					var n int64
+					selectErr = db.Raw("SELECT COUNT(*) FROM "+app.repo.table).Scan(&n).Error
+					w.WriteHeader(http.StatusInternalServerError) // rolled back
+				})
+				post("k1")
+				if plugin && insertErr != nil {
+					t.Errorf("Raw(INSERT ... RETURNING).Scan with the plugin: %v, want it joined", insertErr)
+				}
+				if !plugin && !errors.Is(insertErr, gormstore.ErrOutsideTx) {
+					t.Errorf("Raw(INSERT ... RETURNING).Scan without the plugin: %v, want ErrOutsideTx", insertErr)
+				}
+				if selectErr != nil {
+					t.Errorf("Raw(SELECT).Scan: %v, want it to run", selectErr)
+				}
+				if n := app.count(t, "raw"); n != 0 {
+					t.Errorf("%d rows of a raw insert after a 500, want 0", n)
+				}
+			})
+		}
+	}
+}
