@@ -426,7 +426,7 @@ func TestRawWritesOutsideTheTransaction(t *testing.T) {
 					var id int64
 					insertErr = db.Raw("\n  insert\nINTO "+app.repo.table+" (name) VALUES (?) RETURNING id", "raw").Scan(&id).Error
 					var n int64
-					selectErr = db.Raw("SELECT COUNT(*) FROM "+app.repo.table).Scan(&n).Error
+					selectErr = db.Raw("SELECT COUNT(*) FROM " + app.repo.table).Scan(&n).Error
 					w.WriteHeader(http.StatusInternalServerError) // rolled back
 				})
 				post("k1")
