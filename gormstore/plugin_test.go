@@ -446,3 +446,38 @@ func TestRawWritesOutsideTheTransaction(t *testing.T) {
 		}
 	}
 }
+
+// TestWritesAfterTheTransaction: work a handler leaves for after its
+// response (go audit(context.WithoutCancel(r.Context()))) runs once the
+// request's transaction has committed or rolled back. Its writes can join
+// nothing any more: they run on the pool as without idem, with or without
+// the plugin (not refused with ErrOutsideTx, not sent to the finished
+// transaction).
+func TestWritesAfterTheTransaction(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var later []context.Context
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					later = append(later, context.WithoutCancel(r.Context()))
+					if len(later) == 1 {
+						w.WriteHeader(http.StatusInternalServerError) // rolled back
+						return
+					}
+					w.WriteHeader(http.StatusCreated) // committed
+				})
+				post("k1")
+				post("k1")
+				for i, ctx := range later {
+					if err := app.repo.Create(ctx, "later"); err != nil {
+						t.Errorf("a write after the transaction of attempt %d ended: %v, want it committed on its own", i+1, err)
+					}
+				}
+				if n := app.count(t, "later"); n != 2 {
+					t.Errorf("%d rows written after the transactions ended, want 2", n)
+				}
+			})
+		}
+	}
+}
