@@ -78,8 +78,9 @@ func register(db *gorm.DB) error {
 }
 
 // inTx returns the callback for a processor whose statements write (or
-// only read). When the statement's context carries a transaction (liveTx: not one the engine has committed or rolled back)
-// on the statement's database and the statement does not run in it: with
+// only read). When the statement's context carries a transaction (liveTx:
+// not one the engine has committed or rolled back) on the statement's
+// database and the statement does not run in it: with
 // the plugin installed, a statement on the pool is moved into it; a write
 // that stays outside (no plugin, or a transaction of its own) fails with
 // ErrOutsideTx before it reaches the database.
