@@ -40,11 +40,15 @@ const (
 // they would without the plugin.
 //
 // A transaction the application opens itself (db.WithContext(ctx).
-// Transaction(...), db.Begin()) is not joined (GORM begins it before any
+// Transaction(...), db.Begin(), or GORM for CreateInBatches of more rows
+// than one batch) is not joined (GORM begins it before any
 // callback runs): its writes fail with ErrOutsideTx on Postgres and
 // MySQL/MariaDB; on SQLite its BEGIN waits for the request's write lock
 // (busy_timeout) first. Use DB(ctx).Transaction(...) (a savepoint in the
 // request's transaction) instead.
+//
+// The transaction is one connection: statements with its context must not
+// run concurrently (goroutines of one handler); see the README.
 //
 // Without the plugin, New's callback still finds such writes: every
 // create, update, delete and Exec whose context carries a transaction but
@@ -103,7 +107,7 @@ func inTx(write bool) func(*gorm.DB) {
 			return
 		}
 		if ownTx {
-			_ = db.AddError(fmt.Errorf("%w, in a transaction of its own (db.Transaction or db.Begin with the request's context): "+
+			_ = db.AddError(fmt.Errorf("%w, in a transaction of its own (db.Transaction, db.Begin, or CreateInBatches of more than one batch, with the request's context): "+
 				"it would not commit or roll back with the request's; open it with gormstore.DB(ctx).Transaction(...) (a savepoint in the request's transaction), "+
 				"or give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
 			return
