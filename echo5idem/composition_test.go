@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/labstack/echo/v5"
+	"github.com/labstack/echo/v5/middleware"
 )
 
 // TestGroupNotFound: a group with the middleware registers catch-all
@@ -40,8 +41,9 @@ func TestGroupNotFound(t *testing.T) {
 
 // TestInstalledWithPre: installed with Pre, the middleware runs before
 // Echo routes the request; a request that reaches a route is refused (500
-// not-protected), never passed through unprotected; unknown paths keep
-// Echo's 404.
+// not-protected), never passed through unprotected. So is a request to a
+// path the router does not know yet: a later Pre middleware may rewrite it
+// onto a route (TestInstalledWithPreBeforeRewrites).
 func TestInstalledWithPre(t *testing.T) {
 	e, _ := newEngine(t, nil)
 	r := echo.New()
@@ -57,8 +59,42 @@ func TestInstalledWithPre(t *testing.T) {
 	if runs != 0 {
 		t.Errorf("the handler ran %d times unprotected", runs)
 	}
-	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusNotFound {
-		t.Errorf("unknown path: %d, want Echo's 404", w.Code)
+	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		t.Errorf("unknown path: %d %q, want a 500 not-protected problem (fail closed)", w.Code, w.Body)
+	}
+	if w := do(r, "GET", "/nowhere", ""); w.Code != http.StatusNotFound {
+		t.Errorf("unknown path, a method not covered: %d, want Echo's 404", w.Code)
+	}
+}
+
+// TestInstalledWithPreBeforeRewrites: installed with Pre before Pre
+// middleware that rewrites the request (RemoveTrailingSlash, Rewrite,
+// MethodOverride), the middleware cannot know which route the request
+// will reach: a request that the router alone would answer with 404 or 405
+// reaches a route once rewritten. It is refused (500 not-protected), never
+// passed through to run its handler once per retry.
+func TestInstalledWithPreBeforeRewrites(t *testing.T) {
+	e, _ := newEngine(t, nil)
+	r := echo.New()
+	r.Pre(echo5idem.New(e))
+	r.Pre(middleware.RemoveTrailingSlash())
+	r.Pre(middleware.MethodOverride())
+	runs := 0
+	r.POST("/orders", counter(&runs))
+	r.PATCH("/items", counter(&runs))
+
+	for _, key := range []string{"k1", "k1"} {
+		if w := do(r, "POST", "/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+			t.Errorf("POST /orders/ (slash removed later), key %q: %d %q, want a 500 not-protected problem", key, w.Code, w.Body)
+		}
+	}
+	for _, key := range []string{"k2", "k2"} {
+		if w := do(r, "POST", "/items", key, "X-HTTP-Method-Override", "PATCH"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+			t.Errorf("POST /items overridden to PATCH later, key %q: %d %q, want a 500 not-protected problem", key, w.Code, w.Body)
+		}
+	}
+	if runs != 0 {
+		t.Errorf("the handlers ran %d times unprotected", runs)
 	}
 }
 

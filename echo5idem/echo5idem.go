@@ -76,10 +76,13 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 				return next(c)
 			}
 			if rt.Protects(c.Request()) && !matched(c) {
-				if !routed(c) && routable(c) {
-					// Installed with Pre: Echo has not routed yet.
+				if !routed(c) {
+					// Installed with Pre: Echo has not routed yet, and
+					// Pre middleware after this one may still rewrite the
+					// path or the method onto a route (RemoveTrailingSlash,
+					// Rewrite, MethodOverride): fail closed.
 					req := c.Request()
-					rt.Refuse(c.Response(), req, fmt.Errorf("%w: echo5idem: %s %s reaches a route, but the middleware runs before Echo routes the request (installed with Pre?); install it with Use, on a group or on a route",
+					rt.Refuse(c.Response(), req, fmt.Errorf("%w: echo5idem: %s %s may reach a route, but the middleware runs before Echo routes the request (installed with Pre?); install it with Use, on a group or on a route",
 						core.ErrNotProtected, req.Method, req.URL.Path))
 					return nil
 				}
@@ -124,20 +127,11 @@ func matched(c *echo.Context) bool {
 }
 
 // routed reports whether the router has run for c: before it (Pre
-// middleware) c has neither a route nor a path.
+// middleware) c has neither a route nor a path; after it, even a request
+// the router answers itself has a RouteInfo named for its answer
+// (echo.NotFoundRouteName, echo.MethodNotAllowedRouteName).
 func routed(c *echo.Context) bool {
 	return c.Path() != "" || c.RouteInfo().Name != ""
-}
-
-// routable reports whether Echo's router would route c's request to a
-// route registered for its method: for a middleware that runs before
-// routing (Pre). It routes a copy of the request in a context of its own,
-// so c and its request are left as they are.
-func routable(c *echo.Context) bool {
-	req := c.Request()
-	probe := c.Echo().NewContext(req.WithContext(req.Context()), nil)
-	c.Echo().Router().Route(probe)
-	return matched(probe)
 }
 
 // Caller adapts a function reading the caller from the Echo context

@@ -1,8 +1,11 @@
 package gormstore
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
 
 	"gorm.io/gorm"
 
@@ -37,15 +40,21 @@ const (
 // they would without the plugin.
 //
 // A transaction the application opens itself (db.WithContext(ctx).
-// Transaction(...), db.Begin()) is not joined (GORM begins it before any
+// Transaction(...), db.Begin(), or GORM for CreateInBatches of more rows
+// than one batch) is not joined (GORM begins it before any
 // callback runs): its writes fail with ErrOutsideTx on Postgres and
 // MySQL/MariaDB; on SQLite its BEGIN waits for the request's write lock
 // (busy_timeout) first. Use DB(ctx).Transaction(...) (a savepoint in the
 // request's transaction) instead.
 //
+// The transaction is one connection: statements with its context must not
+// run concurrently (goroutines of one handler); see the README.
+//
 // Without the plugin, New's callback still finds such writes: every
 // create, update, delete and Exec whose context carries a transaction but
-// runs outside it fails with ErrOutsideTx, and reads run as they are.
+// runs outside it fails with ErrOutsideTx (so does raw SQL that starts
+// with INSERT, UPDATE, DELETE, REPLACE or MERGE, run with Raw(...).Scan or
+// Rows), and reads run as they are.
 func Plugin() gorm.Plugin { return plugin{} }
 
 type plugin struct{}
@@ -68,13 +77,14 @@ func register(db *gorm.DB) error {
 		cb.Delete().Before("*").Register(callbackName, inTx(true)),
 		cb.Raw().Before("*").Register(callbackName, inTx(true)), // Exec
 		cb.Query().Before("*").Register(callbackName, inTx(false)),
-		cb.Row().Before("*").Register(callbackName, inTx(false)), // Row, Rows, Scan
+		cb.Row().Before("*").Register(callbackName, inTx(false)), // Row, Rows, Scan; writes in raw SQL too (rawWrite)
 	)
 }
 
 // inTx returns the callback for a processor whose statements write (or
-// only read). When the statement's context carries a transaction (TxFrom)
-// on the statement's database and the statement does not run in it: with
+// only read). When the statement's context carries a transaction (liveTx:
+// not one the engine has committed or rolled back) on the statement's
+// database and the statement does not run in it: with
 // the plugin installed, a statement on the pool is moved into it; a write
 // that stays outside (no plugin, or a transaction of its own) fails with
 // ErrOutsideTx before it reaches the database.
@@ -84,7 +94,7 @@ func inTx(write bool) func(*gorm.DB) {
 		if db.Error != nil || stmt.Context == nil {
 			return
 		}
-		tx := TxFrom(stmt.Context)
+		tx := liveTx(stmt.Context)
 		if tx == nil || sameConn(stmt.ConnPool, tx.Statement.ConnPool) || !sameDB(db, tx) {
 			return
 		}
@@ -93,16 +103,16 @@ func inTx(write bool) func(*gorm.DB) {
 			stmt.ConnPool = tx.Statement.ConnPool
 			return
 		}
-		if !write {
+		if !write && !rawWrite(stmt) {
 			return
 		}
 		if ownTx {
-			_ = db.AddError(fmt.Errorf("%w, in a transaction of its own (db.Transaction or db.Begin with the request's context): "+
+			_ = db.AddError(fmt.Errorf("%w, in a transaction of its own (db.Transaction, db.Begin, or CreateInBatches of more than one batch, with the request's context): "+
 				"it would not commit or roll back with the request's; open it with gormstore.DB(ctx).Transaction(...) (a savepoint in the request's transaction), "+
 				"or give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
 			return
 		}
-		_ = db.AddError(fmt.Errorf("%w, on the connection pool: install the plugin so that the application's *gorm.DB joins it (db.Use(gormstore.Plugin())), "+
+		_ = db.AddError(fmt.Errorf("%w, on the connection pool (or a connection of its own, db.Connection): install the plugin so that the application's *gorm.DB joins it (db.Use(gormstore.Plugin())), "+
 			"or write through gormstore.DB(ctx); give it a context without the request's transaction (store.WithoutTx(ctx)) if it must commit on its own", ErrOutsideTx))
 	}
 }
@@ -121,12 +131,34 @@ func unwrapConn(p gorm.ConnPool) gorm.ConnPool {
 }
 
 // sameDB reports whether the statement db and the transaction tx run on
-// one database (the same *sql.DB).
+// one database (the same *sql.DB). A statement on a connection of its own
+// (db.Connection: a *sql.Conn, which does not tell its *sql.DB) runs on
+// the database of db's own pool.
 func sameDB(db, tx *gorm.DB) bool {
 	a, err := db.DB()
+	if _, ok := db.Statement.ConnPool.(*sql.Conn); ok && err != nil {
+		a, err = (&gorm.DB{Config: db.Config}).DB()
+	}
 	if err != nil {
 		return false
 	}
 	b, err := tx.DB()
 	return err == nil && a == b
+}
+
+// rawWrite reports whether stmt is raw SQL that writes
+// (db.Raw("INSERT ... RETURNING id").Scan(&id)): Raw builds its SQL before
+// the callbacks run, and it starts with a writing verb. A statement GORM
+// builds itself (Find, Rows on a model) has no SQL yet. Raw writes that
+// start otherwise (WITH ... INSERT) are not recognised.
+func rawWrite(stmt *gorm.Statement) bool {
+	verb := strings.TrimSpace(stmt.SQL.String())
+	if i := strings.IndexFunc(verb, unicode.IsSpace); i >= 0 {
+		verb = verb[:i]
+	}
+	switch strings.ToUpper(verb) {
+	case "INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE":
+		return true
+	}
+	return false
 }

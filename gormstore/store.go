@@ -251,7 +251,7 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 			return nil, nil, tx.Error
 		}
 		d.set(tx)
-		return tx.Statement.ConnPool, gormTx{tx}, nil
+		return tx.Statement.ConnPool, gormTx{tx: tx, d: d}, nil
 	})
 	if err != nil {
 		return ctx, nil, err
@@ -261,9 +261,32 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 
 // deferred is the GORM transaction of a context from Begin, once begun.
 type deferred struct {
-	base *gorm.DB
-	mu   sync.Mutex
-	tx   *gorm.DB
+	base  *gorm.DB
+	mu    sync.Mutex
+	tx    *gorm.DB
+	ended bool // committed or rolled back (by the engine)
+}
+
+func (d *deferred) end() {
+	d.mu.Lock()
+	d.ended = true
+	d.mu.Unlock()
+}
+
+// liveTx is TxFrom without a transaction of Begin that has ended: the
+// transaction statements of the application's *gorm.DB (see Plugin) may
+// join, or must not run beside. Work a handler leaves for after its
+// response (a context from context.WithoutCancel) runs as without idem.
+func liveTx(ctx context.Context) *gorm.DB {
+	if d, ok := ctx.Value(txKey{}).(*deferred); ok {
+		d.mu.Lock()
+		ended := d.ended
+		d.mu.Unlock()
+		if ended {
+			return nil
+		}
+	}
+	return TxFrom(ctx)
 }
 
 func (d *deferred) set(tx *gorm.DB) {
@@ -278,10 +301,20 @@ func (d *deferred) get() *gorm.DB {
 	return d.tx
 }
 
-type gormTx struct{ tx *gorm.DB }
+type gormTx struct {
+	tx *gorm.DB
+	d  *deferred
+}
 
-func (t gormTx) Commit() error   { return t.tx.Commit().Error }
-func (t gormTx) Rollback() error { return t.tx.Rollback().Error }
+func (t gormTx) Commit() error {
+	defer t.d.end()
+	return t.tx.Commit().Error
+}
+
+func (t gormTx) Rollback() error {
+	defer t.d.end()
+	return t.tx.Rollback().Error
+}
 
 // ctx hands the GORM transaction of WithTx, if ctx carries one, to
 // sqlstore as the connection to run on. (Begin's context already carries

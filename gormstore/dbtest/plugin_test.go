@@ -373,3 +373,111 @@ func TestPluginLeasedRoute(t *testing.T) {
 		t.Fatalf("the write of a Leased route: %v, %d rows; want it committed", createErr, app.count(t, "tea"))
 	}
 }
+
+// TestPluginDedicatedConnection: a statement on a connection of its own
+// (db.WithContext(ctx).Connection(func(tx *gorm.DB) error {...}), as code
+// that sets session variables does) with the request's context runs
+// outside the request's transaction as surely as one on the pool: with the
+// plugin it joins the transaction (a 500 leaves no row); without it, the
+// write fails with ErrOutsideTx (never committed on its own, never
+// waiting for SQLite's lock).
+func TestPluginDedicatedConnection(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var connErr error
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					connErr = app.repo.db.WithContext(r.Context()).Connection(func(conn *gorm.DB) error {
+						return orderRepo{db: conn, table: app.repo.table}.Create(r.Context(), "conn")
+					})
+					w.WriteHeader(http.StatusInternalServerError) // rolled back
+				})
+				post("k1")
+				if plugin && connErr != nil {
+					t.Errorf("a write on a connection of its own, with the plugin: %v, want it joined", connErr)
+				}
+				if !plugin && !errors.Is(connErr, gormstore.ErrOutsideTx) {
+					t.Errorf("a write on a connection of its own, without the plugin: %v, want ErrOutsideTx", connErr)
+				}
+				if n := app.count(t, "conn"); n != 0 {
+					t.Errorf("%d rows written on a connection of its own after a 500, want 0", n)
+				}
+			})
+		}
+	}
+}
+
+// TestRawWritesOutsideTheTransaction: a write sent as raw SQL that returns
+// rows (db.WithContext(ctx).Raw("INSERT ... RETURNING id").Scan(&id), GORM's
+// way to read what an insert returns) is a write like Create: without the
+// plugin it fails with ErrOutsideTx instead of committing on its own
+// (Postgres, MySQL) or waiting for SQLite's lock, and with the plugin it
+// joins the request's transaction. A raw SELECT still runs without the
+// plugin.
+func TestRawWritesOutsideTheTransaction(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var insertErr, selectErr error
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					db := app.repo.db.WithContext(r.Context())
+					var id int64
+					insertErr = db.Raw("\n  insert\nINTO "+app.repo.table+" (name) VALUES (?) RETURNING id", "raw").Scan(&id).Error
+					var n int64
+					selectErr = db.Raw("SELECT COUNT(*) FROM " + app.repo.table).Scan(&n).Error
+					w.WriteHeader(http.StatusInternalServerError) // rolled back
+				})
+				post("k1")
+				if plugin && insertErr != nil {
+					t.Errorf("Raw(INSERT ... RETURNING).Scan with the plugin: %v, want it joined", insertErr)
+				}
+				if !plugin && !errors.Is(insertErr, gormstore.ErrOutsideTx) {
+					t.Errorf("Raw(INSERT ... RETURNING).Scan without the plugin: %v, want ErrOutsideTx", insertErr)
+				}
+				if selectErr != nil {
+					t.Errorf("Raw(SELECT).Scan: %v, want it to run", selectErr)
+				}
+				if n := app.count(t, "raw"); n != 0 {
+					t.Errorf("%d rows of a raw insert after a 500, want 0", n)
+				}
+			})
+		}
+	}
+}
+
+// TestWritesAfterTheTransaction: work a handler leaves for after its
+// response (go audit(context.WithoutCancel(r.Context()))) runs once the
+// request's transaction has committed or rolled back. Its writes can join
+// nothing any more: they run on the pool as without idem, with or without
+// the plugin (not refused with ErrOutsideTx, not sent to the finished
+// transaction).
+func TestWritesAfterTheTransaction(t *testing.T) {
+	for _, tc := range pluginDialects {
+		for _, plugin := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/Plugin=%v", tc.name, plugin), func(t *testing.T) {
+				app := newPluginApp(t, tc.d, plugin, tc.session)
+				var later []context.Context
+				post := app.serve(t, func(w http.ResponseWriter, r *http.Request) {
+					later = append(later, context.WithoutCancel(r.Context()))
+					if len(later) == 1 {
+						w.WriteHeader(http.StatusInternalServerError) // rolled back
+						return
+					}
+					w.WriteHeader(http.StatusCreated) // committed
+				})
+				post("k1")
+				post("k1")
+				for i, ctx := range later {
+					if err := app.repo.Create(ctx, "later"); err != nil {
+						t.Errorf("a write after the transaction of attempt %d ended: %v, want it committed on its own", i+1, err)
+					}
+				}
+				if n := app.count(t, "later"); n != 2 {
+					t.Errorf("%d rows written after the transactions ended, want 2", n)
+				}
+			})
+		}
+	}
+}
