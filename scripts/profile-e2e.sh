@@ -13,6 +13,7 @@
 #
 #   scripts/profile-e2e.sh [-store pgx|sql|gorm] [-route settle|orders] [-duration 15s] [-conns 8]
 #       [-pg-pid PID (the postmaster, for its CPU; default: read from the DSN's server)] [-out DIR]
+#       [-bin path/to/orders (default: built from examples/orders)] [-rounds N (default 1)]
 #
 # Needs IDEM_TEST_POSTGRES_DSN (a superuser: it creates and drops a
 # database idem_prof_<pid>). Writes DIR/<kind>.pprof, DIR/<kind>.top (the
@@ -29,6 +30,8 @@ duration=15s
 conns=8
 pg_pid=""
 out=""
+bin=""
+rounds=1
 while (($#)); do
 	case "$1" in
 	-store) store=$2; shift 2 ;;
@@ -37,6 +40,8 @@ while (($#)); do
 	-conns) conns=$2; shift 2 ;;
 	-pg-pid) pg_pid=$2; shift 2 ;;
 	-out) out=$2; shift 2 ;;
+	-bin) bin=$2; shift 2 ;;
+	-rounds) rounds=$2; shift 2 ;;
 	*) echo "profile-e2e.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -45,8 +50,10 @@ mkdir -p "$out"
 admin=${IDEM_TEST_POSTGRES_DSN:?set IDEM_TEST_POSTGRES_DSN}
 secs=${duration%s}
 
-bin="$out/orders"
-(cd examples && go build -o "$bin" ./orders)
+if [[ -z $bin ]]; then
+	bin="$out/orders"
+	(cd examples && go build -o "$bin" ./orders)
+fi
 
 freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -71,7 +78,14 @@ if [[ -z $pg_pid ]]; then
 fi
 
 # cpu PIDS...: user + system clock ticks of the processes.
-cpu() { local t=0 p; for p in "$@"; do [[ -r /proc/$p/stat ]] && t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done; echo "$t"; }
+cpu() {
+	local t=0 p v
+	for p in "$@"; do
+		v=$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null) || v=0 # a backend may exit meanwhile
+		t=$((t + ${v:-0}))
+	done
+	echo "$t"
+}
 # pgcpu: ticks of the postmaster and its children (backends, walwriter,
 # checkpointer, autovacuum), the children that ended included (cutime).
 pgcpu() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pg_pid/stat" | { read -r own; echo $((own + $(cpu $(pgrep -P "$pg_pid")))); }; }
@@ -87,6 +101,7 @@ for path in /$route /$route-unprotected; do wrkrun "$path" 3s >/dev/null; done
 
 echo "store=$store route=$route duration=$duration conns=$conns load: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-12s %9s %12s %12s %12s %12s\n' kind req/s "service µs" "postgres µs" "wrk µs" "total µs"
+for ((round = 1; round <= rounds; round++)); do
 for kind in protected unprotected; do
 	path=/$route
 	[[ $kind == unprotected ]] && path=/$route-unprotected
@@ -97,7 +112,12 @@ for kind in protected unprotected; do
 	IDEM_PATH=$path wrk -t2 -c"$conns" -d"$duration" --latency -s "$root/scripts/e2e/fresh.lua" "http://127.0.0.1:$port" >"$out/$kind.wrk" &
 	wpid=$!
 	w=0
-	while kill -0 "$wpid" 2>/dev/null; do w=$(cpu "$wpid" $(pgrep -P "$wpid") ) 2>/dev/null || true; sleep 0.5; done
+	# wrk's CPU: its last reading while it runs (its /proc entry goes with it).
+	while kill -0 "$wpid" 2>/dev/null; do
+		v=$(cpu "$wpid" 2>/dev/null || echo 0)
+		((v > 0)) && w=$v
+		sleep 0.2
+	done
 	wait "$wpid"; wait "$cpid"
 	s1=$(cpu "$pid") p1=$(pgcpu)
 	n=$(awk '/requests in/ { print $1 }' "$out/$kind.wrk")
@@ -115,5 +135,6 @@ for kind in protected unprotected; do
 			left(regexp_replace(query, '\s+', ' ', 'g'), 90) AS query
 			FROM pg_stat_statements WHERE calls >= $n / 2 ORDER BY total_exec_time DESC LIMIT 15" >"$out/$kind.stmts"
 	fi
+done
 done
 echo "(profiles, top functions and statements in $out)"
