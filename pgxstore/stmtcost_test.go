@@ -38,7 +38,10 @@ import (
 //     then reads in a statement of its own; the completion inserts the
 //     record with ON CONFLICT);
 //   - insert+hot: a bare INSERT as the claim (no lock, no ON CONFLICT: not
-//     a correct claim, the floor of one that writes the row).
+//     a correct claim, the floor of one that writes the row);
+//   - returning+hot, donothing+hot: the bare INSERT with RETURNING of the
+//     record, or with ON CONFLICT (id) DO NOTHING: what each part of the
+//     claim adds.
 func TestMeasureStatements(t *testing.T) {
 	if !sqlstoretest.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
@@ -65,6 +68,8 @@ func TestMeasureStatements(t *testing.T) {
 		return []any{r.id, "acct_bench", "POST /settle", r.key, r.fp, r.lock, r.exp, r.now}
 	}
 	bareInsert := stmt{`INSERT INTO ` + tb + ` (` + pgsql.Cols + `) VALUES ($1, $2, $3, $4, $5, 1, $6, 1, NULL, $7, $8, 0, NULL)`, insertArgs}
+	returning := stmt{bareInsert.sql + ` RETURNING ` + pgsql.Cols, insertArgs}
+	doNothing := stmt{bareInsert.sql + ` ON CONFLICT (id) DO NOTHING`, insertArgs}
 	insertComplete := stmt{`WITH u AS (INSERT INTO ` + tb + ` AS r (` + pgsql.Cols + `) VALUES ($1, $2, $3, $4, $5, 2, $6, 1, NULL, $7, $8, 201, $9)
  ON CONFLICT (id) DO UPDATE SET caller = EXCLUDED.caller, scope = EXCLUDED.scope, idem_key = EXCLUDED.idem_key, fingerprint = EXCLUDED.fingerprint,
  state = EXCLUDED.state, token = EXCLUDED.token, attempt = 1, lease_until = NULL, expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
@@ -88,6 +93,8 @@ func TestMeasureStatements(t *testing.T) {
 		{"claim+hot", tx([]stmt{begin, claim}, []stmt{completeHOT, commit})},
 		{"lock+read+insert", tx([]stmt{begin, lock, read}, []stmt{insertComplete, commit})},
 		{"insert+hot", tx([]stmt{begin, bareInsert}, []stmt{completeHOT, commit})},
+		{"returning+hot", tx([]stmt{begin, returning}, []stmt{completeHOT, commit})},
+		{"donothing+hot", tx([]stmt{begin, doNothing}, []stmt{completeHOT, commit})},
 	}
 
 	const workers, block, rounds = 8, 250, 7
@@ -148,7 +155,7 @@ func TestMeasureStatements(t *testing.T) {
 	base := median(perTx[variants[0].name])
 	for _, v := range variants {
 		m := median(perTx[v.name])
-		t.Logf("%-17s Postgres backend CPU per transaction: median %6.1f µs (%+6.1f µs; unprotected / this: %3.0f %%)", v.name, m, m-base, 100*base/m)
+		t.Logf("%-16s Postgres backend CPU per transaction: median %6.1f µs (%+6.1f µs; unprotected / this: %3.0f %%)", v.name, m, m-base, 100*base/m)
 	}
 }
 
