@@ -90,7 +90,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		}
 		return RejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	}
-	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: e.cfg.clock().Add(a.rt.p.retention)}
+	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: req.ExpiresAt} // as finish: the claim's
 	decision := Executed
 	if v == vIndeterminate {
 		c.State, decision = StateIndeterminate, Indeterminate

@@ -158,7 +158,13 @@ type attempt struct {
 	tx     Tx              // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
 	fp     []byte          // the request's fingerprint (to claim again: afterAbort)
-	effect atomic.Bool     // the handler marked an external effect as started
+	// expires is the claim's ExpiresAt. In atomic mode the completion
+	// keeps it (expiry counts from the claim, as in leased mode until the
+	// completion): the completion then changes no indexed column, which
+	// lets Postgres update the row in place (a HOT update).
+	expires time.Time
+
+	effect atomic.Bool // the handler marked an external effect as started
 	// recordAllow filters the headers finish records: the allowlist for a
 	// captured response, nil for responses the engine built.
 	recordAllow []string
@@ -276,7 +282,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 				dst = new(attempt)
 			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
-				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel, stop: stop}
+				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, expires: req.ExpiresAt, cancel: cancel, stop: stop}
 			return dst, answer{}
 		}
 		if tx != nil {
@@ -583,7 +589,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		}
 		return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	}
-	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: e.cfg.clock().Add(a.rt.p.retention)}
+	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: a.completionExpiry()}
 	decision := Executed
 	if v == vIndeterminate {
 		c.State, decision = StateIndeterminate, Indeterminate
@@ -717,6 +723,21 @@ func (a *attempt) abort() {
 		return
 	}
 	_ = a.e.store.Release(a.storeCtx(), a.id, a.token)
+}
+
+// completionExpiry is the ExpiresAt the attempt's completion records: in
+// atomic mode the claim's (the claim and the completion are one
+// transaction, and an unchanged expires_at keeps the completion an
+// in-place update on Postgres), in leased mode the retention from now.
+// A claim whose retention passed while its handler ran (a retention
+// shorter than the attempt) gets the retention from now, as in leased
+// mode, rather than a record that is absent the moment it commits.
+func (a *attempt) completionExpiry() time.Time {
+	now := a.e.cfg.clock()
+	if a.rt.atomic && a.expires.After(now) {
+		return a.expires
+	}
+	return now.Add(a.rt.p.retention)
 }
 
 // storeCtx is the context for recording the outcome: the attempt's, unless

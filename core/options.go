@@ -289,7 +289,10 @@ func Scope(name string) RouteOption {
 }
 
 // Retention sets how long records live (default DefaultRetention). Clients
-// must be told this window: a retry after it executes again.
+// must be told this window: a retry after it executes again. It counts from
+// the claim of the first request in atomic mode (the claim and the recorded
+// answer commit together; a handler that outlives the retention gets it
+// from its answer), and from the recorded answer in leased mode.
 func Retention(d time.Duration) RouteOption {
 	if d <= 0 {
 		panic("idem: Retention must be positive")

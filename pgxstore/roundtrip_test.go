@@ -375,3 +375,84 @@ func TestMeasurePayment(t *testing.T) {
 		t.Logf("clients=%d: median protected/unprotected %.0f %% (min %.0f %%, max %.0f %%)", clients, 100*ratios[rounds/2], 100*ratios[0], 100*ratios[rounds-1])
 	}
 }
+
+// TestRoundTripsLeased: a leased route (its effects outside the database)
+// claims and completes on the pool in autocommit: two round trips for a
+// first execution, one for a replay, and one for a duplicate while the
+// first one runs, from this process or another (the registry only knows
+// transactions).
+func TestRoundTripsLeased(t *testing.T) {
+	setup, _, _ := newStore(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	hold, entered := make(chan struct{}), make(chan struct{}, 1)
+	var holding atomic.Bool
+	handler := func(s *pgxstore.Store) http.Handler {
+		e, err := core.New(s, core.WithSingleCaller(), core.WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if holding.Load() {
+				entered <- struct{}{}
+				<-hold
+			}
+			w.WriteHeader(http.StatusCreated)
+		}), core.Leased())
+	}
+	counted := func(warm string) (http.Handler, *roundTrips) {
+		pool, rt := countedPool(t)
+		s, err := pgxstore.New(pool, pgxstore.WithTable(setup.Table()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := handler(s)
+		if w := serve(h, warm); w.Code != http.StatusCreated { // prepares the statements
+			t.Fatalf("warm-up: %d %s", w.Code, w.Body)
+		}
+		return h, rt
+	}
+	h, rt := counted("warm-this")
+	other, otherRT := counted("warm-other")
+	measure := func(rt *roundTrips, fn func()) int {
+		before := rt.count()
+		fn()
+		return rt.count() - before
+	}
+	key := "leased-" + sqlstoretest.Table()
+	if n := measure(rt, func() {
+		if w := serve(h, key); w.Code != http.StatusCreated {
+			t.Fatalf("first execution: %d %s", w.Code, w.Body)
+		}
+	}); n != 2 {
+		t.Errorf("a leased first execution made %d round trips, want 2 (claim, completion)", n)
+	}
+	if n := measure(rt, func() {
+		if w := serve(h, key); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("replay: %d %s", w.Code, w.Body)
+		}
+	}); n != 1 {
+		t.Errorf("a leased replay made %d round trips, want 1", n)
+	}
+	holding.Store(true)
+	key2 := key + "-inflight"
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- serve(h, key2) }()
+	<-entered
+	holding.Store(false)
+	for name, c := range map[string]struct {
+		h  http.Handler
+		rt *roundTrips
+	}{"this process": {h, rt}, "another process": {other, otherRT}} {
+		if n := measure(c.rt, func() {
+			if w := serve(c.h, key2); w.Code != http.StatusConflict {
+				t.Errorf("in-flight duplicate from %s: %d %s, want 409", name, w.Code, w.Body)
+			}
+		}); n != 1 {
+			t.Errorf("an in-flight duplicate from %s made %d round trips, want 1", name, n)
+		}
+	}
+	close(hold)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("held first execution: %d %s", w.Code, w.Body)
+	}
+}

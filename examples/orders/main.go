@@ -41,6 +41,9 @@ type options struct {
 	// end-to-end benchmark's baseline, see unprotected.go), and the
 	// payment transaction POST /settle and /settle-unprotected (bench.go).
 	unprotected bool
+	// pprofAddr, when set, serves net/http/pprof on its own listener
+	// (hidden: for profiling the benchmark mode, see BENCHMARKS.md).
+	pprofAddr string
 }
 
 func main() {
@@ -55,6 +58,7 @@ func main() {
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
 	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
 	flag.BoolVar(&o.unprotected, "unprotected-route", false, "")
+	flag.StringVar(&o.pprofAddr, "pprof-addr", "", "")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -68,6 +72,9 @@ func run(o options, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if o.pprofAddr != "" {
+		servePprof(o.pprofAddr, logger)
+	}
 	b, err := openBackend(ctx, o)
 	if err != nil {
 		return err
