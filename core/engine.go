@@ -242,7 +242,7 @@ func newToken() int64 {
 // the store's transaction hidden (TxStore.WithoutTx): the record commits on
 // its own connection, whatever transaction the request's context carries
 // (a transaction-per-request middleware's), so a rollback of that
-// transaction cannot take the record with it (CONTRACT section 5).
+// transaction cannot take the record with it (docs/contract.md, section 5 "Atomic and leased modes").
 func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt, cancel context.CancelCauseFunc) (att *attempt, ans answer) {
 	e := rt.e
 	began := e.cfg.clock()
@@ -516,7 +516,7 @@ const (
 	vIndeterminate
 )
 
-// classify maps a handler's result to the record's fate (CONTRACT section 4).
+// classify maps a handler's result to the record's fate (docs/contract.md, section 4 "Outcomes").
 func (a *attempt) classify(status int, panicked bool) verdict {
 	switch {
 	case a.release.Load():

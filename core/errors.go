@@ -7,8 +7,8 @@ import (
 )
 
 // Sentinel errors. Every rejection the middleware answers with a problem
-// document maps to one of these, so callers of the Go API (Engine.Once,
-// Engine.Begin) can match them with errors.Is. Stores translate driver errors
+// document maps to one of these, so callers of the Go API (Engine.Once)
+// can match them with errors.Is. Stores translate driver errors
 // into ErrNotFound, ErrFenced and ErrStoreUnavailable.
 var (
 	// ErrMissingKey: a covered request has no Idempotency-Key and the key is

@@ -33,7 +33,7 @@ type Request struct {
 // Exec runs one request of a transport other than HTTP through the state
 // machine, with the rules of Route.Serve: fn runs at most once per
 // (caller, scope, key), and the *Response it returns is classified as an
-// HTTP answer (CONTRACT section 4: 2xx to 4xx are recorded, except 408 and
+// HTTP answer (docs/contract.md, section 4 "Outcomes": 2xx to 4xx are recorded, except 408 and
 // 429; 408, 429, Release, a panic and a 5xx release the record, a 5xx or a
 // panic after MarkEffect leaves it indeterminate). The adapter maps its
 // transport's result to a Response (grpcidem: the gRPC code to the HTTP

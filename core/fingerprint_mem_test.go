@@ -73,7 +73,7 @@ func allocated(f func()) uint64 {
 }
 
 // TestFingerprintMemory: a hostile body makes the fingerprint allocate at
-// most a small multiple of its size (CONTRACT section 2), whatever its
+// most a small multiple of its size (docs/contract.md, section 2 "Fingerprint"), whatever its
 // shape; DefaultFingerprint and FingerprintFields alike.
 func TestFingerprintMemory(t *testing.T) {
 	r := newRequest("application/json")

@@ -28,7 +28,7 @@ type Result struct {
 
 // Once runs fn at most once per (consumer, message id) and returns the first
 // run's value to duplicates. It is the non-HTTP entry point for message
-// consumers and jobs (CONTRACT section 7).
+// consumers and jobs (docs/contract.md, section 7 "Messages and jobs").
 //
 //   - First delivery: fn runs. A nil error completes the record with the
 //     returned value. An error (or a panic) releases the record so a

@@ -302,7 +302,7 @@ func Retention(d time.Duration) RouteOption {
 
 // MaxAttempt bounds how long one attempt may run (default
 // DefaultMaxAttempt, 5 minutes; 0: unbounded). An attempt outlives its
-// client (CONTRACT section 5), so without a bound a handler stuck on an
+// client (docs/contract.md, section 5 "Atomic and leased modes"), so without a bound a handler stuck on an
 // external call without a timeout would hold its key (409 to every retry)
 // and, in atomic mode, its transaction for as long as the process lives.
 // At the bound the handler's context ends with cause ErrAttemptTimeout

@@ -225,6 +225,6 @@ type TxStore interface {
 	// transaction (autocommit, on a connection of their own), InTx reports
 	// false, and Begin starts a new transaction. Leased mode claims and
 	// completes with it, so its record commits on its own whatever the
-	// request's context carries (CONTRACT section 5).
+	// request's context carries (docs/contract.md, section 5 "Atomic and leased modes").
 	WithoutTx(ctx context.Context) context.Context
 }

@@ -17,7 +17,7 @@ import (
 // carries; its Reason names the rejection (see rejections).
 const ErrorDomain = "idem.idemkit.github.com"
 
-// HTTPStatus is the HTTP status whose rule (CONTRACT section 4) applies to
+// HTTPStatus is the HTTP status whose rule (docs/contract.md, section 4 "Outcomes") applies to
 // a handler's gRPC code, and so decides what happens to the record:
 //
 //   - OK (200) and the client's errors InvalidArgument, FailedPrecondition,

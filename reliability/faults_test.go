@@ -356,7 +356,7 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 			// Leased mode: an attempt whose outcome could not be recorded
 			// (its Complete was cut) keeps its lease until it lapses
 			// (30 s); then a retry takes over with the next attempt
-			// number and runs again, by design (CONTRACT section 5; real
+			// number and runs again, by design (docs/contract.md, section 5 "Atomic and leased modes"; real
 			// handlers pass DownstreamKey to the external service).
 			takeovers += b.n - 1
 		}

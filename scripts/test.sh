@@ -12,7 +12,10 @@
 # 3. For every module of the workspace (go list -m): go vet ./...,
 #    go test -race -count=1 [flags] ./..., and GOWORK=off go vet ./...
 #    (the module must build on its own, without go.work).
-# 4. Prints a per-module PASS/FAIL summary; exits non-zero if anything failed.
+# 4. The outside-in check (scripts/outside-in.sh): each released module
+#    builds from a scratch module outside the repository, with replace lines
+#    to the local idem modules only, on the requirements its go.mod publishes.
+# 5. Prints a per-module PASS/FAIL summary; exits non-zero if anything failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -192,10 +195,24 @@ for dir in "${modules[@]}"; do
 	fi
 done
 
+# --------------------------------------------------------------------------
+# outside-in: the modules as a user's program gets them
+
+say "outside-in: each released module from a scratch module outside the repository"
+t0=$(date +%s)
+outside_in=0
+run_step "$root" bash "$root/scripts/outside-in.sh" || outside_in=1
+secs=$(($(date +%s) - t0))
+if ((outside_in == 0)); then
+	summary+=("$(printf 'PASS  %-16s %4ss' "outside-in" "$secs")")
+else
+	summary+=("$(printf 'FAIL  %-16s %4ss  failed: scripts/outside-in.sh' "outside-in" "$secs")")
+fi
+
 say "summary"
 printf '%s\n' "${summary[@]}"
-if ((failed > 0)); then
-	echo "test.sh: FAIL ($failed of ${#modules[@]} modules failed)"
+if ((failed > 0 || outside_in != 0)); then
+	echo "test.sh: FAIL ($failed of ${#modules[@]} modules failed$( ((outside_in == 0)) || echo '; the outside-in check failed'))"
 	exit 1
 fi
-echo "test.sh: PASS (all ${#modules[@]} modules)"
+echo "test.sh: PASS (all ${#modules[@]} modules, and the outside-in check)"

@@ -11,15 +11,19 @@ var update = flag.Bool("update", false, "rewrite the files in migrations/ from S
 
 // The shipped migration files are exactly what Schema and the store's
 // Migrate produce for the default table, so a migration tool and Migrate
-// build the same table.
+// build the same table: migrations/<dialect> in golang-migrate's layout
+// (an up and a down file per version), migrations/goose/<dialect> in
+// goose's (one annotated file per version). The migrations module runs
+// both tools on them.
 func TestMigrationFilesMatchSchema(t *testing.T) {
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
-		dir := filepath.Join("migrations", d.String())
-		for name, want := range map[string]string{
-			"0001_idempotency_records.up.sql":   Schema(d, DefaultTable),
-			"0001_idempotency_records.down.sql": dropSchema(d, DefaultTable),
+		for path, want := range map[string]string{
+			filepath.Join("migrations", d.String(), "0001_idempotency_records.up.sql"):   Schema(d, DefaultTable),
+			filepath.Join("migrations", d.String(), "0001_idempotency_records.down.sql"): dropSchema(d, DefaultTable),
+			filepath.Join("migrations", "goose", d.String(), "00001_idempotency_records.sql"): "-- +goose Up\n" + Schema(d, DefaultTable) +
+				"\n-- +goose Down\n" + dropSchema(d, DefaultTable),
 		} {
-			path := filepath.Join(dir, name)
+			dir := filepath.Dir(path)
 			if *update {
 				if err := os.MkdirAll(dir, 0o755); err != nil {
 					t.Fatal(err)

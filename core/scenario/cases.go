@@ -1,7 +1,8 @@
 package scenario
 
-// scenarios is the suite Run runs, in order. Every row of CONTRACT sections
-// 3 and 4 has at least one scenario.
+// scenarios is the suite Run runs, in order. Every row of the tables in
+// docs/contract.md, sections 3 "What a client observes" and 4 "Outcomes",
+// has at least one scenario.
 var scenarios = []scenario{
 	// Recording and replay.
 	{"FirstRequestRuns", "The first request with a key runs the handler, which reads the whole request body, and its answer reaches the client unchanged, without Idempotent-Replayed.", both, testFirstRuns},

@@ -14,7 +14,8 @@ import (
 	"github.com/idemkit/idem/core"
 )
 
-// Scenarios of composition (CONTRACT section 3, "Composition never weakens
+// Scenarios of composition (docs/contract.md, section 3 "What a client
+// observes", the paragraph "Composition never weakens
 // the guarantee"): the middleware installed twice on one route, and the
 // requests the router answers itself.
 

@@ -1,6 +1,7 @@
 // Package scenario is the HTTP scenario suite of idem: every adapter (Gin,
 // Echo, chi) and plain net/http run it, so a client of any of them observes
-// exactly the behaviour of CONTRACT.md sections 3 and 4.
+// exactly the behaviour of docs/contract.md, sections 3 "What a client
+// observes" and 4 "Outcomes".
 //
 // An adapter's tests call [Run] with a [Factory] that builds a router
 // serving the suite's routes through the adapter's per-route middleware:

@@ -6,10 +6,14 @@
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) core.Store {
-//			db := openTestDB(t) // for example an empty schema, dropped in t.Cleanup
-//			return sqlstore.New(db)
+//			return memstore.New() // your store here: a new, empty one per case
 //		})
 //	}
+//
+// (This function is compiled and run in doc_test.go, which also checks that
+// it is the one shown here.) A store on a database returns a store on an
+// empty table of its own per case, dropped in t.Cleanup: sqlstore's
+// conformance_test.go does that for Postgres, MySQL/MariaDB and SQLite.
 //
 // Every case runs as a subtest named after the behaviour it checks and
 // carries a sentence stating the rule; a failing case prints it. The cases

@@ -151,7 +151,8 @@ func orderBody(item string, holdMS int) string {
 	return string(b)
 }
 
-// RunExactlyOnce is the acceptance test of CONTRACT section 3 over real
+// RunExactlyOnce is the acceptance test of docs/contract.md, section 3
+// ("What a client observes"), over real
 // HTTP: one request (same key, same body) is sent 50 times concurrently,
 // then 50 times sequentially, to a handler in middleware-managed atomic
 // mode that inserts a business row through the shared transaction. Exactly
