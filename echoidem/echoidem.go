@@ -25,7 +25,9 @@ type Config struct {
 
 // New returns Echo middleware that protects the requests it sees with e and
 // the route options opts. Install it globally (e.Use(echoidem.New(eng))),
-// on a group, or on one route.
+// on a group, or on one route. Installed with e.Pre it runs before
+// routing and refuses every request of a covered method (500
+// not-protected, logged with the fix).
 //
 // The scope defaults to the method and c.Path(), the route pattern
 // ("POST /orders/:id/refunds"), so every order shares one scope. Requests
@@ -68,53 +70,113 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 	if skip == nil {
 		skip = middleware.DefaultSkipper
 	}
-	rt := config.Engine.Route(config.Options...)
-	var routes routeSet
-	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			if skip(c) {
-				return next(c)
-			}
-			if rt.Protects(c.Request()) && !routes.matched(c) {
-				if c.Path() == "" && routes.routable(c) {
-					// Installed with Pre: Echo has not routed yet.
-					req := c.Request()
-					rt.Refuse(c.Response(), req, fmt.Errorf("%w: echoidem: %s %s reaches a route, but the middleware runs before Echo routes the request (installed with Pre?); install it with Use, on a group or on a route",
-						core.ErrNotProtected, req.Method, req.URL.Path))
-					return nil
-				}
-				// The router answers itself (404, 405). A request the
-				// route does not protect still goes to Serve, which passes
-				// it through (and takes it over from an outer layer, as a
-				// nested layer does).
-				return next(c)
-			}
-			var err error
-			res := c.Response()
-			rt.Serve(res, c.Request(), c.Path(), c, func(w http.ResponseWriter, r *http.Request) {
-				req := c.Request()
-				defer c.SetRequest(req)
-				c.SetRequest(r)
-				if w == http.ResponseWriter(res) { // passed through unprotected
-					err = next(c)
-					return
-				}
-				inner := responses.Get().(*echo.Response)
-				*inner = *echo.NewResponse(w, c.Echo())
-				inner.Status = http.StatusOK // as a fresh Echo response
-				c.SetResponse(inner)
-				defer func() {
-					c.SetResponse(res)
-					*inner = echo.Response{}
-					responses.Put(inner)
-				}()
-				if herr := next(c); herr != nil {
-					c.Error(herr) // the answer Echo would send, captured
-				}
-			})
-			return err
+	return (&layer{rt: config.Engine.Route(config.Options...), skip: skip}).wrap, nil
+}
+
+// layer is one installed middleware. ToMiddleware returns its method value
+// wrap, whose code is the same for every layer: preInstalled finds layers
+// among Echo's Pre middleware by it.
+type layer struct {
+	rt     *core.Route
+	skip   middleware.Skipper
+	routes routeSet
+}
+
+func (l *layer) wrap(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if l.skip(c) {
+			return next(c)
 		}
-	}, nil
+		if l.rt.Protects(c.Request()) && !l.routes.matched(c) {
+			if c.Path() == "" && l.beforeRouting(c) {
+				// Installed with Pre: Echo has not routed yet, and Pre
+				// middleware after this one may still rewrite the path or
+				// the method onto a route (RemoveTrailingSlash, Rewrite,
+				// MethodOverride): fail closed.
+				req := c.Request()
+				l.rt.Refuse(c.Response(), req, fmt.Errorf("%w: echoidem: %s %s may reach a route, but the middleware runs before Echo routes the request (installed with Pre); install it with Use, on a group or on a route",
+					core.ErrNotProtected, req.Method, req.URL.Path))
+				return nil
+			}
+			// The router answers itself (404, 405). A request the route
+			// does not protect still goes to Serve, which passes it
+			// through (and takes it over from an outer layer, as a nested
+			// layer does).
+			return next(c)
+		}
+		var err error
+		res := c.Response()
+		l.rt.Serve(res, c.Request(), c.Path(), c, func(w http.ResponseWriter, r *http.Request) {
+			req := c.Request()
+			defer c.SetRequest(req)
+			c.SetRequest(r)
+			if w == http.ResponseWriter(res) { // passed through unprotected
+				err = next(c)
+				return
+			}
+			inner := responses.Get().(*echo.Response)
+			*inner = *echo.NewResponse(w, c.Echo())
+			inner.Status = http.StatusOK // as a fresh Echo response
+			c.SetResponse(inner)
+			defer func() {
+				c.SetResponse(res)
+				*inner = echo.Response{}
+				responses.Put(inner)
+			}()
+			if herr := next(c); herr != nil {
+				c.Error(herr) // the answer Echo would send, captured
+			}
+		})
+		return err
+	}
+}
+
+// beforeRouting reports whether c, with an empty c.Path(), has not been
+// routed yet. In Echo v4 a request that matches no route at all looks the
+// same before and after routing (empty path, the 404 handler, no
+// parameters), so the context cannot tell; Echo's own Pre middleware list
+// can: the request is taken as unrouted when an echoidem layer is
+// installed with Pre. Should a later Echo version hide that list, it falls
+// back to asking the router whether the request as it stands reaches a
+// route (which misses the rewrites of later Pre middleware).
+func (l *layer) beforeRouting(c echo.Context) bool {
+	if installed, known := preInstalled(c.Echo()); known {
+		return installed
+	}
+	return l.routes.routable(c)
+}
+
+// premiddleware is the index of Echo's unexported field holding the Pre
+// middleware (no accessor exists), or nil when this Echo version has no
+// such []echo.MiddlewareFunc field.
+var premiddleware = func() []int {
+	f, ok := reflect.TypeOf(echo.Echo{}).FieldByName("premiddleware")
+	if !ok || f.Type != reflect.TypeOf([]echo.MiddlewareFunc(nil)) {
+		return nil
+	}
+	return f.Index
+}()
+
+// layerCode is the code of (*layer).wrap method values, the same for every
+// layer (set in init: wrap itself leads to preInstalled).
+var layerCode uintptr
+
+func init() { layerCode = reflect.ValueOf((&layer{}).wrap).Pointer() }
+
+// preInstalled reports whether an echoidem layer is among e's Pre
+// middleware; known is false when the Pre middleware cannot be read. It
+// only reads the field (as ServeHTTP does), never writes it.
+func preInstalled(e *echo.Echo) (installed, known bool) {
+	if premiddleware == nil {
+		return false, false
+	}
+	pre := reflect.ValueOf(e).Elem().FieldByIndex(premiddleware)
+	for i := range pre.Len() {
+		if pre.Index(i).Pointer() == layerCode {
+			return true, true
+		}
+	}
+	return false, true
 }
 
 // routeSet tells requests that matched a route from those Echo answers
