@@ -389,10 +389,11 @@ func testGracefulShutdown(t *testing.T, c config, s *server) {
 
 // testCrashAtomic: SIGKILL while POST /orders is inside its transaction;
 // after a restart on the same database the retry runs (the first attempt
-// was rolled back): exactly one order.
+// was rolled back): exactly one order. The killed process's work never
+// ends (stuckInTransaction); the restarted one has c's.
 // It returns the restarted process, still running.
 func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
-	s := startServer(t, "orders-crash-1", c)
+	s := startServer(t, "orders-crash-1", stuckInTransaction(c))
 	key, body, account := "crash-"+randomHex(8), orderBody("crash-widget", 1), "crasher"
 	res := postAsync("http://"+s.addr, "/orders", account, key, body)
 	c.db.waitInTransaction(t, 15*time.Second)
@@ -426,6 +427,19 @@ func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
 	}
 	t.Logf("atomic crash: retry executed after %d tries; one order (%d)", tries, o.ID)
 	return s2
+}
+
+// stuckInTransaction is c for a process whose requests, once inside their
+// transaction, never finish their work (-work-delay 1h, longer than any
+// test): a SIGKILL after waitInTransaction is certain to land before the
+// commit. With a finite delay (it was workDelay, 3 s), a loaded machine
+// (load ~30) could spend the rest of the delay between the probe that saw
+// the transaction and the kill: the request committed and answered, and
+// the test failed with "the request survived SIGKILL" although the
+// service had done what it must (answered after its commit).
+func stuckInTransaction(c config) config {
+	c.extra = append(append([]string(nil), c.extra...), "-work-delay", "1h")
+	return c
 }
 
 var takeoverRE = regexp.MustCompile(`path=/orders/\d+/payments status=201 .*idempotency=executed .*attempt=2`)

@@ -12,10 +12,20 @@ import (
 )
 
 // TestPaymentOutlivesItsClient: on every database, a payment (a leased
-// route that calls the provider) whose client times out while it runs
+// route that calls the provider) whose client gives up while it runs
 // completes anyway, and the client's retry gets its 201 (replayed): one
-// provider charge, one charge row, never a 503 replayed for the whole
-// retention window.
+// provider charge, one charge row, one execution, never a 503 replayed for
+// the whole retention window.
+//
+// The client gives up once the service is seen running the payment (the
+// provider has charged; the handler is in its work delay), not after a
+// fixed time: a fixed client timeout (it was 300 ms) can end, on a loaded
+// machine, before the service has even claimed the key; the retry then
+// reaches the claim first and executes, the first request gets the 409,
+// and the test failed on an executed 201 that was the key's first and only
+// execution. The provider answers a repeated downstream key with its
+// first charge, so the tables cannot show a second execution: the retry's
+// Idempotent-Replayed and the one "executed" log line do.
 //
 // TestPaymentResolved: a payment that fails after the provider charged
 // (recording the charge fails: the test takes the charges table away for
@@ -27,21 +37,29 @@ func TestPaymentOutlivesItsClient(t *testing.T) {
 		fw, store := frameworks[di], storeFor(di, 1)
 		t.Run(db+"/"+fw+"/"+store, func(t *testing.T) {
 			t.Parallel()
-			c := config{framework: fw, store: store, db: newDatabase(t, db), extra: []string{"-work-delay", "1s"}}
+			c := config{framework: fw, store: store, db: newDatabase(t, db), extra: []string{"-work-delay", workDelay.String()}}
 			s := startServer(t, "orders-pay", c)
 			base := "http://" + s.addr
 			path, account := payFor(t, base), "payer"
 			key, body := "timeout-"+randomHex(8), `{"amount_cents":1500}`
 
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			a, err := do(ctx, newClient(true), http.MethodPost, base+path, account, key, body)
-			cancel()
-			if err == nil {
-				t.Fatalf("the client did not time out: %v", a)
+			ctx, giveUp := context.WithCancel(context.Background())
+			defer giveUp()
+			first := make(chan result, 1)
+			go func() {
+				a, err := do(ctx, newClient(true), http.MethodPost, base+path, account, key, body)
+				first <- result{a, err}
+			}()
+			waitFor(t, "the first attempt charging at the provider", 30*time.Second, func() bool {
+				return c.db.count(t, `SELECT COUNT(*) FROM provider_charges WHERE amount_cents = 1500`) > 0
+			})
+			giveUp()
+			if r := <-first; r.err == nil {
+				t.Fatalf("the client did not give up: %v (answered within the %s work delay after the provider call)", r.a, workDelay)
 			}
 			retry, tries := retryUntilSettled(t, client, http.MethodPost, base+path, account, key, body, 30*time.Second)
 			if retry.status != http.StatusCreated || !retry.replayed() {
-				t.Fatalf("retry after the client's timeout: %v, want the payment's 201 replayed", retry)
+				t.Fatalf("retry after the client gave up: %v, want the payment's 201 replayed", retry)
 			}
 			ch := decodeCharge(t, retry.body)
 			wantOneCharge(t, c.db, ch, 1500)
@@ -53,7 +71,7 @@ func TestPaymentOutlivesItsClient(t *testing.T) {
 			if bad := s.logs.grep(regexp.MustCompile(`path=` + regexp.QuoteMeta(path) + ` .*idempotency=(indeterminate|resolved) `)); len(bad) > 0 {
 				t.Errorf("the timed-out payment was left indeterminate:\n%s", bad)
 			}
-			t.Logf("the client timed out; its retry got the recorded 201 after %d tries", tries)
+			t.Logf("the client gave up; its retry got the recorded 201 after %d tries", tries)
 		})
 	}
 }
