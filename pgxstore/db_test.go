@@ -3,6 +3,7 @@ package pgxstore_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -168,6 +169,19 @@ func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
 				}
 				conns = nil
 			}
+		},
+		HoldTx: func(t *testing.T, stmt string) func() {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				t.Fatal(err)
+			}
+			var once sync.Once
+			release := func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+			t.Cleanup(release)
+			return release
 		},
 		Twin: func(t *testing.T) core.TxStore { return twin(t) },
 	}

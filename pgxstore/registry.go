@@ -21,7 +21,10 @@ import (
 // The registry never answers "in progress" for an id whose row is not held
 // by an open transaction: an id enters it only after its claim statement
 // succeeded, and leaves it before its transaction commits or rolls back (or
-// when the context the transaction is bound to ends).
+// when the context the transaction is bound to ends). A claim that waited
+// inflight.ClaimWait for another claim statement of its id reads the
+// committed row (Store.peek) and answers in progress only when that row is
+// not final.
 
 // registry is the store's registry of in-flight ids, keyed by its own
 // transactions (internal/inflight, shared with sqlstore).

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/pgxstore"
 )
 
@@ -84,6 +85,7 @@ func TestRegistry(t *testing.T) {
 		wg                sync.WaitGroup
 		mu                sync.Mutex
 		claimed, inFlight int
+		slow              int // claims that may have peeked
 		txs               []core.Tx
 	)
 	start := make(chan struct{})
@@ -95,9 +97,14 @@ func TestRegistry(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			began := time.Now()
 			res, err := s.Claim(tctx, regClaim("together", int64(i+1)))
+			took := time.Since(began)
 			mu.Lock()
 			defer mu.Unlock()
+			if took >= inflight.ClaimWait {
+				slow++
+			}
 			switch {
 			case err != nil:
 				t.Error(err)
@@ -123,8 +130,11 @@ func TestRegistry(t *testing.T) {
 	if claimed != 1 || inFlight != n-1 {
 		t.Fatalf("%d claimed, %d in progress; want 1 and %d", claimed, inFlight, n-1)
 	}
-	if trips != 1 {
-		t.Errorf("%d round trips for %d claims of one id, want 1 (the winner's BEGIN and claim)", trips, n)
+	// A duplicate that waited ClaimWait for the winner's claim (a busy
+	// machine) reads the committed row once (the registry's peek), and
+	// only such a one.
+	if trips < 1 || trips > 1+slow {
+		t.Errorf("%d round trips for %d claims of one id, want 1 (the winner's BEGIN and claim) plus at most one for each of the %d that waited %v", trips, n, slow, inflight.ClaimWait)
 	}
 }
 

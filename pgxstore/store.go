@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
 )
@@ -184,7 +185,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		return s.claimDB(ctx, req, l)
 	}
 	wait := v == nil || (l != nil && !l.started())
-	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now)
+	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*core.Record, error) { return s.peek(ctx, req) })
 	switch {
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim", err)
@@ -466,6 +467,36 @@ func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now)
 // takeable reports whether req may take rec over (lapsed lease, Takeover).
 func takeable(rec core.Record, req core.ClaimRequest) bool {
 	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
+}
+
+// peek reads the committed row of req.ID for the registry (inflight.Peek):
+// outside any transaction, on a connection of the pool. When the pool is
+// at its limit with none idle, it waits for one at most
+// inflight.ClaimWait; otherwise the pool opens one (not bounded: opening
+// a connection on a busy machine takes longer than ClaimWait, and is no
+// turn behind anyone). A plain read of a snapshot waits for no lock.
+func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, error) {
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
+	}
+	conn, err := s.pool.Acquire(cctx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	var rec core.Record
+	_, err = scanRecord(conn.QueryRow(ctx, s.q.Read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case live(rec, req.Now) && !takeable(rec, req):
+		return &rec, nil
+	}
+	return nil, nil
 }
 
 // inProgressElsewhere is the answer when another transaction holds the

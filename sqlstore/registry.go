@@ -38,6 +38,10 @@ import (
 // by an open transaction: an id enters it only after its claim statement
 // succeeded, and leaves it before its transaction commits or rolls back (or
 // when the context the transaction is bound to ends, which rolls it back).
+// A claim that waited inflight.ClaimWait for another claim statement of
+// its id reads the committed row (Store.peek) and answers in progress only
+// when that row is not final: that statement is claiming the id, or the
+// store cannot read in time.
 
 // registry is the store's registry of in-flight ids, keyed by its own
 // transactions (internal/inflight, shared with pgxstore).

@@ -445,7 +445,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		err   error
 	)
 	if !s.noRegistry {
-		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now)
+		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*core.Record, error) { return s.peek(ctx, req) })
 	}
 	switch {
 	case err != nil:
@@ -724,6 +724,31 @@ func (s *Store) readExisting(ctx context.Context, c Conn, req core.ClaimRequest)
 		return core.ClaimResult{Record: rec}, true, nil
 	}
 	return core.ClaimResult{}, false, nil
+}
+
+// peek reads the committed row of req.ID for the registry (inflight.Peek):
+// outside any transaction, on a connection of the pool. When the pool is
+// at its limit with none idle, it waits for one at most
+// inflight.ClaimWait; otherwise the pool opens one (not bounded: opening
+// a connection on a busy machine takes longer than ClaimWait, and is no
+// turn behind anyone). A plain read waits for no lock (SQLite in WAL mode,
+// as the README recommends; Postgres and InnoDB read a snapshot).
+func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, error) {
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections {
+		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
+	}
+	conn, err := s.db.Conn(cctx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	res, ok, err := s.readExisting(ctx, conn, req)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &res.Record, nil
 }
 
 // inProgressElsewhere is the answer when another transaction holds the

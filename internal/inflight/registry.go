@@ -18,11 +18,20 @@ import (
 // the same id that is running in this process. A claim statement normally
 // answers within milliseconds, and the claims that waited then share its
 // answer (a completed record to replay, or the id held: in progress). One
-// that takes longer is itself waiting, for a connection of a busy pool or
-// for SQLite's write lock, and its duplicates answer in progress rather
-// than queue behind it, each for a turn at the database (the contract's
-// 409 within 100 ms).
+// that takes longer is itself waiting (for a connection of a busy pool,
+// for SQLite's write lock, for a busy CPU), and its duplicates do not
+// queue behind it, each for a turn at the database (the contract's 409
+// within 100 ms): each reads the committed record instead (Peek), which
+// waits for no lock, and answers from it when it is final, else in
+// progress. Peek waits at most ClaimWait for a connection of a full pool.
 const ClaimWait = 50 * time.Millisecond
+
+// Peek reads the committed record of the id a claim asks for, without
+// waiting for any lock, on a connection of its own that it waits for at
+// most ClaimWait when the pool is full. It returns the record when that record answers the
+// claim (live, and not one the claim may take over: completed,
+// indeterminate, or in progress under a live lease), else nil.
+type Peek func(ctx context.Context) (*core.Record, error)
 
 // Registry holds the ids claimed by open transactions of one store; T
 // identifies a transaction (the store's own transaction type; its zero
@@ -55,14 +64,19 @@ type Claimant[T comparable] struct {
 // Otherwise the claim goes to the database. When another transaction's
 // claim statement of id is running, a claim that may wait (it holds no
 // database lock: outside any transaction, or in a transaction that has not
-// begun) waits for that statement, up to claimWait, and then answers in
-// progress (held); one that may not (its transaction may hold the write
-// lock the other claim waits for) goes to the database.
+// begun) waits for that statement, up to ClaimWait; one that may not (its
+// transaction may hold the write lock the other claim waits for) goes to
+// the database.
 //
 // A claim that waited for another claim statement which found id
 // completed gets that record (found, a copy of its own) instead of asking
-// the database again, when it is still live at now.
-func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, now time.Time) (c *Claimant[T], held bool, found *core.Record, err error) {
+// the database again, when it is still live at now. One whose wait ran
+// out asks peek: found when the committed record answers the claim, else
+// held (in progress: the statement it waited for is claiming id, or will
+// answer from a record that peek saw being replaced). Never held for a
+// record that peek found final: a slow claim statement must not turn a
+// replay into "in progress".
+func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, now time.Time, peek Peek) (c *Claimant[T], held bool, found *core.Record, err error) {
 	var none T
 	for {
 		r.mu.Lock()
@@ -98,11 +112,10 @@ func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, no
 			t.Stop()
 		case <-t.C:
 			// The claim statement is itself waiting (for a connection of
-			// a busy pool, for SQLite's write lock): its transaction
-			// will hold id, or answer from a record this claim would
-			// wait for too. In progress now, not a turn at the
-			// database after it.
-			return nil, true, nil, nil
+			// a busy pool, for SQLite's write lock, for a CPU): not a
+			// turn at the database behind it, but a look at what is
+			// committed, which waits for no lock.
+			return r.peeked(ctx, peek)
 		case <-ctx.Done():
 			t.Stop()
 			return nil, false, nil, ctx.Err()
@@ -111,6 +124,22 @@ func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, no
 			return nil, false, copyRecord(f), nil
 		}
 	}
+}
+
+// peeked answers a claim whose wait for another claim statement of the
+// same id ran out: from the committed record when it is final, else in
+// progress. A peek that fails (no connection within ClaimWait: the pool is
+// as busy as the statement waited for) answers in progress too, the
+// answer that never runs a handler twice; only the end of ctx is an error.
+func (r *Registry[T]) peeked(ctx context.Context, peek Peek) (c *Claimant[T], held bool, found *core.Record, err error) {
+	rec, err := peek(ctx)
+	switch {
+	case ctx.Err() != nil:
+		return nil, false, nil, ctx.Err()
+	case err == nil && rec != nil:
+		return nil, false, rec, nil
+	}
+	return nil, true, nil, nil
 }
 
 // Settle ends c's claim statement of id: held records that c's transaction

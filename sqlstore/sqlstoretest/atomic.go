@@ -48,6 +48,11 @@ type Fixture struct {
 	// release is called (a store whose pool is not DB); else the tests
 	// shrink DB to one connection and hold that.
 	Hold func(t *testing.T) (release func())
+	// HoldTx, when set, runs stmt in a transaction of its own on the
+	// store's database and keeps that transaction open until release,
+	// which rolls it back (a store whose pool is not DB); else the tests
+	// do that on DB.
+	HoldTx func(t *testing.T, stmt string) (release func())
 	// Twin returns another store on the same table through a pool of its
 	// own, as another process would see the database.
 	Twin func(t *testing.T) core.TxStore
@@ -99,6 +104,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, a 4xx after a failed statement is recorded and replayed; the failed writes do not commit", h.failedStatement},
 		{"ok, caller-managed: a transaction the database aborted is reported as core.ErrTxAborted", h.failedStatementCallerManaged},
 		{"ok, duplicates of a claim that waits for the database answer in progress before it ends", h.blockedClaim},
+		{"ok, retries of a completed request whose claim statement is slow get the replay, not in progress", h.slowReplay},
 		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
 		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
 	} {

@@ -3,6 +3,7 @@ package sqlstoretest
 import (
 	"context"
 	"database/sql/driver"
+	"sync"
 	"sync/atomic"
 )
 
@@ -13,6 +14,22 @@ import (
 // (go-sql-driver/mysql without interpolateParams).
 type Counter struct {
 	stmts, prepares atomic.Int64
+	held            atomic.Pointer[chan struct{}] // see HoldBegins
+}
+
+// HoldBegins makes every BEGIN on the pool wait until release is called
+// (or its context ends): a transaction slow to start, as on a busy
+// machine. Statements outside a transaction go on.
+func (c *Counter) HoldBegins() (release func()) {
+	ch := make(chan struct{})
+	c.held.Store(&ch)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.held.Store(nil)
+			close(ch)
+		})
+	}
 }
 
 // Statements returns the number of statements run so far.
@@ -86,6 +103,13 @@ func (w *conn) Begin() (driver.Tx, error) {
 }
 
 func (w *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if held := w.c.held.Load(); held != nil {
+		select {
+		case <-*held:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if b, ok := w.inner.(driver.ConnBeginTx); ok {
 		return b.BeginTx(ctx, opts)
 	}

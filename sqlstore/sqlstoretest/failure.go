@@ -248,6 +248,128 @@ wait:
 	t.Logf("%v: duplicates of a claim that waits for the database answered 409: %s", h.cfg.Dialect, spread(lat))
 }
 
+// slowReplay: retries of a completed request arrive together while the
+// claim statement of the first of them is slow: SQLite's waits for the
+// write lock, which an unrelated write holds; Postgres's for a LOCK TABLE
+// ... IN EXCLUSIVE MODE, which plain reads pass; MySQL/MariaDB's claim of
+// a completed record waits for no lock (a NOWAIT probe, then a plain
+// read), so its BEGIN is held in the driver, as a busy machine delays it.
+// The retries queue behind that statement in the store's registry of
+// in-flight ids longer than it waits (50 ms), and every one gets the
+// replay, never in progress: a slow statement does not turn a completed
+// request into a 409. Ordering, not latency, is asserted: the queued
+// retries answered before the holder let go.
+func (h *harness) slowReplay(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	first, done := h.req("slow-replay", 1), h.completion("slow-replay")
+	if res, err := execute(ctx, f, first, done); err != nil || !res.Claimed {
+		t.Fatalf("first execution: %+v, %v", res, err)
+	}
+	release := stallClaims(t, f, h.cfg.Dialect)
+	defer release()
+
+	const n = 8
+	type timed struct {
+		res core.ClaimResult
+		err error
+		at  time.Time
+	}
+	answers := make(chan timed, n)
+	for i := range n {
+		go func() {
+			tctx, tx, err := f.Store.Begin(ctx)
+			if err != nil {
+				answers <- timed{err: err, at: time.Now()}
+				return
+			}
+			defer func() { _ = tx.Rollback() }()
+			res, err := f.Store.Claim(tctx, h.req("slow-replay", int64(i+2)))
+			answers <- timed{res, err, time.Now()}
+		}()
+	}
+	// The holder lets go once all but the first claim answered, or after
+	// 2 s (less than SQLite's busy_timeout of 5 s).
+	var got []timed
+	hold := time.NewTimer(2 * time.Second)
+	defer hold.Stop()
+wait:
+	for len(got) < n-1 {
+		select {
+		case a := <-answers:
+			got = append(got, a)
+		case <-hold.C:
+			break wait
+		}
+	}
+	released := time.Now()
+	release()
+	for len(got) < n {
+		got = append(got, <-answers)
+	}
+	early := 0
+	for i, a := range got {
+		switch {
+		case a.err != nil:
+			t.Errorf("claim %d: %v", i, a.err)
+		case a.res.Claimed || a.res.Record.State != core.StateCompleted || string(a.res.Record.Response) != string(done.Response):
+			t.Errorf("claim %d: %+v; want the completed record", i, a.res)
+		}
+		if a.at.Before(released) {
+			early++
+		}
+	}
+	if early < n-1 {
+		t.Errorf("%d of %d claims answered while the first claim statement waited, want %d: they waited for it", early, n, n-1)
+	}
+}
+
+// stallClaims makes the claim statements of f's store wait until release
+// while plain reads of its table go on (see slowReplay).
+func stallClaims(t *testing.T, f Fixture, d sqlstore.Dialect) (release func()) {
+	t.Helper()
+	switch d {
+	case sqlstore.SQLite:
+		return holdTx(t, f, "CREATE TABLE "+Table()+" (x INTEGER)") // a write: holds the write lock
+	case sqlstore.Postgres:
+		table := f.Store.(interface{ Table() string }).Table()
+		return holdTx(t, f, "LOCK TABLE "+table+" IN EXCLUSIVE MODE")
+	}
+	if f.Counter == nil {
+		t.Fatal("the fixture has no Counter")
+	}
+	return f.Counter.HoldBegins()
+}
+
+// holdTx runs stmt in a transaction of its own on f's database and keeps
+// it open until release (Fixture.HoldTx, else on DB).
+func holdTx(t *testing.T, f Fixture, stmt string) (release func()) {
+	t.Helper()
+	if f.HoldTx != nil {
+		return f.HoldTx(t, stmt)
+	}
+	ctx := ctxT(t)
+	conn, err := f.DB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_ = tx.Rollback()
+			_ = conn.Close()
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
 // callerConcurrent: a service opens its own transaction at the
 // database's default isolation (REPEATABLE READ on MySQL/MariaDB: db.BeginTx
 // with nil options, or GORM's db.Transaction), puts it in the context and
