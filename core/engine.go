@@ -504,6 +504,38 @@ const (
 	vIndeterminate
 )
 
+// run is the run step Serve and Once share: it calls handler, and when
+// the handler panics it ends the attempt as a panic's (classify, finish,
+// with panicResponse's answer recorded), emits ev and panics on. settles,
+// when not nil, is asked first whether this layer still settles the
+// attempt (false: a nested layer took the request over and settled its
+// own). A handler that returns is ended by the caller with end, which
+// knows what it answered.
+func (a *attempt) run(ctx context.Context, ev *Event, start time.Time, settles func() bool, panicResponse func(v any) *Response, handler func()) {
+	panicked := true
+	defer func() {
+		if !panicked || (settles != nil && !settles()) {
+			return
+		}
+		v := recover()
+		a.end(ev, panicResponse(v), true)
+		a.e.emit(ctx, *ev, start)
+		panic(v)
+	}()
+	handler()
+	panicked = false
+}
+
+// end classifies how the handler ended (resp's status, or a panic),
+// records the outcome (finish) and puts the decision and finish's error in
+// ev. It returns finish's error.
+func (a *attempt) end(ev *Event, resp *Response, panicked bool) error {
+	var err error
+	ev.Decision, err = a.finish(a.classify(resp.Status, panicked), resp)
+	ev.Err = err
+	return err
+}
+
 // classify maps a handler's result to the record's fate (CONTRACT section 4).
 func (a *attempt) classify(status int, panicked bool) verdict {
 	switch {

@@ -89,6 +89,13 @@ type call struct {
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
 	hv    [4]string         // a replay's header values (see recorded.writeHeader)
+
+	// What prepare found, for run.
+	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (see prepare)
+	start       time.Time
+	ev          Event // the event to emit, filled in as the request goes
+	ident       Identity
+	fingerprint []byte
 }
 
 func (c *call) Value(key any) any {
@@ -128,6 +135,17 @@ func NativeFrom(ctx context.Context) any {
 // same identity: then it is the same request nested behind a writer
 // without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	if c := rt.prepare(w, r, pattern, native, next); c != nil {
+		rt.run(w, c, next)
+	}
+}
+
+// prepare reads what identifies r and what its content is: the key, the
+// scope, the caller, the body and its fingerprint. It returns nil when it
+// has dealt with r already (passed it through to next, or rejected it),
+// else the call that run takes on. It also takes a nested request over
+// from the layer it is nested in (call.supersede).
+func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) *call {
 	var around *call // a protected request this one runs inside of
 	if outer := claimedCall(r.Context()); outer != nil {
 		if !outer.writesTo(w) {
@@ -136,20 +154,20 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			r = r.WithContext(ctx)
 			if err := rt.nestable(outer.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
-				return
+				return nil
 			}
 		}
 	}
 	if !rt.covers(r.Method) {
 		next(w, r)
-		return
+		return nil
 	}
 	e := rt.e
 	key, err := KeyFromHeader(r.Header)
 	if err == nil && key == "" {
 		if rt.p.optionalKey {
 			next(w, r)
-			return
+			return nil
 		}
 		err = ErrMissingKey
 	}
@@ -157,21 +175,21 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	scope := rt.scopeFor(r, pattern)
 	if err != nil {
 		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
-		return
+		return nil
 	}
-	c := &call{Context: r.Context(), native: native}
-	var ctx context.Context = c
+	c := &call{Context: r.Context(), native: native, r: r, rc: r, start: start}
 	// Until the record is claimed, the caller function and the fingerprinter
 	// see the request as it came, or, when the adapter passed its framework's
 	// context, a copy whose context is the call (NativeFrom finds it there).
 	// The handler's request is made once the record is claimed, so a replay
 	// or a rejection makes neither it nor the leased mode's cancellable
 	// context.
-	rc := r
 	if native != nil {
-		rc = r.WithContext(ctx)
+		c.rc = r.WithContext(c)
 	}
-	ev := Event{Scope: scope, Key: key}
+	rc := c.rc
+	c.ev = Event{Scope: scope, Key: key}
+	ev := &c.ev
 	caller := ""
 	if e.cfg.caller != nil {
 		caller, err = e.cfg.caller(rc)
@@ -182,64 +200,74 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		}
 		if err != nil {
 			ev.Decision, ev.Err = Invalid, err
-			rt.reject(w, rc, ev, start)
-			return
+			rt.reject(w, rc, *ev, start)
+			return nil
 		}
 	}
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	if errors.Is(err, ErrBodyConsumed) {
-		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+		e.cfg.logger.ErrorContext(c, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
 			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
 			slog.String("scope", scope), slog.String("error", err.Error()))
 	}
 	if err != nil {
 		ev.Decision, ev.Err = Invalid, err
-		rt.reject(w, rc, ev, start)
-		return
+		rt.reject(w, rc, *ev, start)
+		return nil
 	}
 	if rc != r {
 		rc.Body = &c.body
 	}
-	var fp []byte
 	if f := rt.p.fingerprint; f == nil {
-		fp = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
+		c.fingerprint = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
 	} else {
-		if fp, err = f(rc, scope, body); err != nil {
+		fp, err := f(rc, scope, body)
+		if err != nil {
 			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
-			rt.reject(w, rc, ev, start)
-			return
+			rt.reject(w, rc, *ev, start)
+			return nil
 		}
-		fp = normalFingerprint(fp)
+		c.fingerprint = normalFingerprint(fp)
 	}
-	ident := Identity{Caller: caller, Scope: scope, Key: key}
-	ev.ID = ident.ID()
+	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
+	ev.ID = c.ident.ID()
 	if around != nil && around.att.id == ev.ID {
 		if ctx, ok := around.supersede(c.Context); ok {
 			c.Context = ctx
 			if err := rt.nestable(around.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
-				return
+				return nil
 			}
 		}
 	}
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
+	return c
+}
+
+// run takes a prepared call through the state machine: it claims the
+// record or answers without running (replay, rejection, fail-open), runs
+// the handler through the attempt's run step, and delivers the handler's
+// answer or the engine's when the outcome could not be made durable.
+func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWriter, *http.Request)) {
+	e := rt.e
+	r, rc, ev, start := c.r, c.rc, &c.ev, c.start
+	var ctx context.Context = c
+	att, ans := rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
+		switch {
+		case ans.unreachable && e.cfg.failOpen && !rt.atomic:
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(ctx, ev, start)
+			e.emit(ctx, *ev, start)
 			r = r.WithContext(ctx)
 			r.Body = &c.body
 			next(w, r)
-			return
+		case ans.err != nil:
+			rt.reject(w, rc, *ev, start)
+		default:
+			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+			e.emit(ctx, *ev, start)
 		}
-		if ans.err != nil {
-			rt.reject(w, rc, ev, start)
-			return
-		}
-		ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
-		e.emit(ctx, ev, start)
 		return
 	}
 	c.claimed = true
@@ -265,26 +293,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
 	defer rec.free()
-	panicked := true
-	defer func() {
-		if !panicked || !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
-			return // superseded: the inner layer settled its own attempt
-		}
-		v := recover()
-		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v)) // an internal problem: the value is not shown
-		p.RecordID = ev.ID.String()
-		resp := problemResponse(p)
-		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
-		e.emit(ctx, ev, start)
-		panic(v)
-	}()
-	next(rec, r)
-	panicked = false
-	if !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+	// A nested layer that took the request over (call.supersede) settles
+	// its own attempt: this layer then records nothing.
+	settles := func() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
+	att.run(ctx, ev, start, settles, c.panicResponse, func() { next(rec, r) })
+	if !settles() {
 		// A nested layer protected the request with its own options and
 		// its answer went out through rec untouched; this layer's claim
 		// was given up before the handler ran.
-		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", scope))
+		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", ev.Scope))
 		return
 	}
 
@@ -296,8 +313,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// client gets the engine's 500.
 		p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err)) // internal: not shown
 		p.RecordID = ev.ID.String()
-		var ferr error
-		ev.Decision, ferr = att.finish(att.classify(0, true), problemResponse(p))
+		ferr := att.end(ev, problemResponse(p), true)
 		ev.Err = errors.Join(err, ferr)
 		if ferr != nil {
 			// Not even that could be made durable: the store's problem
@@ -308,20 +324,20 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		clear(w.Header())
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
-		e.emit(ctx, ev, start)
+		e.emit(ctx, *ev, start)
 		return
 	}
 	resp := &c.resp
 	rec.response(resp)
 	att.recordAllow = e.cfg.recorded
-	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
-	ev.Status, ev.Err = resp.Status, err
+	err := att.end(ev, resp, false)
+	ev.Status = resp.Status
 	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
 		// Atomic mode, and the database rolled the transaction back for a
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
 		clear(w.Header())
-		ans := rt.afterLostRace(ctx, ev.ID, fp, start)
+		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
 			p := e.problemFor(ans.err)
@@ -345,7 +361,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	} else {
 		rec.deliver()
 	}
-	e.emit(ctx, ev, start)
+	e.emit(ctx, *ev, start)
+}
+
+// panicResponse is the answer recorded for a handler that panicked: the
+// engine's 500, which does not show the panic's value.
+func (c *call) panicResponse(v any) *Response {
+	p := c.att.e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
+	p.RecordID = c.ev.ID.String()
+	return problemResponse(p)
 }
 
 // callerError is a caller function's own failure (not "no caller"): the

@@ -108,31 +108,16 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 
 	var value []byte
 	var err error
-	panicked := true
-	defer func() {
-		if panicked {
-			v := recover()
-			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
-			e.emit(ctx, ev, start)
-			panic(v)
-		}
-	}()
-	value, err = fn(hctx)
-	panicked = false
-
-	v, resp := vComplete, &Response{Status: 200, Body: value, BodyKept: true}
+	att.run(ctx, &ev, start, nil, func(any) *Response { return &Response{Status: 500, BodyKept: true} },
+		func() { value, err = fn(hctx) })
+	// fn's error is a 500 (the work did not happen, unless an effect was
+	// marked: then its outcome is unknown), nil a 200 with its value.
+	resp := &Response{Status: 200, Body: value, BodyKept: true}
 	if err != nil {
-		// A returned error means the work did not happen, unless an effect
-		// was marked: then its outcome is unknown.
-		v, resp = vRelease, &Response{Status: 500, BodyKept: true}
-		if att.effect.Load() {
-			v = vIndeterminate
-		}
+		resp = &Response{Status: 500, BodyKept: true}
 	}
-	if att.release.Load() {
-		v = vRelease
-	}
-	decision, ferr := att.finish(v, resp)
+	ferr := att.end(&ev, resp, false)
+	decision := ev.Decision
 	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
 		// The database rolled our transaction back for a concurrent claim
 		// (another Galera node's; fn's error, if any, was its doing): fn's
