@@ -88,7 +88,6 @@ type call struct {
 	rec   recorder
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
-	hv    [4]string         // a replay's header values (see recorded.writeHeader)
 
 	// What prepare found, for run.
 	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (see prepare)
@@ -265,7 +264,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		case ans.err != nil:
 			rt.reject(w, rc, *ev, start)
 		default:
-			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+			ev.Status = rt.writeReplay(w, rc, &ans.resp)
 			e.emit(ctx, *ev, start)
 		}
 		return
@@ -345,7 +344,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 			e.cfg.errorWriter(w, r, p)
 			ev.Status = p.Status
 		} else {
-			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+			ev.Status = rt.writeReplay(w, rc, &ans.resp)
 		}
 	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
 		// Atomic mode: the outcome is not durable (rolled back), so the
@@ -540,9 +539,9 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 }
 
 // writeReplay writes a recorded response and returns the status sent.
-func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded, scratch []string) int {
+func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded) int {
 	h := w.Header()
-	resp.writeHeader(h, rt.e.cfg.recorded, HeaderReplayed, scratch)
+	resp.writeHeader(h, HeaderReplayed)
 	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
 		p.Status = resp.status
