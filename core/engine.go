@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -72,11 +74,11 @@ func (e *Engine) Store() Store { return e.store }
 // defaults with the route's options applied. Adapters build one per
 // middleware instance with Engine.Route and call Route.Serve per request.
 type Route struct {
-	e       *Engine
-	p       policy
-	methods uint16 // bit set of covered methods (see methodBit); 0 = by name
-	atomic  bool
-	scopes  atomic.Pointer[map[scopeKey]string] // see scopeFor
+	e      *Engine
+	p      policy
+	atomic bool
+	mu     sync.Mutex
+	scopes map[scopeKey]string // see joinScope
 }
 
 // Route compiles route options over the engine's defaults. Invalid route
@@ -88,34 +90,11 @@ func (e *Engine) Route(opts ...RouteOption) *Route {
 		o.applyRoute(&rt.p)
 	}
 	rt.atomic = e.tx != nil && !rt.p.leased
-	for _, m := range rt.p.methods {
-		rt.methods |= methodBit(m)
-	}
 	return rt
 }
 
 // Atomic reports whether the route runs in atomic mode.
 func (rt *Route) Atomic() bool { return rt.atomic }
-
-func methodBit(m string) uint16 {
-	switch m {
-	case "POST":
-		return 1
-	case "PATCH":
-		return 2
-	case "PUT":
-		return 4
-	case "DELETE":
-		return 8
-	case "GET":
-		return 16
-	case "HEAD":
-		return 32
-	case "OPTIONS":
-		return 64
-	}
-	return 1 << 15 // other methods: compared by name
-}
 
 // Protects reports whether Serve would run r through the state machine:
 // false when r's method is not covered, or when the route takes requests
@@ -131,16 +110,7 @@ func (rt *Route) Protects(r *http.Request) bool {
 
 // covers reports whether method is protected by the route.
 func (rt *Route) covers(method string) bool {
-	b := methodBit(method)
-	if b != 1<<15 {
-		return rt.methods&b != 0
-	}
-	for _, m := range rt.p.methods {
-		if m == method {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(rt.p.methods, method)
 }
 
 // --- the state machine -----------------------------------------------------
@@ -223,7 +193,7 @@ func newToken() int64 {
 // implements the in-flight policy: reject at once, or poll (outside any
 // transaction, so waiting duplicates hold no connection) until the wait bound.
 //
-// A claimed attempt is written to dst (so a caller can embed it) and
+// A claimed attempt is written to dst (the caller's call holds it) and
 // returned; cancel, when not nil, cancels the context the handler will run
 // with (leased mode: on a lost lease).
 //
@@ -266,9 +236,6 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		res, err := e.store.Claim(cctx, req)
 		if err == nil && res.Claimed {
-			if dst == nil {
-				dst = new(attempt)
-			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, cancel: cancel, stop: stop}
 			return dst, answer{}
@@ -758,15 +725,10 @@ func (a *attempt) storeCtx() context.Context {
 type attemptKey struct{}
 
 func attemptFrom(ctx context.Context) *attempt {
-	switch v := ctx.Value(attemptKey{}).(type) {
-	case *attempt:
-		return v
-	case *call:
-		// A superseded call's attempt was given up (a nested layer took
-		// the request over): it protects nothing any more.
-		if v.claimed && v.phase.Load() != phaseSuperseded {
-			return &v.att
-		}
+	// A superseded call's attempt was given up (a nested layer took the
+	// request over): it protects nothing any more.
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() != phaseSuperseded {
+		return &c.att
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -71,11 +70,13 @@ func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler
 	return func(next http.Handler) http.Handler { return e.Handler(next, opts...) }
 }
 
-// call is the per-request state. It is also the request's context (the
-// parent's, plus Value(attemptKey{}) = the call), so one allocation serves
-// both.
+// call is the per-request state. The contexts of the request that carry
+// it (Value(attemptKey{})) are how MarkEffect, Release, DownstreamKey,
+// AttemptFrom and NativeFrom find it, and how a nested layer finds the
+// layer it runs in.
 type call struct {
-	context.Context
+	base    context.Context // the request's context (a nested layer's: with the outer transaction hidden)
+	ctx     context.Context // base carrying the call, made when needed (see context)
 	native  any
 	claimed bool
 	// phase of a claimed call: running until either a nested layer takes
@@ -97,11 +98,12 @@ type call struct {
 	fingerprint []byte
 }
 
-func (c *call) Value(key any) any {
-	if key == (attemptKey{}) {
-		return c
+// context returns the request's context carrying the call.
+func (c *call) context() context.Context {
+	if c.ctx == nil {
+		c.ctx = context.WithValue(c.base, attemptKey{}, c)
 	}
-	return c.Context.Value(key)
+	return c.ctx
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -176,7 +178,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
 		return nil
 	}
-	c := &call{Context: r.Context(), native: native, r: r, rc: r, start: start}
+	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
 	// Until the record is claimed, the caller function and the fingerprinter
 	// see the request as it came, or, when the adapter passed its framework's
 	// context, a copy whose context is the call (NativeFrom finds it there).
@@ -184,7 +186,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	// or a rejection makes neither it nor the leased mode's cancellable
 	// context.
 	if native != nil {
-		c.rc = r.WithContext(c)
+		c.rc = r.WithContext(c.context())
 	}
 	rc := c.rc
 	c.ev = Event{Scope: scope, Key: key}
@@ -206,7 +208,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	if errors.Is(err, ErrBodyConsumed) {
-		e.cfg.logger.ErrorContext(c, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+		e.cfg.logger.ErrorContext(rc.Context(), "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
 			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
 			slog.String("scope", scope), slog.String("error", err.Error()))
 	}
@@ -232,8 +234,11 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = c.ident.ID()
 	if around != nil && around.att.id == ev.ID {
-		if ctx, ok := around.supersede(c.Context); ok {
-			c.Context = ctx
+		if ctx, ok := around.supersede(c.base); ok {
+			c.base, c.ctx = ctx, nil
+			if native != nil {
+				c.rc = r.WithContext(c.context())
+			}
 			if err := rt.nestable(around.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
 				return nil
@@ -250,22 +255,21 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWriter, *http.Request)) {
 	e := rt.e
 	r, rc, ev, start := c.r, c.rc, &c.ev, c.start
-	var ctx context.Context = c
-	att, ans := rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
+	att, ans := rt.acquire(c.base, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		switch {
 		case ans.unreachable && e.cfg.failOpen && !rt.atomic:
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(ctx, *ev, start)
-			r = r.WithContext(ctx)
+			e.emit(rc.Context(), *ev, start)
+			r = r.WithContext(c.context())
 			r.Body = &c.body
 			next(w, r)
 		case ans.err != nil:
 			rt.reject(w, rc, *ev, start)
 		default:
 			ev.Status = rt.writeReplay(w, rc, &ans.resp)
-			e.emit(ctx, *ev, start)
+			e.emit(rc.Context(), *ev, start)
 		}
 		return
 	}
@@ -281,13 +285,15 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// lost (cause ErrLeaseLost). The attempt's own store calls
 		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c.base))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
+	c.ctx = context.WithValue(hctx, attemptKey{}, c)
+	ctx := c.ctx
 	defer att.bound()()
 	e.hold(att)
-	r = r.WithContext(hctx)
+	r = r.WithContext(ctx)
 	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
@@ -336,7 +342,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
 		clear(w.Header())
-		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
+		ans := rt.afterLostRace(c.base, ev.ID, c.fingerprint, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
 			p := e.problemFor(ans.err)
@@ -404,7 +410,8 @@ const (
 // claimedCall returns the protected call in ctx whose attempt is claimed
 // and still running, or nil.
 func claimedCall(ctx context.Context) *call {
-	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() == phaseRunning {
+	// c.r: a call of Serve; Once's calls are never nested in.
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.r != nil && c.claimed && c.phase.Load() == phaseRunning {
 		return c
 	}
 	return nil
@@ -497,32 +504,25 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 // scopeKey is a (method, route pattern) pair whose scope a Route caches.
 type scopeKey struct{ method, pattern string }
 
-// maxCachedScopes bounds a Route's scope cache: a middleware installed on
-// one route sees one pattern, a global one as many as the router has.
+// maxCachedScopes bounds a Route's scopes: a middleware installed on one
+// route sees one pattern, a global one as many as the router has.
 const maxCachedScopes = 256
 
-// joinScope returns method + " " + pattern, built once per pair: the cache
-// is a copy-on-write map read without locks, so a request allocates no
-// scope string once its route has been seen.
+// joinScope returns method + " " + pattern, kept per pair (up to
+// maxCachedScopes), so a request does not build its route's scope again.
 func (rt *Route) joinScope(method, pattern string) string {
-	old := rt.scopes.Load()
-	if old != nil {
-		if s, ok := (*old)[scopeKey{method, pattern}]; ok {
-			return s
-		}
+	k := scopeKey{method, pattern}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if s, ok := rt.scopes[k]; ok {
+		return s
 	}
 	s := method + " " + pattern
-	n := 0
-	if old != nil {
-		n = len(*old)
-	}
-	if n < maxCachedScopes {
-		m := make(map[scopeKey]string, n+1)
-		if old != nil {
-			maps.Copy(m, *old)
+	if len(rt.scopes) < maxCachedScopes {
+		if rt.scopes == nil {
+			rt.scopes = make(map[scopeKey]string)
 		}
-		m[scopeKey{method, pattern}] = s
-		rt.scopes.CompareAndSwap(old, &m) // a lost race only drops this entry
+		rt.scopes[k] = s
 	}
 	return s
 }

@@ -88,7 +88,8 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		}
 		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
-	att, ans := rt.acquire(ctx, ident, id, fp, start, nil, cancel)
+	c := new(call)
+	att, ans := rt.acquire(ctx, ident, id, fp, start, &c.att, cancel)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		e.emit(ctx, ev, start)
@@ -102,7 +103,8 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	if !rt.atomic {
 		base = ctx
 	}
-	hctx := context.WithValue(base, attemptKey{}, att)
+	c.claimed = true
+	hctx := context.WithValue(base, attemptKey{}, c)
 	defer att.bound()()
 	e.hold(att)
 
