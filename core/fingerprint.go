@@ -209,7 +209,8 @@ func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
 	}
 	switch mediaKindOf(r) {
 	case mediaJSON:
-		if canonjson.Hash(s.h, []byte{fpJSON}, body, sel) {
+		s.buf = append(s.buf[:0], fpJSON)
+		if canonjson.Hash(s.h, s.buf, body, sel) {
 			return
 		}
 	case mediaForm:

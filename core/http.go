@@ -76,7 +76,7 @@ func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler
 // layer it runs in.
 type call struct {
 	base    context.Context // the request's context (a nested layer's: with the outer transaction hidden)
-	ctx     context.Context // base carrying the call, made when needed (see context)
+	ctx     context.Context // base carrying the call
 	native  any
 	claimed bool
 	// phase of a claimed call: running until either a nested layer takes
@@ -96,14 +96,6 @@ type call struct {
 	ev          Event // the event to emit, filled in as the request goes
 	ident       Identity
 	fingerprint []byte
-}
-
-// context returns the request's context carrying the call.
-func (c *call) context() context.Context {
-	if c.ctx == nil {
-		c.ctx = context.WithValue(c.base, attemptKey{}, c)
-	}
-	return c.ctx
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -179,6 +171,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		return nil
 	}
 	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
+	c.ctx = context.WithValue(c.base, attemptKey{}, c)
 	// Until the record is claimed, the caller function and the fingerprinter
 	// see the request as it came, or, when the adapter passed its framework's
 	// context, a copy whose context is the call (NativeFrom finds it there).
@@ -186,7 +179,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	// or a rejection makes neither it nor the leased mode's cancellable
 	// context.
 	if native != nil {
-		c.rc = r.WithContext(c.context())
+		c.rc = r.WithContext(c.ctx)
 	}
 	rc := c.rc
 	c.ev = Event{Scope: scope, Key: key}
@@ -235,9 +228,10 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	ev.ID = c.ident.ID()
 	if around != nil && around.att.id == ev.ID {
 		if ctx, ok := around.supersede(c.base); ok {
-			c.base, c.ctx = ctx, nil
+			c.base = ctx
+			c.ctx = context.WithValue(ctx, attemptKey{}, c)
 			if native != nil {
-				c.rc = r.WithContext(c.context())
+				c.rc = r.WithContext(c.ctx)
 			}
 			if err := rt.nestable(around.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
@@ -255,21 +249,22 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWriter, *http.Request)) {
 	e := rt.e
 	r, rc, ev, start := c.r, c.rc, &c.ev, c.start
-	att, ans := rt.acquire(c.base, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
+	ctx := c.ctx
+	att, ans := rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
 		switch {
 		case ans.unreachable && e.cfg.failOpen && !rt.atomic:
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(rc.Context(), *ev, start)
-			r = r.WithContext(c.context())
+			e.emit(ctx, *ev, start)
+			r = r.WithContext(ctx)
 			r.Body = &c.body
 			next(w, r)
 		case ans.err != nil:
 			rt.reject(w, rc, *ev, start)
 		default:
 			ev.Status = rt.writeReplay(w, rc, &ans.resp)
-			e.emit(rc.Context(), *ev, start)
+			e.emit(ctx, *ev, start)
 		}
 		return
 	}
@@ -285,15 +280,13 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// lost (cause ErrLeaseLost). The attempt's own store calls
 		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c.base))
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
-	c.ctx = context.WithValue(hctx, attemptKey{}, c)
-	ctx := c.ctx
 	defer att.bound()()
 	e.hold(att)
-	r = r.WithContext(ctx)
+	r = r.WithContext(hctx)
 	r.Body = &c.body
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
@@ -342,7 +335,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
 		clear(w.Header())
-		ans := rt.afterLostRace(c.base, ev.ID, c.fingerprint, start)
+		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
 			p := e.problemFor(ans.err)
