@@ -79,7 +79,7 @@ func unavailable(err error) error {
 }
 
 // memTx is a memory transaction: the journal of the IDs whose slots it
-// owns. Lock order: shard.mu before memTx.mu.
+// owns. Lock order: Store.mu before memTx.mu.
 type memTx struct {
 	s *Store
 
@@ -139,19 +139,18 @@ func (tx *memTx) finish(commit bool) error {
 		stop()
 	}
 
+	tx.s.mu.Lock()
+	defer tx.s.mu.Unlock()
 	for _, id := range ids {
-		sh := tx.s.shard(id)
-		sh.mu.Lock()
-		if sl := sh.m[id]; sl != nil && sl.owner == tx {
+		if sl := tx.s.m[id]; sl != nil && sl.owner == tx {
 			if !commit {
 				sl.rec = sl.prev
 			}
 			sl.owner, sl.prev = nil, nil
 			if sl.rec == nil {
-				delete(sh.m, id)
+				delete(tx.s.m, id)
 			}
 		}
-		sh.mu.Unlock()
 	}
 	return nil
 }
