@@ -30,12 +30,12 @@
 //	state          event                                    next state     answer
 //	absent         request                                  in progress    the handler runs (attempt 1)
 //	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first)
-//	in progress    request, lease lapsed (WithTakeover)     in progress    the handler runs again (attempt n+1; the old token is fenced)
-//	in progress    request, lease lapsed (no takeover)      indeterminate  as for indeterminate
+//	in progress    request, lease lapsed (default)         in progress    the handler runs again (attempt n+1; the old token is fenced)
+//	in progress    request, lease lapsed (WithoutTakeover) indeterminate  as for indeterminate
 //	completed      request                                  completed      the recorded response, Idempotent-Replayed: true
-//	indeterminate  request, no Resolver / Unresolved       indeterminate  the recorded 5xx, replayed
-//	indeterminate  request, Resolver: Applied               completed      the resolver's response, replayed
-//	indeterminate  request, Resolver: NotApplied            absent         claimed again: the handler runs
+//	indeterminate  request, no Resolver, OutcomeUnresolved  indeterminate  the recorded 5xx, replayed
+//	indeterminate  request, Resolver: OutcomeApplied        completed      the resolver's response, replayed
+//	indeterminate  request, Resolver: OutcomeNotApplied     absent         claimed again: the handler runs
 //	any but absent request, other fingerprint               unchanged      422
 //	in progress    handler answers 2xx-4xx (not 408, 429)   completed      the handler's answer
 //	in progress    handler answers 408 or 429, or Release   absent         the handler's answer

@@ -231,7 +231,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			cctx, tx, err = e.tx.Begin(bctx)
 			if err != nil {
 				stop()
-				return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
+				return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
@@ -252,25 +252,25 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			// error matches ErrInProgress, ErrLostRace and ErrTxAborted:
 			// the caller rolls back and retries later.
 			if joined {
-				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 			}
 			res, err = ClaimResult{Record: Record{ID: id, State: StateInProgress}}, nil
 		}
 		if err != nil && joined && errors.Is(err, ErrTxAborted) {
-			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
+			return nil, answer{err: err, decision: DecisionStoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
 		if errors.Is(err, ErrConfig) {
 			// The store refused the combination (for example a leased claim
 			// beside a SQLite transaction it would wait for): a
 			// configuration error, never a reason to fail open.
-			return nil, answer{err: err, decision: StoreError}
+			return nil, answer{err: err, decision: DecisionStoreError}
 		}
 		if err != nil {
-			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
+			return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
 		}
 		rec := res.Record
 		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {
-			return nil, answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+			return nil, answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
 		}
 		switch rec.State {
 		case StateCompleted:
@@ -295,7 +295,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
 			retry := e.cfg.retryAfter
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: DecisionRejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
 		backoff = min(2*backoff, 100*time.Millisecond)
@@ -303,7 +303,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 		case <-t.C:
 		}
 	}
@@ -366,16 +366,16 @@ func storeErr(err error) error {
 func (rt *Route) replay(_ context.Context, rec Record) answer {
 	resp, err := rt.e.openResponse(rec.ID, rec.Response)
 	if err != nil {
-		return answer{rec: rec, err: storeErr(err), decision: StoreError}
+		return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}
 	}
-	return answer{rec: rec, resp: resp, decision: Replayed}
+	return answer{rec: rec, resp: resp, decision: DecisionReplayed}
 }
 
 // Resolution is a Resolver's verdict on an indeterminate record.
 type Resolution struct {
-	// Outcome is Unresolved, Applied or NotApplied.
+	// Outcome is OutcomeUnresolved, OutcomeApplied or OutcomeNotApplied.
 	Outcome Outcome
-	// Response replaces the recorded one when Outcome is Applied (for
+	// Response replaces the recorded one when Outcome is OutcomeApplied (for
 	// example the 201 the handler would have sent).
 	Response *Response
 }
@@ -384,13 +384,13 @@ type Resolution struct {
 type Outcome int
 
 const (
-	// Unresolved: still unknown; the recorded 5xx is replayed.
-	Unresolved Outcome = iota
-	// Applied: the effect happened; the record completes with Response.
-	Applied
-	// NotApplied: nothing happened; the record is released and the request
+	// OutcomeUnresolved: still unknown; the recorded 5xx is replayed.
+	OutcomeUnresolved Outcome = iota
+	// OutcomeApplied: the effect happened; the record completes with Response.
+	OutcomeApplied
+	// OutcomeNotApplied: nothing happened; the record is released and the request
 	// runs.
-	NotApplied
+	OutcomeNotApplied
 )
 
 // Resolver settles an indeterminate record, for example by asking the
@@ -410,19 +410,19 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 		switch {
 		case err != nil:
 			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))
-		case res.Outcome == NotApplied:
+		case res.Outcome == OutcomeNotApplied:
 			if err := e.store.Release(ctx, rec.ID, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			return answer{}, true
-		case res.Outcome == Applied && res.Response != nil:
+		case res.Outcome == OutcomeApplied && res.Response != nil:
 			blob, err := e.sealResponse(rec.ID, res.Response, e.cfg.recorded)
 			if err == nil {
 				err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: res.Response.Status,
 					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
 			}
 			if err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			// Settled (by us, or concurrently by another resolver): read back.
 			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
@@ -430,22 +430,22 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 				return answer{}, true // expired or released meanwhile: claim again
 			}
 			if err != nil {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			a := rt.replay(ctx, got)
-			a.decision = Resolved
+			a.decision = DecisionResolved
 			return a, false
 		}
 	}
 	a = rt.replay(ctx, rec)
 	if a.err == nil {
-		a.decision = Indeterminate
+		a.decision = DecisionIndeterminate
 	}
 	return a, false
 }
 
 // markIndeterminate turns an in-progress record whose lease lapsed into an
-// indeterminate one (WithTakeover(false)).
+// indeterminate one (WithoutTakeover()).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
 	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
 	p.RecordID = rec.ID.String()
@@ -542,7 +542,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
 		if err := a.lostClaim(); err != nil {
 			_ = a.tx.Rollback()
-			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 	}
 	if v == vRelease {
@@ -556,7 +556,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrFenced) {
 			// Taken over meanwhile: the new owner's record stays; the
 			// handler's answer (nothing happened) is still true.
-			return LeaseLost, nil
+			return DecisionLeaseLost, nil
 		}
 		if err != nil && a.tx != nil && a.ctx.Err() != nil {
 			// The request's context ended (the client went away): the
@@ -566,18 +566,18 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if err != nil {
 			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
-		return Released, nil
+		return DecisionReleased, nil
 	}
 	if lost {
 		if a.tx != nil {
 			_ = a.tx.Rollback()
 		}
-		return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	}
 	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: e.cfg.clock().Add(a.rt.p.retention)}
-	decision := Executed
+	decision := DecisionExecuted
 	if v == vIndeterminate {
-		c.State, decision = StateIndeterminate, Indeterminate
+		c.State, decision = StateIndeterminate, DecisionIndeterminate
 	}
 	// The encoding goes into a pooled buffer: a store keeps its own copy
 	// of Completion.Response (the conformance suite's NoAliasing), so the
@@ -602,7 +602,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			_ = a.tx.Rollback()
 		}
 		if errors.Is(err, ErrFenced) {
-			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+			return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
 		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect.Load()) {
 			// The database rolled the transaction back in favour of a
@@ -613,7 +613,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// transaction matches too. After MarkEffect, afterAbort
 			// records the attempt as indeterminate instead, unless
 			// another attempt holds the identity.
-			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 		if errors.Is(err, ErrTxAborted) {
 			return a.afterAbort(v, resp, err)
@@ -621,7 +621,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if a.tx != nil && a.ctx.Err() != nil {
 			return a.afterClientGone(v, resp, err)
 		}
-		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
 }
@@ -663,7 +663,7 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 	}
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
-	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 	for {
 		rec, err := e.store.Get(ctx, id, e.cfg.clock())
 		switch {
@@ -671,15 +671,15 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 			// The winner's commit has not reached this node yet (or it
 			// was rolled back too).
 		case err != nil:
-			return answer{err: storeErr(err), decision: StoreError}
+			return answer{err: storeErr(err), decision: DecisionStoreError}
 		case len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint):
-			return answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+			return answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
 		case rec.State == StateCompleted:
 			return rt.replay(ctx, rec)
 		case rec.State == StateIndeterminate:
 			a := rt.replay(ctx, rec)
 			if a.err == nil {
-				a.decision = Indeterminate
+				a.decision = DecisionIndeterminate
 			}
 			return a
 		default:

@@ -26,18 +26,6 @@ import (
 // two requests under one key may differ in and still replay each other.
 type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, error)
 
-// MaxJSONDepth is the deepest nesting of arrays and objects CanonicalJSON
-// accepts (canonjson.MaxDepth).
-const MaxJSONDepth = canonjson.MaxDepth
-
-// ErrInvalidJSON is wrapped by every error of CanonicalJSON
-// (canonjson.ErrInvalid).
-var ErrInvalidJSON = canonjson.ErrInvalid
-
-// CanonicalJSON appends the canonical form of the JSON document src to dst
-// (canonjson.Append).
-func CanonicalJSON(dst, src []byte) ([]byte, error) { return canonjson.Append(dst, src) }
-
 // DefaultFingerprint is the Fingerprinter used when none is configured. It
 // covers the whole request as the handler sees it, and returns the SHA-256
 // (32 bytes) of:
@@ -65,7 +53,7 @@ func CanonicalJSON(dst, src []byte) ([]byte, error) { return canonjson.Append(ds
 // (parsed with mime.ParseMediaType, so case and parameters do not matter):
 //
 //   - 'e' and nothing for an empty body, whatever its type;
-//   - 'j' and CanonicalJSON(body) for application/json and any type with the
+//   - 'j' and canonjson.Append(body) for application/json and any type with the
 //     +json suffix; when the body cannot be canonicalised (invalid JSON,
 //     too deep, ...), 'r' and the raw bytes instead;
 //   - 'f' and the canonical form for application/x-www-form-urlencoded:
@@ -79,7 +67,7 @@ func CanonicalJSON(dst, src []byte) ([]byte, error) { return canonjson.Append(ds
 // path. A nil r counts as a request without a method, path, query or
 // Content-Type. It never returns an error, and it does not retain body. Its
 // working memory is bounded by a small multiple of the body (see
-// CanonicalJSON), never the canonical body itself: that is hashed as it is
+// canonjson.Append), never the canonical body itself: that is hashed as it is
 // written.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
 	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
@@ -92,7 +80,7 @@ func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, err
 // as encoding/json matches names to struct fields, case-insensitively (so
 // "amount" keeps "Amount" and "AMOUNT" too: a handler decoding into a struct
 // reads them); a missing member differs from a member that is null, and
-// members whose names collide keep their order (see CanonicalJSON). For a
+// members whose names collide keep their order (see canonjson.Append). For a
 // form body, only the fields named exactly. A JSON body whose top level is
 // not an object, or that cannot be canonicalised, is hashed as raw bytes,
 // like DefaultFingerprint does; so is any other body. With no fields, every

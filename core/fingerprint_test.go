@@ -1,6 +1,8 @@
 package core
 
 import (
+	"github.com/idemkit/idem/core/canonjson"
+
 	"github.com/idemkit/idem/internal/jsontest"
 
 	"bytes"
@@ -179,9 +181,9 @@ func TestDefaultFingerprintDoesNotRetainBody(t *testing.T) {
 	if !bytes.Equal(first, again) {
 		t.Fatalf("fingerprint changed: %x vs %x", first, again)
 	}
-	c, _ := CanonicalJSON(nil, orig)
+	c, _ := canonjson.Append(nil, orig)
 	if len(c) > 0 && &c[0] == &orig[0] {
-		t.Fatal("CanonicalJSON output aliases its input")
+		t.Fatal("canonjson.Append output aliases its input")
 	}
 }
 

@@ -167,7 +167,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	start := e.cfg.clock()
 	scope := rt.scopeFor(r, pattern)
 	if err != nil {
-		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
+		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: scope, Err: err}, start)
 		return nil
 	}
 	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
@@ -193,7 +193,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 			err = &callerError{err: err} // the function failed: logged at WARN
 		}
 		if err != nil {
-			ev.Decision, ev.Err = Invalid, err
+			ev.Decision, ev.Err = DecisionInvalid, err
 			rt.reject(w, rc, *ev, start)
 			return nil
 		}
@@ -206,7 +206,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 			slog.String("scope", scope), slog.String("error", err.Error()))
 	}
 	if err != nil {
-		ev.Decision, ev.Err = Invalid, err
+		ev.Decision, ev.Err = DecisionInvalid, err
 		rt.reject(w, rc, *ev, start)
 		return nil
 	}
@@ -218,7 +218,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	} else {
 		fp, err := f(rc, scope, body)
 		if err != nil {
-			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
+			ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
 			rt.reject(w, rc, *ev, start)
 			return nil
 		}
@@ -390,7 +390,7 @@ func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
 	}
 	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
-	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
 }
 
 // Phases of a claimed call.
@@ -659,7 +659,7 @@ type recorder struct {
 	w        http.ResponseWriter
 	atomic   bool
 	status   int
-	max      int
+	max      int64
 	buf      *[]byte
 	kept     bool          // the body is complete in buf
 	through  bool          // writing through to w
@@ -672,7 +672,7 @@ type recorder struct {
 	transparent bool
 }
 
-func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
+func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int64) {
 	*rec = recorder{w: w, atomic: atomic, max: max, kept: true}
 	rec.buf = bufPool.Get().(*[]byte)
 	*rec.buf = (*rec.buf)[:0]
@@ -728,7 +728,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.spillW != nil {
 		return rec.spillWrite(p)
 	}
-	if len(*rec.buf)+len(p) > rec.max {
+	if int64(len(*rec.buf)+len(p)) > rec.max {
 		rec.kept = false
 		if rec.atomic {
 			// Nothing may reach the client before the commit, and the
@@ -754,7 +754,7 @@ func (rec *recorder) WriteString(s string) (int, error) {
 	if rec.transparent {
 		return io.WriteString(rec.w, s)
 	}
-	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || len(*rec.buf)+len(s) > rec.max {
+	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || int64(len(*rec.buf)+len(s)) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {

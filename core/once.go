@@ -81,7 +81,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		switch {
 		case ans.err != nil:
 			return Result{}, ans.err
-		case ans.decision == Indeterminate:
+		case ans.decision == DecisionIndeterminate:
 			return Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, id)
 		case !ans.resp.kept:
 			return Result{Replayed: true}, ErrNotKept

@@ -74,7 +74,7 @@ type config struct {
 	takeover     bool
 	retryAfter   time.Duration
 	maxRequest   int64
-	maxResponse  int
+	maxResponse  int64
 	recorded     []string
 	sealer       Sealer
 	failOpen     bool
@@ -144,12 +144,12 @@ func WithLease(d time.Duration) Option {
 	})
 }
 
-// WithTakeover sets what happens to an in-progress record whose lease lapsed
-// (leased mode): true (default) lets the next request take it over with a
-// new fencing token; false turns it into an indeterminate record, settled
-// by the Resolver or answered with 500.
-func WithTakeover(on bool) Option {
-	return engineOption(func(c *config) error { c.takeover = on; return nil })
+// WithoutTakeover changes what happens to an in-progress record whose
+// lease lapsed (leased mode): by default the next request takes it over
+// with a new fencing token; with WithoutTakeover the record turns
+// indeterminate instead, settled by the Resolver or answered with 500.
+func WithoutTakeover() Option {
+	return engineOption(func(c *config) error { c.takeover = false; return nil })
 }
 
 // WithRetryAfter sets the Retry-After of 409 (in progress) and 503 (store
@@ -180,10 +180,10 @@ func WithMaxRequestBody(n int64) Option {
 // WithMaxResponseBody sets how many bytes of a response body are recorded
 // (default DefaultMaxResponseBody). A larger response is still delivered to
 // the first client; its record says the body was not kept. It also bounds
-// what a request holds in memory: in atomic mode, the write that passes it
-// commits the transaction (recording the status) before anything is sent,
-// then the response streams through.
-func WithMaxResponseBody(n int) Option {
+// what a request holds in memory: past it, a leased attempt streams the
+// rest through, and an atomic one spills the rest to a temporary file that
+// is sent after the commit.
+func WithMaxResponseBody(n int64) Option {
 	return engineOption(func(c *config) error {
 		if n < 0 {
 			return fmt.Errorf("%w: negative response body limit", ErrConfig)

@@ -236,11 +236,11 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 // unresolved.
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
 	if !strings.HasSuffix(rec.Scope, "/payments") {
-		return core.Resolution{Outcome: core.Unresolved}, nil
+		return core.Resolution{Outcome: core.OutcomeUnresolved}, nil
 	}
 	pr, err := a.repo.providerLookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
 	if errors.Is(err, errNotFound) {
-		return core.Resolution{Outcome: core.NotApplied}, nil
+		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
@@ -254,7 +254,7 @@ func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resoluti
 	if err != nil {
 		return core.Resolution{}, err
 	}
-	return core.Resolution{Outcome: core.Applied, Response: &core.Response{
+	return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: append(body, '\n'), BodyKept: true, // what writeJSON sends
 	}}, nil
