@@ -405,8 +405,8 @@ type Resolver func(ctx context.Context, rec Record) (Resolution, error)
 // was released and the caller should claim again.
 func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool) {
 	e := rt.e
-	if e.cfg.resolver != nil {
-		res, err := e.cfg.resolver(ctx, rec)
+	if rt.p.resolver != nil && *rt.p.resolver != nil {
+		res, err := (*rt.p.resolver)(ctx, rec)
 		switch {
 		case err != nil:
 			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))

@@ -439,7 +439,8 @@ func (c *call) supersede(ctx context.Context) (context.Context, bool) {
 // layer (route outer) that protected it: the outer layer has decided
 // before the takeover what these options would decide differently (a
 // missing key, an in-flight duplicate, a fingerprint compared with the
-// record), so running the pair would apply half of the route's options.
+// record, an indeterminate record resolved), so running the pair would
+// apply half of the route's options.
 // Those pairs are refused loudly at every request instead.
 func (rt *Route) nestable(outer *Route, method string) error {
 	var why string
@@ -452,6 +453,8 @@ func (rt *Route) nestable(outer *Route, method string) error {
 		why = "WaitInFlight differs between the two installations"
 	case rt.p.fingerprint != nil || outer.p.fingerprint != nil:
 		why = "a Fingerprint option is set on one of them"
+	case rt.p.resolver != outer.p.resolver:
+		why = "the route's own WithResolver is not the outer installation's"
 	default:
 		return nil
 	}

@@ -80,7 +80,6 @@ type config struct {
 	failOpen     bool
 	problemBase  string
 	errorWriter  ErrorWriter
-	resolver     Resolver
 	observer     Observer
 	logger       *slog.Logger
 	logRawKeys   bool
@@ -96,6 +95,7 @@ type policy struct {
 	optionalKey bool
 	methods     []string
 	maxAttempt  time.Duration // 0: unbounded
+	resolver    *Resolver     // nil: indeterminate records stay so
 }
 
 // WithCaller sets the function that names the caller. Either WithCaller or
@@ -244,9 +244,13 @@ func WithErrorWriter(w ErrorWriter) Option {
 }
 
 // WithResolver sets the function that settles indeterminate records
-// (default: none, so the recorded 5xx is replayed).
-func WithResolver(r Resolver) Option {
-	return engineOption(func(c *config) error { c.resolver = r; return nil })
+// (default: none, so the recorded 5xx is replayed). Given to New it is
+// every route's; given to one route (Engine.Route, Engine.Handler, an
+// adapter's New, Once), that route's own, used instead of the engine's:
+// the route that makes the external call knows how to ask about it.
+func WithResolver(r Resolver) RouteOption {
+	rp := &r // one identity per option, which nestable compares
+	return routeOption(func(p *policy) { p.resolver = rp })
 }
 
 // WithObserver sets a hook called for every decision (default: none), for

@@ -226,14 +226,14 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, c)
 }
 
-// settlePayment is the engine's core.Resolver: a payment left indeterminate
+// settlePayment is the payment route's core.Resolver: a payment left indeterminate
 // (the provider was called, then the attempt failed, for example recording
 // the charge) is settled from the provider's own record of the downstream
 // key when a retry meets it. Charged: the charge is recorded (once per
 // provider charge id) and the retry gets the 201 the handler would have
 // sent. Not charged: nothing happened, the key is released and the retry
-// runs. Other routes' indeterminate records (none in this service) stay
-// unresolved.
+// runs. It is the payment route's own (paymentRoute), so it only meets
+// payment records; the scope check is a guard.
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
 	if !strings.HasSuffix(rec.Scope, "/payments") {
 		return core.Resolution{Outcome: core.OutcomeUnresolved}, nil

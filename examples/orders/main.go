@@ -102,8 +102,6 @@ func run(o options, logger *slog.Logger) error {
 		// store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		core.WithObserver(recordDecision),
-		// Settles a payment left indeterminate from the provider's record.
-		core.WithResolver(a.settlePayment),
 	}
 	if o.retention > 0 {
 		engineOpts = append(engineOpts, core.Retention(o.retention))

@@ -29,6 +29,14 @@ func newRouter(framework string, store core.Store, a *app, opts []core.Option) (
 	return nil, nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
 }
 
+// paymentRoute is the options of POST /orders/{id}/payments: leased (the
+// charge is an external call, outside the database transaction), with its
+// own resolver, which settles a payment left indeterminate from the
+// provider's record.
+func (a *app) paymentRoute() []core.RouteOption {
+	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment)}
+}
+
 func unauthorized(w http.ResponseWriter) {
 	problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
 }
@@ -62,7 +70,7 @@ func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *cor
 	orders := r.Group("/orders", auth)
 	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
 	orders.GET("", gin.WrapF(a.listOrders))
-	orders.POST("/:id/payments", ginidem.New(e, core.Leased()), gin.WrapF(a.pay))
+	orders.POST("/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
 	return r, e, nil
 }
 
@@ -97,7 +105,7 @@ func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *co
 	g := r.Group("/orders", auth)
 	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
 	g.GET("", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
-	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, core.Leased()))
+	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, a.paymentRoute()...))
 	return r, e, nil
 }
 
@@ -129,7 +137,7 @@ func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *cor
 		r.Use(auth)
 		r.With(chiidem.New(e)).Post("/", a.createOrder)
 		r.Get("/", a.listOrders)
-		r.With(chiidem.New(e, core.Leased())).Post("/{id}/payments", a.pay)
+		r.With(chiidem.New(e, a.paymentRoute()...)).Post("/{id}/payments", a.pay)
 	})
 	return r, e, nil
 }
