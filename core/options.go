@@ -209,7 +209,7 @@ func WithRecordedHeaders(names ...string) Option {
 	})
 }
 
-// WithSealer seals recorded responses at rest (default: none). See NewAESGCM.
+// WithSealer seals recorded responses at rest (default: none). See seal.NewAESGCM.
 func WithSealer(s Sealer) Option {
 	return engineOption(func(c *config) error { c.sealer = s; return nil })
 }

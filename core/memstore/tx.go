@@ -126,6 +126,11 @@ func (tx *memTx) Commit() error { return tx.finish(true) }
 func (tx *memTx) Rollback() error { return tx.finish(false) }
 
 func (tx *memTx) finish(commit bool) error {
+	// The store's lock is held from the check to the last slot settled, so
+	// a second finish (a Rollback racing the rollback of an ended context)
+	// returns ErrTxDone only once the first has settled every slot.
+	tx.s.mu.Lock()
+	defer tx.s.mu.Unlock()
 	tx.mu.Lock()
 	if tx.done {
 		tx.mu.Unlock()
@@ -139,8 +144,6 @@ func (tx *memTx) finish(commit bool) error {
 		stop()
 	}
 
-	tx.s.mu.Lock()
-	defer tx.s.mu.Unlock()
 	for _, id := range ids {
 		if sl := tx.s.m[id]; sl != nil && sl.owner == tx {
 			if !commit {
