@@ -48,7 +48,7 @@ import (
 func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
 	e := a.e
 	if a.tx == nil {
-		return StoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
+		return DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 	}
 	allow := a.recordAllow
 	var replaced error // the handler's answer is not true: the client gets this
@@ -61,16 +61,16 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
-		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	fail := func(err error) (Decision, error) {
 		if errors.Is(err, ErrLostRace) {
 			// The short transaction lost to another attempt's claim of the
 			// identity (on Galera: certified first, not yet applied here):
 			// that attempt holds the key; answer as its duplicate.
-			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
-		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	ctx := e.tx.WithoutTx(a.storeCtx())
 	req := a.rt.claimRequest(a.ident, a.id, a.fp, e.cfg.clock())
@@ -86,14 +86,14 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		case err != nil:
 			return fail(err)
 		case len(a.fp) > 0 && len(res.Record.Fingerprint) > 0 && !bytes.Equal(a.fp, res.Record.Fingerprint):
-			return Mismatch, ErrMismatch
+			return DecisionMismatch, ErrMismatch
 		}
-		return RejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
+		return DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	}
 	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: req.ExpiresAt} // as finish: the claim's
-	decision := Executed
+	decision := DecisionExecuted
 	if v == vIndeterminate {
-		c.State, decision = StateIndeterminate, Indeterminate
+		c.State, decision = StateIndeterminate, DecisionIndeterminate
 	}
 	c.Response, err = e.sealInto(nil, a.id, resp, allow)
 	if err == nil {
@@ -121,7 +121,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 // that is a release, not a store error.
 func (a *attempt) afterClientGone(v verdict, resp *Response, err error) (Decision, error) {
 	if v != vIndeterminate && resp.Status < 400 && !a.effect.Load() {
-		return Released, &RetryError{Err: storeErr(err), RetryAfter: a.e.cfg.retryAfter}
+		return DecisionReleased, &RetryError{Err: storeErr(err), RetryAfter: a.e.cfg.retryAfter}
 	}
 	return a.afterAbort(v, resp, err)
 }

@@ -19,6 +19,40 @@
 // Resolver settles it. Records expire after the retention window
 // (DefaultRetention, 24 hours); a Sweeper deletes them.
 //
+// # The state machine
+//
+// A record is absent (never claimed, released, or expired), in progress
+// (an attempt holds it: by a lease in leased mode, by its transaction in
+// atomic mode), completed or indeterminate. What each event does to it,
+// and what the request gets (Route.Serve for HTTP; Engine.Once is the same
+// machine, with fn's nil error as a 200 and any error as a 500):
+//
+//	state          event                                    next state     answer
+//	absent         request                                  in progress    the handler runs (attempt 1)
+//	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first)
+//	in progress    request, lease lapsed (default)         in progress    the handler runs again (attempt n+1; the old token is fenced)
+//	in progress    request, lease lapsed (WithoutTakeover) indeterminate  as for indeterminate
+//	completed      request                                  completed      the recorded response, Idempotent-Replayed: true
+//	indeterminate  request, no Resolver, OutcomeUnresolved  indeterminate  the recorded 5xx, replayed
+//	indeterminate  request, Resolver: OutcomeApplied        completed      the resolver's response, replayed
+//	indeterminate  request, Resolver: OutcomeNotApplied     absent         claimed again: the handler runs
+//	any but absent request, other fingerprint               unchanged      422
+//	in progress    handler answers 2xx-4xx (not 408, 429)   completed      the handler's answer
+//	in progress    handler answers 408 or 429, or Release   absent         the handler's answer
+//	in progress    handler: 5xx or panic before MarkEffect  absent         the handler's answer (a panic: 500)
+//	in progress    handler: 5xx or panic after MarkEffect   indeterminate  the handler's answer (a panic: 500)
+//	in progress    handler ends, lease lost (fenced)        the new owner's 409 (ErrLeaseLost)
+//	in progress    handler ends, outcome not durable        rolled back    atomic: 503, never the handler's answer
+//
+// Where it is in the code: Route.acquire takes the request rows (claim,
+// wait, takeover, fingerprint comparison), Route.resolve the
+// indeterminate ones, attempt.classify maps how the handler ended to a
+// verdict, and attempt.finish records it (commit or rollback in atomic
+// mode). Route.Serve (prepare, then run) and Engine.Once drive one attempt
+// each through the same run step (attempt.run and attempt.end: recover,
+// classify, finish, emit). The paths after a database aborted the
+// attempt's transaction are in aborted.go.
+//
 // # Two modes
 //
 // Atomic mode (stores that implement TxStore): the claim, the handler's

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -72,11 +74,11 @@ func (e *Engine) Store() Store { return e.store }
 // defaults with the route's options applied. Adapters build one per
 // middleware instance with Engine.Route and call Route.Serve per request.
 type Route struct {
-	e       *Engine
-	p       policy
-	methods uint16 // bit set of covered methods (see methodBit); 0 = by name
-	atomic  bool
-	scopes  atomic.Pointer[map[scopeKey]string] // see scopeFor
+	e      *Engine
+	p      policy
+	atomic bool
+	mu     sync.Mutex
+	scopes map[scopeKey]string // see joinScope
 }
 
 // Route compiles route options over the engine's defaults. Invalid route
@@ -88,34 +90,11 @@ func (e *Engine) Route(opts ...RouteOption) *Route {
 		o.applyRoute(&rt.p)
 	}
 	rt.atomic = e.tx != nil && !rt.p.leased
-	for _, m := range rt.p.methods {
-		rt.methods |= methodBit(m)
-	}
 	return rt
 }
 
 // Atomic reports whether the route runs in atomic mode.
 func (rt *Route) Atomic() bool { return rt.atomic }
-
-func methodBit(m string) uint16 {
-	switch m {
-	case "POST":
-		return 1
-	case "PATCH":
-		return 2
-	case "PUT":
-		return 4
-	case "DELETE":
-		return 8
-	case "GET":
-		return 16
-	case "HEAD":
-		return 32
-	case "OPTIONS":
-		return 64
-	}
-	return 1 << 15 // other methods: compared by name
-}
 
 // Protects reports whether Serve would run r through the state machine:
 // false when r's method is not covered, or when the route takes requests
@@ -131,16 +110,7 @@ func (rt *Route) Protects(r *http.Request) bool {
 
 // covers reports whether method is protected by the route.
 func (rt *Route) covers(method string) bool {
-	b := methodBit(method)
-	if b != 1<<15 {
-		return rt.methods&b != 0
-	}
-	for _, m := range rt.p.methods {
-		if m == method {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(rt.p.methods, method)
 }
 
 // --- the state machine -----------------------------------------------------
@@ -233,7 +203,7 @@ func newToken() int64 {
 // implements the in-flight policy: reject at once, or poll (outside any
 // transaction, so waiting duplicates hold no connection) until the wait bound.
 //
-// A claimed attempt is written to dst (so a caller can embed it) and
+// A claimed attempt is written to dst (the caller's call holds it) and
 // returned; cancel, when not nil, cancels the context the handler will run
 // with (leased mode: on a lost lease).
 //
@@ -273,14 +243,11 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			cctx, tx, err = e.tx.Begin(bctx)
 			if err != nil {
 				stop()
-				return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
+				return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
 		if err == nil && res.Claimed {
-			if dst == nil {
-				dst = new(attempt)
-			}
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, expires: req.ExpiresAt, cancel: cancel, stop: stop}
 			return dst, answer{}
@@ -297,25 +264,25 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			// error matches ErrInProgress, ErrLostRace and ErrTxAborted:
 			// the caller rolls back and retries later.
 			if joined {
-				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 			}
 			res, err = ClaimResult{Record: Record{ID: id, State: StateInProgress}}, nil
 		}
 		if err != nil && joined && errors.Is(err, ErrTxAborted) {
-			return nil, answer{err: err, decision: StoreError} // the caller's transaction is dead: only the caller can roll it back
+			return nil, answer{err: err, decision: DecisionStoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
 		if errors.Is(err, ErrConfig) {
 			// The store refused the combination (for example a leased claim
 			// beside a SQLite transaction it would wait for): a
 			// configuration error, never a reason to fail open.
-			return nil, answer{err: err, decision: StoreError}
+			return nil, answer{err: err, decision: DecisionStoreError}
 		}
 		if err != nil {
-			return nil, answer{err: storeErr(err), decision: StoreError, unreachable: true}
+			return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
 		}
 		rec := res.Record
 		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {
-			return nil, answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+			return nil, answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
 		}
 		switch rec.State {
 		case StateCompleted:
@@ -340,7 +307,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
 			retry := e.cfg.retryAfter
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: DecisionRejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
 		backoff = min(2*backoff, 100*time.Millisecond)
@@ -348,7 +315,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 		case <-t.C:
 		}
 	}
@@ -411,16 +378,16 @@ func storeErr(err error) error {
 func (rt *Route) replay(_ context.Context, rec Record) answer {
 	resp, err := rt.e.openResponse(rec.ID, rec.Response)
 	if err != nil {
-		return answer{rec: rec, err: storeErr(err), decision: StoreError}
+		return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}
 	}
-	return answer{rec: rec, resp: resp, decision: Replayed}
+	return answer{rec: rec, resp: resp, decision: DecisionReplayed}
 }
 
 // Resolution is a Resolver's verdict on an indeterminate record.
 type Resolution struct {
-	// Outcome is Unresolved, Applied or NotApplied.
+	// Outcome is OutcomeUnresolved, OutcomeApplied or OutcomeNotApplied.
 	Outcome Outcome
-	// Response replaces the recorded one when Outcome is Applied (for
+	// Response replaces the recorded one when Outcome is OutcomeApplied (for
 	// example the 201 the handler would have sent).
 	Response *Response
 }
@@ -429,13 +396,13 @@ type Resolution struct {
 type Outcome int
 
 const (
-	// Unresolved: still unknown; the recorded 5xx is replayed.
-	Unresolved Outcome = iota
-	// Applied: the effect happened; the record completes with Response.
-	Applied
-	// NotApplied: nothing happened; the record is released and the request
+	// OutcomeUnresolved: still unknown; the recorded 5xx is replayed.
+	OutcomeUnresolved Outcome = iota
+	// OutcomeApplied: the effect happened; the record completes with Response.
+	OutcomeApplied
+	// OutcomeNotApplied: nothing happened; the record is released and the request
 	// runs.
-	NotApplied
+	OutcomeNotApplied
 )
 
 // Resolver settles an indeterminate record, for example by asking the
@@ -450,24 +417,24 @@ type Resolver func(ctx context.Context, rec Record) (Resolution, error)
 // was released and the caller should claim again.
 func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool) {
 	e := rt.e
-	if e.cfg.resolver != nil {
-		res, err := e.cfg.resolver(ctx, rec)
+	if rt.p.resolver != nil && *rt.p.resolver != nil {
+		res, err := (*rt.p.resolver)(ctx, rec)
 		switch {
 		case err != nil:
 			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))
-		case res.Outcome == NotApplied:
+		case res.Outcome == OutcomeNotApplied:
 			if err := e.store.Release(ctx, rec.ID, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			return answer{}, true
-		case res.Outcome == Applied && res.Response != nil:
+		case res.Outcome == OutcomeApplied && res.Response != nil:
 			blob, err := e.sealResponse(rec.ID, res.Response, e.cfg.recorded)
 			if err == nil {
 				err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: res.Response.Status,
 					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
 			}
 			if err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			// Settled (by us, or concurrently by another resolver): read back.
 			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
@@ -475,22 +442,22 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 				return answer{}, true // expired or released meanwhile: claim again
 			}
 			if err != nil {
-				return answer{rec: rec, err: storeErr(err), decision: StoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
 			}
 			a := rt.replay(ctx, got)
-			a.decision = Resolved
+			a.decision = DecisionResolved
 			return a, false
 		}
 	}
 	a = rt.replay(ctx, rec)
 	if a.err == nil {
-		a.decision = Indeterminate
+		a.decision = DecisionIndeterminate
 	}
 	return a, false
 }
 
 // markIndeterminate turns an in-progress record whose lease lapsed into an
-// indeterminate one (WithTakeover(false)).
+// indeterminate one (WithoutTakeover()).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
 	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
 	p.RecordID = rec.ID.String()
@@ -515,6 +482,38 @@ const (
 	vRelease
 	vIndeterminate
 )
+
+// run is the run step Serve and Once share: it calls handler, and when
+// the handler panics it ends the attempt as a panic's (classify, finish,
+// with panicResponse's answer recorded), emits ev and panics on. settles,
+// when not nil, is asked first whether this layer still settles the
+// attempt (false: a nested layer took the request over and settled its
+// own). A handler that returns is ended by the caller with end, which
+// knows what it answered.
+func (a *attempt) run(ctx context.Context, ev *Event, start time.Time, settles func() bool, panicResponse func(v any) *Response, handler func()) {
+	panicked := true
+	defer func() {
+		if !panicked || (settles != nil && !settles()) {
+			return
+		}
+		v := recover()
+		a.end(ev, panicResponse(v), true)
+		a.e.emit(ctx, *ev, start)
+		panic(v)
+	}()
+	handler()
+	panicked = false
+}
+
+// end classifies how the handler ended (resp's status, or a panic),
+// records the outcome (finish) and puts the decision and finish's error in
+// ev. It returns finish's error.
+func (a *attempt) end(ev *Event, resp *Response, panicked bool) error {
+	var err error
+	ev.Decision, err = a.finish(a.classify(resp.Status, panicked), resp)
+	ev.Err, ev.Complete = err, a.complete
+	return err
+}
 
 // classify maps a handler's result to the record's fate (docs/contract.md, section 4 "Outcomes").
 func (a *attempt) classify(status int, panicked bool) verdict {
@@ -557,7 +556,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
 		if err := a.lostClaim(); err != nil {
 			_ = a.tx.Rollback()
-			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 	}
 	if v == vRelease {
@@ -571,7 +570,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrFenced) {
 			// Taken over meanwhile: the new owner's record stays; the
 			// handler's answer (nothing happened) is still true.
-			return LeaseLost, nil
+			return DecisionLeaseLost, nil
 		}
 		if err != nil && a.tx != nil && a.ctx.Err() != nil {
 			// The request's context ended (the client went away): the
@@ -581,18 +580,18 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if err != nil {
 			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
-		return Released, nil
+		return DecisionReleased, nil
 	}
 	if lost {
 		if a.tx != nil {
 			_ = a.tx.Rollback()
 		}
-		return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	}
 	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: a.completionExpiry()}
-	decision := Executed
+	decision := DecisionExecuted
 	if v == vIndeterminate {
-		c.State, decision = StateIndeterminate, Indeterminate
+		c.State, decision = StateIndeterminate, DecisionIndeterminate
 	}
 	// The encoding goes into a pooled buffer: a store keeps its own copy
 	// of Completion.Response (the conformance suite's NoAliasing), so the
@@ -617,7 +616,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			_ = a.tx.Rollback()
 		}
 		if errors.Is(err, ErrFenced) {
-			return LeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+			return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
 		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect.Load()) {
 			// The database rolled the transaction back in favour of a
@@ -628,7 +627,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// transaction matches too. After MarkEffect, afterAbort
 			// records the attempt as indeterminate instead, unless
 			// another attempt holds the identity.
-			return RejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 		if errors.Is(err, ErrTxAborted) {
 			return a.afterAbort(v, resp, err)
@@ -636,7 +635,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if a.tx != nil && a.ctx.Err() != nil {
 			return a.afterClientGone(v, resp, err)
 		}
-		return StoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
 }
@@ -678,7 +677,7 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 	}
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
-	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: RejectedBusy}
+	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
 	for {
 		rec, err := e.store.Get(ctx, id, e.cfg.clock())
 		switch {
@@ -686,15 +685,15 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 			// The winner's commit has not reached this node yet (or it
 			// was rolled back too).
 		case err != nil:
-			return answer{err: storeErr(err), decision: StoreError}
+			return answer{err: storeErr(err), decision: DecisionStoreError}
 		case len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint):
-			return answer{rec: rec, err: ErrMismatch, decision: Mismatch}
+			return answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
 		case rec.State == StateCompleted:
 			return rt.replay(ctx, rec)
 		case rec.State == StateIndeterminate:
 			a := rt.replay(ctx, rec)
 			if a.err == nil {
-				a.decision = Indeterminate
+				a.decision = DecisionIndeterminate
 			}
 			return a
 		default:
@@ -755,15 +754,10 @@ func (a *attempt) storeCtx() context.Context {
 type attemptKey struct{}
 
 func attemptFrom(ctx context.Context) *attempt {
-	switch v := ctx.Value(attemptKey{}).(type) {
-	case *attempt:
-		return v
-	case *call:
-		// A superseded call's attempt was given up (a nested layer took
-		// the request over): it protects nothing any more.
-		if v.claimed && v.phase.Load() != phaseSuperseded {
-			return &v.att
-		}
+	// A superseded call's attempt was given up (a nested layer took the
+	// request over): it protects nothing any more.
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() != phaseSuperseded {
+		return &c.att
 	}
 	return nil
 }

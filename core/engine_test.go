@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/seal"
 )
 
 var quiet = core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -224,7 +225,8 @@ func TestSweeper(t *testing.T) {
 		for _, id := range []string{"a", "b", "c"} {
 			e.Once(ctx, core.Message{Consumer: "c", ID: id}, func(context.Context) ([]byte, error) { return nil, nil }, core.Retention(time.Hour))
 		}
-		s := &core.Sweeper{Store: st, Every: 10 * time.Minute, Batch: 2}
+		s := e.Sweeper()
+		s.Every, s.Batch = 10*time.Minute, 2
 		s.Start(ctx)
 		time.Sleep(59 * time.Minute)
 		synctest.Wait()
@@ -261,7 +263,7 @@ func TestResolverReadBackFailure(t *testing.T) {
 	var calls atomic.Int32
 	e, err := core.New(st, quiet, core.WithSingleCaller(),
 		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
-			return core.Resolution{Outcome: core.Applied, Response: &core.Response{Status: 201, Body: []byte(`{"ok":true}`), BodyKept: true}}, nil
+			return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: 201, Body: []byte(`{"ok":true}`), BodyKept: true}}, nil
 		}))
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +303,7 @@ func TestFailOpenNeverReRunsAnUnreadableRecord(t *testing.T) {
 		w.WriteHeader(201)
 	})
 	key := make([]byte, 32)
-	sealer, err := core.NewAESGCM(map[string][]byte{"k1": key}, "k1")
+	sealer, err := seal.NewAESGCM(map[string][]byte{"k1": key}, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}

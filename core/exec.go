@@ -92,15 +92,15 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		if rt.p.optionalKey {
 			return run(ctx, fn), false, nil
 		}
-		ev.Decision = Invalid
+		ev.Decision = DecisionInvalid
 		return reject(ErrMissingKey)
 	case 1:
 		if ev.Key, err = ParseKey(req.Key[0]); err != nil {
-			ev.Decision = Invalid
+			ev.Decision = DecisionInvalid
 			return reject(err)
 		}
 	default:
-		ev.Decision = Invalid
+		ev.Decision = DecisionInvalid
 		return reject(clientErrorf(ErrInvalidKey, "the key is sent %d times", len(req.Key)))
 	}
 	if req.Caller != nil {
@@ -111,7 +111,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 			err = &callerError{err: err} // the function failed: logged at WARN
 		}
 		if err != nil {
-			ev.Decision = Invalid
+			ev.Decision = DecisionInvalid
 			return reject(err)
 		}
 		ev.Caller = caller
@@ -119,7 +119,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	var fp []byte
 	if req.Fingerprint != nil {
 		if fp, err = req.Fingerprint(); err != nil {
-			ev.Decision = Invalid
+			ev.Decision = DecisionInvalid
 			return reject(fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err))
 		}
 		fp = normalFingerprint(fp)
@@ -169,7 +169,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		resp = &Response{Status: 500}
 	}
 	kept := *resp
-	kept.BodyKept = len(resp.Body) <= e.cfg.maxResponse
+	kept.BodyKept = int64(len(resp.Body)) <= e.cfg.maxResponse
 	if !kept.BodyKept {
 		kept.Body = nil
 	}

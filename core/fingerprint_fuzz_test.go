@@ -1,6 +1,9 @@
 package core
 
 import (
+	"github.com/idemkit/idem/core/canonjson"
+	"github.com/idemkit/idem/internal/jsontest"
+
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -124,8 +127,8 @@ func FuzzRequestIdentity(f *testing.F) {
 				t.Fatalf("%s\nbut the bodies differ", what)
 			}
 		default: // JSON
-			_, err1 := CanonicalJSON(nil, body1)
-			_, err2 := CanonicalJSON(nil, body2)
+			_, err1 := canonjson.Append(nil, body1)
+			_, err2 := canonjson.Append(nil, body2)
 			if err1 != nil || err2 != nil {
 				if !bytes.Equal(body1, body2) {
 					t.Fatalf("%s\nbut the raw bodies differ (%v, %v)", what, err1, err2)
@@ -133,17 +136,17 @@ func FuzzRequestIdentity(f *testing.F) {
 				return
 			}
 			if mode&fiFields != 0 {
-				if s1, s2, ok := sameDecoded[fieldsProbe](body1, body2); !ok {
+				if s1, s2, ok := jsontest.SameDecoded[fieldsProbe](body1, body2); !ok {
 					t.Fatalf("%s\nbut the selected fields decode differently:\n%s\n%s", what, s1, s2)
 				}
 				return
 			}
-			v1, _ := decodeUseNumber(body1)
-			v2, _ := decodeUseNumber(body2)
-			if p, ok := sameJSON(v1, v2, "$"); !ok {
+			v1, _ := jsontest.DecodeUseNumber(body1)
+			v2, _ := jsontest.DecodeUseNumber(body2)
+			if p, ok := jsontest.SameJSON(v1, v2, "$"); !ok {
 				t.Fatalf("%s\nbut the values differ at %s", what, p)
 			}
-			if s1, s2, ok := sameStruct(body1, body2); !ok {
+			if s1, s2, ok := jsontest.SameStruct(body1, body2); !ok {
 				t.Fatalf("%s\nbut they decode into a struct differently:\n%s\n%s", what, s1, s2)
 			}
 		}
@@ -209,17 +212,17 @@ func rewriteBody(rng *rand.Rand, ctype string, body []byte) []byte {
 		if _, err := d.Token(); err != io.EOF {
 			return body
 		}
-		return renderValue(rng, nil, v)
+		return jsontest.RenderValue(rng, nil, v)
 	case ctype == "application/x-www-form-urlencoded":
 		return []byte(reorderQuery(rng, string(body)))
 	}
 	return body
 }
 
-// tokenValue reads one value from d as renderValue's types, keeping every
+// tokenValue reads one value from d as jsontest.RenderValue's types, keeping every
 // member of an object (repeated names too) in order.
 func tokenValue(d *json.Decoder, depth int) (any, error) {
-	if depth > MaxJSONDepth {
+	if depth > canonjson.MaxDepth {
 		return nil, fmt.Errorf("too deep")
 	}
 	tok, err := d.Token()
@@ -240,7 +243,7 @@ func tokenValue(d *json.Decoder, depth int) (any, error) {
 			_, err := d.Token()
 			return a, err
 		}
-		o := randObject{}
+		o := jsontest.Object{}
 		for d.More() {
 			k, err := d.Token()
 			if err != nil {
@@ -250,12 +253,12 @@ func tokenValue(d *json.Decoder, depth int) (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			o = append(o, randMember{k.(string), v})
+			o = append(o, jsontest.Member{Key: k.(string), Value: v})
 		}
 		_, err := d.Token()
 		return o, err
 	case string:
-		return stringValue(tok), nil
+		return jsontest.String(tok), nil
 	case json.Number:
 		return string(tok), nil
 	case bool:

@@ -1,6 +1,8 @@
 package core
 
 import (
+	"github.com/idemkit/idem/core/canonjson"
+
 	"fmt"
 	"runtime"
 	"strings"
@@ -80,7 +82,7 @@ func TestFingerprintMemory(t *testing.T) {
 	fields := FingerprintFields("a", "b", "0", "1")
 	for name, body := range hostileBodies(1 << 20) {
 		t.Run(name, func(t *testing.T) {
-			if _, err := CanonicalJSON(nil, body); err != nil {
+			if _, err := canonjson.Append(nil, body); err != nil {
 				t.Fatalf("the body is not canonical JSON: %v", err)
 			}
 			for _, f := range []struct {

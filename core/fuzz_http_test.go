@@ -364,7 +364,7 @@ func TestMiddlewareHugeBodyIsRefusedWithinTheCap(t *testing.T) {
 }
 
 // TestMiddlewareDeeplyNestedJSON sends JSON nested far deeper than
-// MaxJSONDepth (a million '[' and a hundred thousand objects) within the
+// canonjson.MaxDepth (a million '[' and a hundred thousand objects) within the
 // body cap: the fingerprint falls back to the raw bytes without exhausting
 // the stack or the heap, the handler runs once with the exact body, a
 // duplicate replays, and a different deep body under the same key is 422.
@@ -408,7 +408,7 @@ func TestMiddlewareDeeplyNestedJSON(t *testing.T) {
 			wantHandler(t, w, &ran, 1, []byte(tc.body), seen)
 			// The body is read once into a buffer (grown by append: about
 			// 5x its size allocated in all) and recorded nowhere else; the
-			// canonicaliser gives up at MaxJSONDepth without allocating.
+			// canonicaliser gives up at canonjson.MaxDepth without allocating.
 			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8*(2<<20) {
 				t.Errorf("nok, a %d-byte deep document allocated %d bytes (cap 2 MiB)", len(tc.body), alloc)
 			}

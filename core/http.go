@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -71,11 +70,13 @@ func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler
 	return func(next http.Handler) http.Handler { return e.Handler(next, opts...) }
 }
 
-// call is the per-request state. It is also the request's context (the
-// parent's, plus Value(attemptKey{}) = the call), so one allocation serves
-// both.
+// call is the per-request state. The contexts of the request that carry
+// it (Value(attemptKey{})) are how MarkEffect, Release, DownstreamKey,
+// AttemptFrom and NativeFrom find it, and how a nested layer finds the
+// layer it runs in.
 type call struct {
-	context.Context
+	base    context.Context // the request's context (a nested layer's: with the outer transaction hidden)
+	ctx     context.Context // base carrying the call
 	native  any
 	claimed bool
 	// phase of a claimed call: running until either a nested layer takes
@@ -88,14 +89,13 @@ type call struct {
 	rec   recorder
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
-	hv    [4]string         // a replay's header values (see recorded.writeHeader)
-}
 
-func (c *call) Value(key any) any {
-	if key == (attemptKey{}) {
-		return c
-	}
-	return c.Context.Value(key)
+	// What prepare found, for run.
+	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (see prepare)
+	start       time.Time
+	ev          Event // the event to emit, filled in as the request goes
+	ident       Identity
+	fingerprint []byte
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -128,6 +128,17 @@ func NativeFrom(ctx context.Context) any {
 // same identity: then it is the same request nested behind a writer
 // without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
+	if c := rt.prepare(w, r, pattern, native, next); c != nil {
+		rt.run(w, c, next)
+	}
+}
+
+// prepare reads what identifies r and what its content is: the key, the
+// scope, the caller, the body and its fingerprint. It returns nil when it
+// has dealt with r already (passed it through to next, or rejected it),
+// else the call that run takes on. It also takes a nested request over
+// from the layer it is nested in (call.supersede).
+func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) *call {
 	var around *call // a protected request this one runs inside of
 	if outer := claimedCall(r.Context()); outer != nil {
 		if !outer.writesTo(w) {
@@ -136,42 +147,43 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			r = r.WithContext(ctx)
 			if err := rt.nestable(outer.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
-				return
+				return nil
 			}
 		}
 	}
 	if !rt.covers(r.Method) {
 		next(w, r)
-		return
+		return nil
 	}
 	e := rt.e
 	key, err := KeyFromHeader(r.Header)
 	if err == nil && key == "" {
 		if rt.p.optionalKey {
 			next(w, r)
-			return
+			return nil
 		}
 		err = ErrMissingKey
 	}
 	start := e.cfg.clock()
 	scope := rt.scopeFor(r, pattern)
 	if err != nil {
-		rt.reject(w, r, Event{Decision: Invalid, Scope: scope, Err: err}, start)
-		return
+		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: scope, Err: err}, start)
+		return nil
 	}
-	c := &call{Context: r.Context(), native: native}
-	var ctx context.Context = c
+	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
+	c.ctx = context.WithValue(c.base, attemptKey{}, c)
 	// Until the record is claimed, the caller function and the fingerprinter
 	// see the request as it came, or, when the adapter passed its framework's
 	// context, a copy whose context is the call (NativeFrom finds it there).
 	// The handler's request is made once the record is claimed, so a replay
 	// or a rejection makes neither it nor the leased mode's cancellable
 	// context.
-	rc := r
 	if native != nil {
-		rc = r.WithContext(ctx)
+		c.rc = r.WithContext(c.ctx)
 	}
-	ev := Event{Scope: scope, Key: key}
+	rc := c.rc
+	c.ev = Event{Scope: scope, Key: key}
+	ev := &c.ev
 	caller := ""
 	if e.cfg.caller != nil {
 		caller, err = e.cfg.caller(rc)
@@ -181,66 +193,80 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			err = &callerError{err: err} // the function failed: logged at WARN
 		}
 		if err != nil {
-			ev.Decision, ev.Err = Invalid, err
-			rt.reject(w, rc, ev, start)
-			return
+			ev.Decision, ev.Err = DecisionInvalid, err
+			rt.reject(w, rc, *ev, start)
+			return nil
 		}
 	}
 	ev.Caller = caller
 	body, err := c.body.load(r, e.cfg.maxRequest)
 	if errors.Is(err, ErrBodyConsumed) {
-		e.cfg.logger.ErrorContext(ctx, "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+		e.cfg.logger.ErrorContext(rc.Context(), "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
 			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
 			slog.String("scope", scope), slog.String("error", err.Error()))
 	}
 	if err != nil {
-		ev.Decision, ev.Err = Invalid, err
-		rt.reject(w, rc, ev, start)
-		return
+		ev.Decision, ev.Err = DecisionInvalid, err
+		rt.reject(w, rc, *ev, start)
+		return nil
 	}
 	if rc != r {
 		rc.Body = &c.body
 	}
-	var fp []byte
 	if f := rt.p.fingerprint; f == nil {
-		fp = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
+		c.fingerprint = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
 	} else {
-		if fp, err = f(rc, scope, body); err != nil {
-			ev.Decision, ev.Err = Invalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
-			rt.reject(w, rc, ev, start)
-			return
+		fp, err := f(rc, scope, body)
+		if err != nil {
+			ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
+			rt.reject(w, rc, *ev, start)
+			return nil
 		}
-		fp = normalFingerprint(fp)
+		c.fingerprint = normalFingerprint(fp)
 	}
-	ident := Identity{Caller: caller, Scope: scope, Key: key}
-	ev.ID = ident.ID()
+	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
+	ev.ID = c.ident.ID()
 	if around != nil && around.att.id == ev.ID {
-		if ctx, ok := around.supersede(c.Context); ok {
-			c.Context = ctx
+		if ctx, ok := around.supersede(c.base); ok {
+			c.base = ctx
+			c.ctx = context.WithValue(ctx, attemptKey{}, c)
+			if native != nil {
+				c.rc = r.WithContext(c.ctx)
+			}
 			if err := rt.nestable(around.att.rt, r.Method); err != nil {
 				rt.Refuse(w, r, err)
-				return
+				return nil
 			}
 		}
 	}
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
+	return c
+}
+
+// run takes a prepared call through the state machine: it claims the
+// record or answers without running (replay, rejection, fail-open), runs
+// the handler through the attempt's run step, and delivers the handler's
+// answer or the engine's when the outcome could not be made durable.
+func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWriter, *http.Request)) {
+	e := rt.e
+	r, rc, ev, start := c.r, c.rc, &c.ev, c.start
+	ctx := c.ctx
+	att, ans := rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
 	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
+		switch {
+		case ans.unreachable && e.cfg.failOpen && !rt.atomic:
 			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(ctx, ev, start)
+			e.emit(ctx, *ev, start)
 			r = r.WithContext(ctx)
 			r.Body = &c.body
 			next(w, r)
-			return
+		case ans.err != nil:
+			rt.reject(w, rc, *ev, start)
+		default:
+			ev.Status = rt.writeReplay(w, rc, &ans.resp)
+			e.emit(ctx, *ev, start)
 		}
-		if ans.err != nil {
-			rt.reject(w, rc, ev, start)
-			return
-		}
-		ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
-		e.emit(ctx, ev, start)
 		return
 	}
 	c.claimed = true
@@ -255,7 +281,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// lost (cause ErrLeaseLost). The attempt's own store calls
 		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(context.WithoutCancel(c))
+		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
 		att.cancel = cancel
 	}
@@ -266,27 +292,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	rec := &c.rec
 	rec.init(w, rt.atomic, e.cfg.maxResponse)
 	defer rec.free()
-	panicked := true
-	defer func() {
-		if !panicked || !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
-			return // superseded: the inner layer settled its own attempt
-		}
-		v := recover()
-		p := e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v)) // an internal problem: the value is not shown
-		p.RecordID = ev.ID.String()
-		resp := problemResponse(p)
-		ev.Decision, ev.Err = att.finish(att.classify(0, true), resp)
-		ev.Complete = att.complete
-		e.emit(ctx, ev, start)
-		panic(v)
-	}()
-	next(rec, r)
-	panicked = false
-	if !c.phase.CompareAndSwap(phaseRunning, phaseSettled) {
+	// A nested layer that took the request over (call.supersede) settles
+	// its own attempt: this layer then records nothing.
+	settles := func() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
+	att.run(ctx, ev, start, settles, c.panicResponse, func() { next(rec, r) })
+	if !settles() {
 		// A nested layer protected the request with its own options and
 		// its answer went out through rec untouched; this layer's claim
 		// was given up before the handler ran.
-		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", scope))
+		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", ev.Scope))
 		return
 	}
 
@@ -298,9 +312,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		// client gets the engine's 500.
 		p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err)) // internal: not shown
 		p.RecordID = ev.ID.String()
-		var ferr error
-		ev.Decision, ferr = att.finish(att.classify(0, true), problemResponse(p))
-		ev.Complete = att.complete
+		ferr := att.end(ev, problemResponse(p), true)
 		ev.Err = errors.Join(err, ferr)
 		if ferr != nil {
 			// Not even that could be made durable: the store's problem
@@ -311,21 +323,20 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		clear(w.Header())
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
-		e.emit(ctx, ev, start)
+		e.emit(ctx, *ev, start)
 		return
 	}
 	resp := &c.resp
 	rec.response(resp)
 	att.recordAllow = e.cfg.recorded
-	ev.Decision, err = att.finish(att.classify(resp.Status, false), resp)
-	ev.Complete = att.complete
-	ev.Status, ev.Err = resp.Status, err
+	err := att.end(ev, resp, false)
+	ev.Status = resp.Status
 	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
 		// Atomic mode, and the database rolled the transaction back for a
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
 		clear(w.Header())
-		ans := rt.afterLostRace(ctx, ev.ID, fp, start)
+		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
 			p := e.problemFor(ans.err)
@@ -333,7 +344,7 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 			e.cfg.errorWriter(w, r, p)
 			ev.Status = p.Status
 		} else {
-			ev.Status = rt.writeReplay(w, rc, &ans.resp, c.hv[:])
+			ev.Status = rt.writeReplay(w, rc, &ans.resp)
 		}
 	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
 		// Atomic mode: the outcome is not durable (rolled back), so the
@@ -349,7 +360,15 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 	} else {
 		rec.deliver()
 	}
-	e.emit(ctx, ev, start)
+	e.emit(ctx, *ev, start)
+}
+
+// panicResponse is the answer recorded for a handler that panicked: the
+// engine's 500, which does not show the panic's value.
+func (c *call) panicResponse(v any) *Response {
+	p := c.att.e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
+	p.RecordID = c.ev.ID.String()
+	return problemResponse(p)
 }
 
 // callerError is a caller function's own failure (not "no caller"): the
@@ -372,7 +391,7 @@ func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
 	}
 	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
-	rt.reject(w, r, Event{Decision: Invalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
 }
 
 // Phases of a claimed call.
@@ -385,7 +404,8 @@ const (
 // claimedCall returns the protected call in ctx whose attempt is claimed
 // and still running, or nil.
 func claimedCall(ctx context.Context) *call {
-	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.claimed && c.phase.Load() == phaseRunning {
+	// c.r: a call of Serve; Once's calls are never nested in.
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok && c.r != nil && c.claimed && c.phase.Load() == phaseRunning {
 		return c
 	}
 	return nil
@@ -420,7 +440,8 @@ func (c *call) supersede(ctx context.Context) (context.Context, bool) {
 // layer (route outer) that protected it: the outer layer has decided
 // before the takeover what these options would decide differently (a
 // missing key, an in-flight duplicate, a fingerprint compared with the
-// record), so running the pair would apply half of the route's options.
+// record, an indeterminate record resolved), so running the pair would
+// apply half of the route's options.
 // Those pairs are refused loudly at every request instead.
 func (rt *Route) nestable(outer *Route, method string) error {
 	var why string
@@ -433,6 +454,8 @@ func (rt *Route) nestable(outer *Route, method string) error {
 		why = "WaitInFlight differs between the two installations"
 	case rt.p.fingerprint != nil || outer.p.fingerprint != nil:
 		why = "a Fingerprint option is set on one of them"
+	case rt.p.resolver != outer.p.resolver:
+		why = "the route's own WithResolver is not the outer installation's"
 	default:
 		return nil
 	}
@@ -478,32 +501,25 @@ func (rt *Route) scopeFor(r *http.Request, pattern string) string {
 // scopeKey is a (method, route pattern) pair whose scope a Route caches.
 type scopeKey struct{ method, pattern string }
 
-// maxCachedScopes bounds a Route's scope cache: a middleware installed on
-// one route sees one pattern, a global one as many as the router has.
+// maxCachedScopes bounds a Route's scopes: a middleware installed on one
+// route sees one pattern, a global one as many as the router has.
 const maxCachedScopes = 256
 
-// joinScope returns method + " " + pattern, built once per pair: the cache
-// is a copy-on-write map read without locks, so a request allocates no
-// scope string once its route has been seen.
+// joinScope returns method + " " + pattern, kept per pair (up to
+// maxCachedScopes), so a request does not build its route's scope again.
 func (rt *Route) joinScope(method, pattern string) string {
-	old := rt.scopes.Load()
-	if old != nil {
-		if s, ok := (*old)[scopeKey{method, pattern}]; ok {
-			return s
-		}
+	k := scopeKey{method, pattern}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if s, ok := rt.scopes[k]; ok {
+		return s
 	}
 	s := method + " " + pattern
-	n := 0
-	if old != nil {
-		n = len(*old)
-	}
-	if n < maxCachedScopes {
-		m := make(map[scopeKey]string, n+1)
-		if old != nil {
-			maps.Copy(m, *old)
+	if len(rt.scopes) < maxCachedScopes {
+		if rt.scopes == nil {
+			rt.scopes = make(map[scopeKey]string)
 		}
-		m[scopeKey{method, pattern}] = s
-		rt.scopes.CompareAndSwap(old, &m) // a lost race only drops this entry
+		rt.scopes[k] = s
 	}
 	return s
 }
@@ -520,9 +536,9 @@ func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start 
 }
 
 // writeReplay writes a recorded response and returns the status sent.
-func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded, scratch []string) int {
+func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recorded) int {
 	h := w.Header()
-	resp.writeHeader(h, rt.e.cfg.recorded, HeaderReplayed, scratch)
+	resp.writeHeader(h, HeaderReplayed)
 	if !resp.kept {
 		p := rt.e.problemFor(ErrNotKept)
 		p.Status = resp.status
@@ -647,7 +663,7 @@ type recorder struct {
 	w        http.ResponseWriter
 	atomic   bool
 	status   int
-	max      int
+	max      int64
 	buf      *[]byte
 	kept     bool          // the body is complete in buf
 	through  bool          // writing through to w
@@ -660,7 +676,7 @@ type recorder struct {
 	transparent bool
 }
 
-func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int) {
+func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int64) {
 	*rec = recorder{w: w, atomic: atomic, max: max, kept: true}
 	rec.buf = bufPool.Get().(*[]byte)
 	*rec.buf = (*rec.buf)[:0]
@@ -716,7 +732,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.spillW != nil {
 		return rec.spillWrite(p)
 	}
-	if len(*rec.buf)+len(p) > rec.max {
+	if int64(len(*rec.buf)+len(p)) > rec.max {
 		rec.kept = false
 		if rec.atomic {
 			// Nothing may reach the client before the commit, and the
@@ -742,7 +758,7 @@ func (rec *recorder) WriteString(s string) (int, error) {
 	if rec.transparent {
 		return io.WriteString(rec.w, s)
 	}
-	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || len(*rec.buf)+len(s) > rec.max {
+	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || int64(len(*rec.buf)+len(s)) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {

@@ -48,7 +48,7 @@ func TestEventLatencies(t *testing.T) {
 	for i, want := range []struct {
 		decision core.Decision
 		complete bool
-	}{{core.Executed, true}, {core.Replayed, false}, {core.Executed, true}} {
+	}{{core.DecisionExecuted, true}, {core.DecisionReplayed, false}, {core.DecisionExecuted, true}} {
 		ev := events[i]
 		if ev.Decision != want.decision || ev.Claim <= 0 || (ev.Complete > 0) != want.complete || ev.Claim+ev.Complete > ev.Duration {
 			t.Errorf("event %d: %s claim %v complete %v duration %v; want %s with a claim and complete %v within the duration", i, ev.Decision, ev.Claim, ev.Complete, ev.Duration, want.decision, want.complete)

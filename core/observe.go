@@ -14,16 +14,16 @@ type Decision string
 
 // Decisions reported to the Observer and the logger.
 const (
-	Executed      Decision = "executed"      // the handler ran and its outcome was recorded
-	Replayed      Decision = "replayed"      // the recorded response was returned
-	RejectedBusy  Decision = "in_progress"   // an in-flight duplicate was refused (409) or declined
-	Mismatch      Decision = "mismatch"      // same key, different fingerprint (422)
-	Released      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx before MarkEffect)
-	Indeterminate Decision = "indeterminate" // the handler ran, may have had an effect, and failed: recorded as indeterminate
-	Resolved      Decision = "resolved"      // the Resolver settled an indeterminate record
-	LeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused
-	StoreError    Decision = "store_error"   // the store failed (503, or the handler ran unprotected with WithFailOpen)
-	Invalid       Decision = "invalid"       // the request was refused before any lookup (400, 401, 413)
+	DecisionExecuted      Decision = "executed"      // the handler ran and its outcome was recorded
+	DecisionReplayed      Decision = "replayed"      // the recorded response was returned
+	DecisionRejectedBusy  Decision = "in_progress"   // an in-flight duplicate was refused (409) or declined
+	DecisionMismatch      Decision = "mismatch"      // same key, different fingerprint (422)
+	DecisionReleased      Decision = "released"      // the handler ran and the record was released (408, 429, release, panic, 5xx before MarkEffect)
+	DecisionIndeterminate Decision = "indeterminate" // the handler ran, may have had an effect, and failed: recorded as indeterminate
+	DecisionResolved      Decision = "resolved"      // the Resolver settled an indeterminate record
+	DecisionLeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused
+	DecisionStoreError    Decision = "store_error"   // the store failed (503, or the handler ran unprotected with WithFailOpen)
+	DecisionInvalid       Decision = "invalid"       // the request was refused before any lookup (400, 401, 413)
 )
 
 // Event describes one decision.
@@ -56,15 +56,15 @@ type Event struct {
 // caller functions (WARN).
 func (ev *Event) level() slog.Level {
 	switch ev.Decision {
-	case Executed, Replayed, Released, Resolved, RejectedBusy, Mismatch:
+	case DecisionExecuted, DecisionReplayed, DecisionReleased, DecisionResolved, DecisionRejectedBusy, DecisionMismatch:
 		return slog.LevelDebug
-	case Invalid:
+	case DecisionInvalid:
 		var ce *callerError
 		if errors.As(ev.Err, &ce) {
 			return slog.LevelWarn
 		}
 		return slog.LevelDebug
-	case Indeterminate, LeaseLost:
+	case DecisionIndeterminate, DecisionLeaseLost:
 		return slog.LevelWarn
 	}
 	return slog.LevelError

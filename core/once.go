@@ -81,14 +81,15 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 		switch {
 		case ans.err != nil:
 			return Result{}, ans.err
-		case ans.decision == Indeterminate:
+		case ans.decision == DecisionIndeterminate:
 			return Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, id)
 		case !ans.resp.kept:
 			return Result{Replayed: true}, ErrNotKept
 		}
 		return Result{Value: ans.resp.body, Replayed: true}, nil
 	}
-	att, ans := rt.acquire(ctx, ident, id, fp, start, nil, cancel)
+	c := new(call)
+	att, ans := rt.acquire(ctx, ident, id, fp, start, &c.att, cancel)
 	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
@@ -103,39 +104,23 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	if !rt.atomic {
 		base = ctx
 	}
-	hctx := context.WithValue(base, attemptKey{}, att)
+	c.claimed = true
+	hctx := context.WithValue(base, attemptKey{}, c)
 	defer att.bound()()
 	e.hold(att)
 
 	var value []byte
 	var err error
-	panicked := true
-	defer func() {
-		if panicked {
-			v := recover()
-			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
-			ev.Complete = att.complete
-			e.emit(ctx, ev, start)
-			panic(v)
-		}
-	}()
-	value, err = fn(hctx)
-	panicked = false
-
-	v, resp := vComplete, &Response{Status: 200, Body: value, BodyKept: true}
+	att.run(ctx, &ev, start, nil, func(any) *Response { return &Response{Status: 500, BodyKept: true} },
+		func() { value, err = fn(hctx) })
+	// fn's error is a 500 (the work did not happen, unless an effect was
+	// marked: then its outcome is unknown), nil a 200 with its value.
+	resp := &Response{Status: 200, Body: value, BodyKept: true}
 	if err != nil {
-		// A returned error means the work did not happen, unless an effect
-		// was marked: then its outcome is unknown.
-		v, resp = vRelease, &Response{Status: 500, BodyKept: true}
-		if att.effect.Load() {
-			v = vIndeterminate
-		}
+		resp = &Response{Status: 500, BodyKept: true}
 	}
-	if att.release.Load() {
-		v = vRelease
-	}
-	decision, ferr := att.finish(v, resp)
-	ev.Complete = att.complete
+	ferr := att.end(&ev, resp, false)
+	decision := ev.Decision
 	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
 		// The database rolled our transaction back for a concurrent claim
 		// (another Galera node's; fn's error, if any, was its doing): fn's

@@ -74,13 +74,12 @@ type config struct {
 	takeover     bool
 	retryAfter   time.Duration
 	maxRequest   int64
-	maxResponse  int
+	maxResponse  int64
 	recorded     []string
 	sealer       Sealer
 	failOpen     bool
 	problemBase  string
 	errorWriter  ErrorWriter
-	resolver     Resolver
 	observer     Observer
 	logger       *slog.Logger
 	logRawKeys   bool
@@ -96,6 +95,7 @@ type policy struct {
 	optionalKey bool
 	methods     []string
 	maxAttempt  time.Duration // 0: unbounded
+	resolver    *Resolver     // nil: indeterminate records stay so
 }
 
 // WithCaller sets the function that names the caller. Either WithCaller or
@@ -144,12 +144,12 @@ func WithLease(d time.Duration) Option {
 	})
 }
 
-// WithTakeover sets what happens to an in-progress record whose lease lapsed
-// (leased mode): true (default) lets the next request take it over with a
-// new fencing token; false turns it into an indeterminate record, settled
-// by the Resolver or answered with 500.
-func WithTakeover(on bool) Option {
-	return engineOption(func(c *config) error { c.takeover = on; return nil })
+// WithoutTakeover changes what happens to an in-progress record whose
+// lease lapsed (leased mode): by default the next request takes it over
+// with a new fencing token; with WithoutTakeover the record turns
+// indeterminate instead, settled by the Resolver or answered with 500.
+func WithoutTakeover() Option {
+	return engineOption(func(c *config) error { c.takeover = false; return nil })
 }
 
 // WithRetryAfter sets the Retry-After of 409 (in progress) and 503 (store
@@ -180,10 +180,10 @@ func WithMaxRequestBody(n int64) Option {
 // WithMaxResponseBody sets how many bytes of a response body are recorded
 // (default DefaultMaxResponseBody). A larger response is still delivered to
 // the first client; its record says the body was not kept. It also bounds
-// what a request holds in memory: in atomic mode, the write that passes it
-// commits the transaction (recording the status) before anything is sent,
-// then the response streams through.
-func WithMaxResponseBody(n int) Option {
+// what a request holds in memory: past it, a leased attempt streams the
+// rest through, and an atomic one spills the rest to a temporary file that
+// is sent after the commit.
+func WithMaxResponseBody(n int64) Option {
 	return engineOption(func(c *config) error {
 		if n < 0 {
 			return fmt.Errorf("%w: negative response body limit", ErrConfig)
@@ -209,7 +209,7 @@ func WithRecordedHeaders(names ...string) Option {
 	})
 }
 
-// WithSealer seals recorded responses at rest (default: none). See NewAESGCM.
+// WithSealer seals recorded responses at rest (default: none). See seal.NewAESGCM.
 func WithSealer(s Sealer) Option {
 	return engineOption(func(c *config) error { c.sealer = s; return nil })
 }
@@ -244,9 +244,13 @@ func WithErrorWriter(w ErrorWriter) Option {
 }
 
 // WithResolver sets the function that settles indeterminate records
-// (default: none, so the recorded 5xx is replayed).
-func WithResolver(r Resolver) Option {
-	return engineOption(func(c *config) error { c.resolver = r; return nil })
+// (default: none, so the recorded 5xx is replayed). Given to New it is
+// every route's; given to one route (Engine.Route, Engine.Handler, an
+// adapter's New, Once), that route's own, used instead of the engine's:
+// the route that makes the external call knows how to ask about it.
+func WithResolver(r Resolver) RouteOption {
+	rp := &r // one identity per option, which nestable compares
+	return routeOption(func(p *policy) { p.resolver = rp })
 }
 
 // WithObserver sets a hook called for every decision (default: none), for

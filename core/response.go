@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 // Response is a recorded response.
@@ -153,69 +152,36 @@ func decodeResponse(b []byte) (*Response, error) {
 	return r.response(), nil
 }
 
-// writeHeader sets the recorded headers in h, replacing values h holds
-// under those names, and sets extra (canonical name) to "true". Header
-// names come from names (the allowlist) when they are in it, and common
-// values (commonValues) are not copied; the other values share one string.
-// The value lists share one backing array: scratch when it is large
-// enough (the caller's per-request storage), else a new one. So a replay
-// of a typical response (a JSON Content-Type) allocates nothing here.
-func (r *recorded) writeHeader(h http.Header, names []string, extra string, scratch []string) {
-	var sb strings.Builder
-	if r.headers > 0 {
-		n := 0
-		r.eachHeader(func(_, value []byte) {
-			if commonValue(value) == "" {
-				n += len(value)
-			}
-		})
-		if n > 0 {
-			sb.Grow(n)
-			r.eachHeader(func(_, value []byte) {
-				if commonValue(value) == "" {
-					sb.Write(value)
-				}
-			})
-		}
-	}
-	all := sb.String()
-	vals := scratch
-	if len(vals) < r.headers+1 {
-		vals = make([]string, r.headers+1)
-	}
-	var (
-		name  string
-		first int // index in vals of the first value of name
-		i     int
-	)
+// writeHeader sets the recorded headers in h, replacing the values h holds
+// under those names, and sets extra (a canonical name) to "true". The
+// value lists share one new backing array, each capped at its length, so
+// that appending to one list never changes another.
+func (r *recorded) writeHeader(h http.Header, extra string) {
+	vals := make([]string, 0, r.headers+1)
+	var name string
+	first := 0 // index in vals of the first value of name
 	flush := func() {
 		switch {
-		case i == first:
+		case len(vals) == first:
 		case first > 0 && seenName(r, name, first):
 			// The values of a name are normally consecutive
 			// (encodeResponse writes them so); a name met again (an
 			// encoding from a duplicated allowlist) adds to its values.
-			prev := h[name]
-			h[name] = append(prev[:len(prev):len(prev)], vals[first:i]...)
+			h[name] = append(h[name], vals[first:]...)
 		default:
-			h[name] = vals[first:i:i]
+			h[name] = vals[first:len(vals):len(vals)]
 		}
 	}
 	r.eachHeader(func(n, value []byte) {
-		if i == 0 || string(n) != name {
+		if len(vals) == 0 || string(n) != name {
 			flush()
-			name, first = intern(n, names), i
+			name, first = string(n), len(vals)
 		}
-		if v := commonValue(value); v != "" {
-			vals[i] = v
-		} else {
-			vals[i], all = all[:len(value)], all[len(value):]
-		}
-		i++
+		vals = append(vals, string(value))
 	})
 	flush()
-	vals[i] = "true"
-	h[extra] = vals[i : i+1 : i+1]
+	vals = append(vals, "true")
+	h[extra] = vals[len(vals)-1:]
 }
 
 // seenName reports whether name is the name of one of the first n
@@ -230,37 +196,6 @@ func seenName(r *recorded, name string, n int) bool {
 		_, b, _ = uvarintField(rest)
 	}
 	return false
-}
-
-// commonValues are recorded header values common enough that a replay
-// uses these strings instead of copying them.
-var commonValues = [...]string{
-	"application/json",
-	"application/json; charset=utf-8",
-	"application/problem+json",
-	"text/plain; charset=utf-8",
-	"no-store",
-	"gzip",
-}
-
-// commonValue returns b's string from commonValues, or "".
-func commonValue(b []byte) string {
-	for _, v := range commonValues {
-		if string(b) == v {
-			return v
-		}
-	}
-	return ""
-}
-
-// intern returns b as a string, one of names when it is there.
-func intern(b []byte, names []string) string {
-	for _, n := range names {
-		if string(b) == n {
-			return n
-		}
-	}
-	return string(b)
 }
 
 // recordedHeader copies the allowlisted headers of h.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/syncclock"
 )
 
 type sharedClock struct{}
@@ -27,7 +28,7 @@ func TestClockSkewBetweenProcesses(t *testing.T) {
 			skewedNow := func() time.Time { return time.Now().Add(10 * time.Second) }
 			clockB := skewedNow
 			if synced {
-				c, err := core.NewSyncedClock(t.Context(), sharedClock{}, time.Second)
+				c, err := syncclock.New(t.Context(), sharedClock{}, time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -16,37 +16,39 @@ const (
 
 // Sweeper deletes expired records on a schedule, in bounded batches, so
 // retention actually runs. Several processes may sweep the same store at
-// once: stores delete each row once.
+// once: stores delete each row once. Engine.Sweeper makes one.
 type Sweeper struct {
-	Store Store
 	// Every is the pause between sweeps (default DefaultSweepEvery).
 	Every time.Duration
 	// Batch is the most rows one DeleteExpired call deletes (default
 	// DefaultSweepBatch); a sweep repeats batches until one comes back short.
 	Batch int
-	// Clock gives the time expiry is compared with (default time.Now).
-	Clock func() time.Time
-	// Logger reports failures (default slog.Default()).
-	Logger *slog.Logger
 
+	store  Store
+	clock  func() time.Time // the time expiry is compared with
+	logger *slog.Logger     // reports failures
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
+// Sweeper returns a sweeper of the engine's store that compares expiry
+// with the engine's clock (WithClock) and logs to the engine's logger
+// (WithLogger). Set Every and Batch before Start.
+func (e *Engine) Sweeper() *Sweeper {
+	return &Sweeper{store: e.store, clock: e.cfg.clock, logger: e.cfg.logger}
+}
+
 // Sweep deletes every record expired at the sweeper's clock, batch by batch,
 // and returns how many it deleted.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
-	batch, now := s.Batch, time.Now
+	batch := s.Batch
 	if batch <= 0 {
 		batch = DefaultSweepBatch
 	}
-	if s.Clock != nil {
-		now = s.Clock
-	}
 	total := 0
 	for {
-		n, err := s.Store.DeleteExpired(ctx, now(), batch)
+		n, err := s.store.DeleteExpired(ctx, s.clock(), batch)
 		total += n
 		if err != nil || n < batch {
 			return total, err
@@ -74,10 +76,7 @@ func (s *Sweeper) Start(ctx context.Context) {
 	if every <= 0 {
 		every = DefaultSweepEvery
 	}
-	logger := s.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
+	logger := s.logger
 	go func() {
 		defer close(done)
 		t := time.NewTicker(every)

@@ -16,30 +16,37 @@ import (
 // Start and many concurrent Start/Stop cycles never panic and never leave
 // a sweep running (run with -race).
 func TestSweeperStartStop(t *testing.T) {
-	st := memstore.New()
-	quietLogger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweeper := func(every time.Duration) *core.Sweeper {
+		s := e.Sweeper()
+		s.Every = every
+		return s
+	}
 	t.Run("StopWithoutStart", func(t *testing.T) {
-		s := &core.Sweeper{Store: st, Logger: quietLogger}
+		s := sweeper(0)
 		s.Stop()
 		s.Stop()
 	})
 	t.Run("StopRightAfterStartTwice", func(t *testing.T) {
 		for range 500 {
-			s := &core.Sweeper{Store: st, Every: time.Hour, Logger: quietLogger}
+			s := sweeper(time.Hour)
 			s.Start(context.Background())
 			s.Stop()
 			s.Stop()
 		}
 	})
 	t.Run("RestartCycles", func(t *testing.T) {
-		s := &core.Sweeper{Store: st, Every: time.Millisecond, Logger: quietLogger}
+		s := sweeper(time.Millisecond)
 		for range 300 {
 			s.Start(context.Background())
 			s.Stop()
 		}
 	})
 	t.Run("ConcurrentStartStop", func(t *testing.T) {
-		s := &core.Sweeper{Store: st, Every: time.Millisecond, Logger: quietLogger}
+		s := sweeper(time.Millisecond)
 		var wg sync.WaitGroup
 		for range 8 {
 			wg.Go(func() {

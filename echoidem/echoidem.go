@@ -114,15 +114,10 @@ func (l *layer) wrap(next echo.HandlerFunc) echo.HandlerFunc {
 				err = next(c)
 				return
 			}
-			inner := responses.Get().(*echo.Response)
-			*inner = *echo.NewResponse(w, c.Echo())
+			inner := echo.NewResponse(w, c.Echo())
 			inner.Status = http.StatusOK // as a fresh Echo response
 			c.SetResponse(inner)
-			defer func() {
-				c.SetResponse(res)
-				*inner = echo.Response{}
-				responses.Put(inner)
-			}()
+			defer c.SetResponse(res)
 			if herr := next(c); herr != nil {
 				c.Error(herr) // the answer Echo would send, captured
 			}
@@ -244,11 +239,6 @@ func hasRoute(r *echo.Router, k routeKey) bool {
 	}
 	return false
 }
-
-// responses recycles the Echo responses that write into the engine's
-// capture. Like Echo's own, which are recycled with its pooled Context, one
-// must not be used once the chain has returned.
-var responses = sync.Pool{New: func() any { return new(echo.Response) }}
 
 // Caller adapts a function reading the caller from the Echo context
 // (typically a value an authentication middleware stored with c.Set) to a

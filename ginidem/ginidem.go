@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
@@ -117,20 +116,13 @@ func next(c *gin.Context, w http.ResponseWriter, r *http.Request) {
 		c.Next()
 		return
 	}
-	cw := writers.Get().(*writer)
-	*cw = writer{w: w, ctx: r.Context(), status: gw.Status(), size: -1}
-	defer func() { *cw = writer{}; writers.Put(cw) }()
+	cw := &writer{w: w, ctx: r.Context(), status: gw.Status(), size: -1}
 	c.Writer = cw
 	c.Next()
 	// Gin writes a status set without a body (c.Status(204)) after the
 	// chain returns; the engine must see it before it records the response.
 	cw.WriteHeaderNow()
 }
-
-// writers recycles the capture writers. Like Gin's own writer, which is
-// recycled with its pooled Context, one must not be used once the chain has
-// returned (handlers that go on in a goroutine use c.Copy()).
-var writers = sync.Pool{New: func() any { return new(writer) }}
 
 // Caller adapts a function reading the caller from the Gin context (typically
 // a value an authentication middleware stored with c.Set) to a

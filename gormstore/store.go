@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -56,7 +57,7 @@ func WithRequireSyncWait() Option { return sqlstore.WithRequireSyncWait() }
 // "postgres" (gorm.io/driver/postgres), "mysql" (gorm.io/driver/mysql, for
 // MySQL 8 and MariaDB 10.6+; open it with parseTime=true) or "sqlite"
 // (github.com/glebarez/sqlite, or gorm.io/driver/sqlite). It does not create
-// the table: call AutoMigrate, or apply sqlstore.Schema / the files in
+// the table: call Migrate, or apply sqlstore.Schema / the files in
 // sqlstore/migrations with your migration tool.
 func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	if db == nil || db.Dialector == nil {
@@ -87,11 +88,11 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	return &Store{db: db, inner: inner}, nil
 }
 
-// AutoMigrate creates the table and its index if they do not exist. It runs
+// Migrate creates the table and its index if they do not exist. It runs
 // sqlstore's DDL (sqlstore.Schema), not a GORM model migration, so the
 // table is the same whichever store created it and a gormstore and a
 // sqlstore can share it.
-func (s *Store) AutoMigrate(ctx context.Context) error { return s.inner.Migrate(s.ctx(ctx)) }
+func (s *Store) Migrate(ctx context.Context) error { return s.inner.Migrate(s.ctx(ctx)) }
 
 // Table reports the store's table name.
 func (s *Store) Table() string { return s.inner.Table() }
@@ -358,14 +359,14 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return s.inner.DeleteExpired(s.ctx(ctx), now, limit)
 }
 
-// Now reads the database's clock (core.TimeSource); see sqlstore.Store.Now.
+// Now reads the database's clock (syncclock.TimeSource); see sqlstore.Store.Now.
 func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.inner.Now(s.ctx(ctx)) }
 
-var _ core.TimeSource = (*Store)(nil)
+var _ syncclock.TimeSource = (*Store)(nil)
 
 // Check verifies, at start-up, that the table exists with the columns and
 // the primary key the store needs, and that the server is one the GORM
 // dialector's SQL runs on (see sqlstore.Store.Check). A misconfiguration is
 // an error wrapping core.ErrConfig whose text names the fix ("run
-// store.AutoMigrate"); an unreachable server wraps core.ErrStoreUnavailable.
+// store.Migrate"); an unreachable server wraps core.ErrStoreUnavailable.
 func (s *Store) Check(ctx context.Context) error { return s.inner.Check(s.ctx(ctx)) }

@@ -204,7 +204,7 @@ func (in *interceptor) encode(out *any, herr *error, capt *capture) *core.Respon
 
 // Response is the record of a successful call answering m, for a
 // core.Resolver that settles an indeterminate gRPC call as applied
-// (core.Resolution{Outcome: core.Applied, Response: r}): duplicates then
+// (core.Resolution{Outcome: core.OutcomeApplied, Response: r}): duplicates then
 // get m, as if the handler had returned it.
 func Response(m proto.Message) (*core.Response, error) {
 	b, err := messageBody(m)

@@ -516,7 +516,7 @@ func TestObserverSeesDecisions(t *testing.T) {
 	h.Call(ctx, create, "acct_1", "", nil)
 	mu.Lock()
 	defer mu.Unlock()
-	want := []core.Decision{core.Executed, core.Replayed, core.Mismatch, core.Invalid}
+	want := []core.Decision{core.DecisionExecuted, core.DecisionReplayed, core.DecisionMismatch, core.DecisionInvalid}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("decisions %v, want %v", got, want)
 	}
@@ -607,7 +607,7 @@ func TestResolver(t *testing.T) {
 		core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
 			m, _ := structpb.NewStruct(map[string]any{"settled": "charge ch_1"}) // asked the provider with the downstream key
 			resp, err := grpcidem.Response(m)
-			return core.Resolution{Outcome: core.Applied, Response: resp}, err
+			return core.Resolution{Outcome: core.OutcomeApplied, Response: resp}, err
 		}))
 	if err != nil {
 		t.Fatal(err)

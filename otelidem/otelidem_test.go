@@ -174,7 +174,7 @@ func TestMetricsAndSpanEvents(t *testing.T) {
 	}
 	// A lease lost is reported by the engine when a takeover fenced an
 	// attempt; the observer is a plain function: feed it the event.
-	obs(context.Background(), core.Event{Decision: core.LeaseLost, Scope: "POST /orders", Duration: time.Second})
+	obs(context.Background(), core.Event{Decision: core.DecisionLeaseLost, Scope: "POST /orders", Duration: time.Second})
 
 	got, scopes := f.collect(t)
 	want := map[string]map[string]int64{

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
@@ -53,9 +54,9 @@ func (s *Store) background(fn func()) {
 }
 
 var (
-	_ core.Store      = (*Store)(nil)
-	_ core.TxStore    = (*Store)(nil)
-	_ core.TimeSource = (*Store)(nil)
+	_ core.Store           = (*Store)(nil)
+	_ core.TxStore         = (*Store)(nil)
+	_ syncclock.TimeSource = (*Store)(nil)
 )
 
 // Option configures New.
@@ -388,9 +389,9 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return int(tag.RowsAffected()), nil
 }
 
-// Now reads the database's clock (core.TimeSource), so that processes whose
+// Now reads the database's clock (syncclock.TimeSource), so that processes whose
 // wall clocks drift agree on leases and expiry: pass it to
-// core.NewSyncedClock and the synced clock to core.WithClock.
+// syncclock.New and the synced clock to core.WithClock.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	c, _, err := s.conn(ctx)
 	if err != nil {

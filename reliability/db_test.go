@@ -175,7 +175,7 @@ func newGormStore(t testing.TB, d sqlstore.Dialect, db *sql.DB) *gormstore.Store
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AutoMigrate(context.Background()); err != nil {
+	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -307,14 +307,14 @@ func takeOver(t *testing.T, lh *leaseHarness, outcomeA string, holdB bool) (a, b
 
 func checkTakeoverEvents(t *testing.T, lh *leaseHarness) {
 	t.Helper()
-	lost := lh.ev.find(core.LeaseLost)
+	lost := lh.ev.find(core.DecisionLeaseLost)
 	if len(lost) != 1 || lost[0].Attempt != 1 {
 		t.Fatalf("LeaseLost decisions: %+v, want one for attempt 1", lost)
 	}
 	if !lh.ev.logged("WARN", "lease_lost") {
 		t.Fatalf("the lost lease was not logged at warn level; logs: %q", lh.ev.logs)
 	}
-	if ex := lh.ev.find(core.Executed); len(ex) != 1 || ex[0].Attempt != 2 {
+	if ex := lh.ev.find(core.DecisionExecuted); len(ex) != 1 || ex[0].Attempt != 2 {
 		t.Fatalf("Executed decisions: %+v, want one, the takeover's (attempt 2)", ex)
 	}
 	if lh.dkeys["A"] == "" || lh.dkeys["A"] != lh.dkeys["B"] {
@@ -356,7 +356,7 @@ func pausedFails(t *testing.T, ls leaseStore) {
 	lh.release("A")
 	wantLeaseLostProblem(t, wait(t, a))
 	checkTakeoverEvents(t, lh)
-	if len(lh.ev.find(core.Indeterminate)) != 0 {
+	if len(lh.ev.find(core.DecisionIndeterminate)) != 0 {
 		t.Fatal("the stale attempt's 502 was recorded as indeterminate")
 	}
 	wantAnswer(t, lh.send("C", ""), http.StatusCreated, "B", true)
@@ -370,7 +370,7 @@ func pausedReleases(t *testing.T, ls leaseStore) {
 	// A release changes nothing that happened: the handler's 429 is
 	// still true and reaches its client, but the record stays B's.
 	wantAnswer(t, wait(t, a), http.StatusTooManyRequests, "A", false)
-	if lost := lh.ev.find(core.LeaseLost); len(lost) != 1 {
+	if lost := lh.ev.find(core.DecisionLeaseLost); len(lost) != 1 {
 		t.Fatalf("LeaseLost decisions: %+v, want one", lost)
 	}
 	wantAnswer(t, lh.send("C", ""), http.StatusCreated, "B", true)

@@ -206,7 +206,7 @@ var requiredColumns = strings.Split(strings.ReplaceAll(cols, " ", ""), ",")
 // checkTable fails when the table is missing, lacks a column, or its
 // primary key is not (id).
 func (s *Store) checkTable(ctx context.Context, c Conn) error {
-	migrate := fmt.Sprintf("run store.Migrate(ctx) (gormstore: store.AutoMigrate(ctx)), or apply sqlstore.Schema(%s, %q) (migrations/%s) with your migration tool", dialectName(s.d), s.table, s.d)
+	migrate := fmt.Sprintf("run store.Migrate(ctx), or apply sqlstore.Schema(%s, %q) (migrations/%s) with your migration tool", dialectName(s.d), s.table, s.d)
 	rows, err := c.QueryContext(ctx, `SELECT * FROM `+s.table+` WHERE 1 = 0`)
 	if err != nil {
 		return fmt.Errorf("%w: sqlstore: table %q cannot be read (missing?): %s: %v", core.ErrConfig, s.table, migrate, err)

@@ -4,14 +4,14 @@ import (
 	"context"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/syncclock"
 )
 
-var _ core.TimeSource = (*Store)(nil)
+var _ syncclock.TimeSource = (*Store)(nil)
 
-// Now reads the database's clock (core.TimeSource), so that processes whose
+// Now reads the database's clock (syncclock.TimeSource), so that processes whose
 // wall clocks drift agree on leases and expiry: pass it to
-// core.NewSyncedClock and the synced clock to core.WithClock. SQLite's
+// syncclock.New and the synced clock to core.WithClock. SQLite's
 // clock is the host's, which every process on one file shares anyway.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	var q string

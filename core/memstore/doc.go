@@ -1,9 +1,10 @@
 // Package memstore is an in-memory [core.Store] for tests and
 // single-process development.
 //
-// Records live in a sharded map, one mutex per shard, so concurrent requests
-// for different identities rarely contend. Byte slices are copied on the way
-// in and on the way out: a caller can never alias stored data. Records are
+// Records live in a map behind one mutex, and a stored record is never
+// changed in place: every write stores a new version. Byte slices are
+// copied on the way in and on the way out: a caller can never alias stored
+// data. Records are
 // lost when the process exits, and nothing is shared between processes, so
 // memstore gives no protection against duplicates across several replicas
 // of a service; use a database store there.

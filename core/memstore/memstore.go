@@ -10,30 +10,20 @@ import (
 	"github.com/idemkit/idem/core"
 )
 
-// numShards is the number of independently locked parts of a Store; a
-// record lives in shard id[0] % numShards.
-const numShards = 32
-
 // Store is an in-memory [core.Store] (leased mode). The zero value is not
 // usable; call [New]. A Store is safe for concurrent use.
 type Store struct {
-	shards [numShards]shard
+	mu sync.Mutex // guards m and every slot in it
+	m  map[core.ID]*slot
 }
 
 var _ core.Store = (*Store)(nil)
 
-type shard struct {
-	mu sync.Mutex
-	m  map[core.ID]*slot
-}
-
-// slot holds one record. Records that a transaction can see are
-// immutable: a write replaces rec with a new *core.Record, so prev can keep
-// the committed value while an open transaction owns the slot. Outside any
-// transaction, with no transaction on the slot, Extend and Complete update
-// the record in place (only the slot points to it: reads return copies).
-// The byte slices of a stored record are private copies and are never
-// written to.
+// slot holds one record. Stored records are immutable: a write replaces
+// rec with a new *core.Record, so prev can keep the committed value while
+// an open transaction owns the slot. The byte slices of a stored record
+// are private copies and are never written to, so versions of a record
+// share them.
 type slot struct {
 	rec   *core.Record // current value; nil when the owner deleted it
 	owner *memTx       // open transaction that wrote rec; nil once committed
@@ -54,11 +44,7 @@ func (sl *slot) view(tx *memTx) (rec *core.Record, busy bool) {
 
 // New returns an empty Store.
 func New() *Store {
-	s := new(Store)
-	for i := range s.shards {
-		s.shards[i].m = make(map[core.ID]*slot)
-	}
-	return s
+	return &Store{m: make(map[core.ID]*slot)}
 }
 
 // Atomic returns a view of s that also implements [core.TxStore] (atomic
@@ -69,17 +55,10 @@ func (s *Store) Atomic() *AtomicStore { return &AtomicStore{Store: s} }
 // Len returns the number of records held in memory, including expired
 // records that DeleteExpired has not deleted yet.
 func (s *Store) Len() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return n
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
 }
-
-func (s *Store) shard(id core.ID) *shard { return &s.shards[id[0]%numShards] }
 
 var (
 	errZeroToken    = errors.New("memstore: fencing token 0 is reserved")
@@ -95,13 +74,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	if req.Token == 0 {
 		return core.ClaimResult{}, errZeroToken
 	}
-	sh := s.shard(req.ID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
 		return core.ClaimResult{}, err
 	}
-	sl := sh.m[req.ID]
+	sl := s.m[req.ID]
 	cur, busy := sl.view(tx)
 	var r *core.Record
 	switch {
@@ -109,13 +87,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		// What the lock probe of a SQL store reports.
 		return core.ClaimResult{Record: core.Record{ID: req.ID, State: core.StateInProgress}}, nil
 	case cur == nil || !live(cur, req.Now):
-		r = newRecord(req.Fingerprint)
-		*r = core.Record{
+		r = &core.Record{
 			ID:          req.ID,
 			Caller:      req.Caller,
 			Scope:       req.Scope,
 			Key:         req.Key,
-			Fingerprint: r.Fingerprint,
+			Fingerprint: cloneBytes(req.Fingerprint),
 			State:       core.StateInProgress,
 			Token:       req.Token,
 			Attempt:     1,
@@ -135,11 +112,11 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	default:
 		return core.ClaimResult{Record: clone(cur)}, nil
 	}
-	if err := sh.put(req.ID, sl, tx, r); err != nil {
+	if err := s.put(req.ID, sl, tx, r); err != nil {
 		return core.ClaimResult{}, err
 	}
-	// The claimed record's fingerprint is the request's: hand the caller
-	// its own slice back rather than a second copy of the store's.
+	// The claimed record's fingerprint is the request's: the caller gets
+	// its own slice back, not the store's.
 	out := *r
 	out.Fingerprint = req.Fingerprint
 	if len(out.Fingerprint) == 0 {
@@ -155,13 +132,12 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	if err != nil {
 		return err
 	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
 		return err
 	}
-	sl := sh.m[id]
+	sl := s.m[id]
 	cur, busy := sl.view(tx)
 	if err := fenced(cur, busy, token); err != nil {
 		return err
@@ -169,19 +145,12 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	if cur.State != core.StateInProgress {
 		return fmt.Errorf("%w: the record is %v", core.ErrFenced, cur.State)
 	}
-	r := cur
-	if tx != nil || sl.owner != nil {
-		r = new(core.Record)
-		*r = *cur // copy on write: a transaction's view keeps the old one
-	}
+	r := *cur
 	r.LeaseUntil = leaseUntil.UTC()
 	if r.ExpiresAt.Before(leaseUntil) {
 		r.ExpiresAt = r.LeaseUntil
 	}
-	if r == cur {
-		return nil
-	}
-	return sh.put(id, sl, tx, r)
+	return s.put(id, sl, tx, &r)
 }
 
 // Complete implements [core.Store]. It cannot tell whether the record has
@@ -194,13 +163,12 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	if c.State != core.StateCompleted && c.State != core.StateIndeterminate {
 		return fmt.Errorf("%w, not %v", errInvalidState, c.State)
 	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
 		return err
 	}
-	sl := sh.m[id]
+	sl := s.m[id]
 	cur, busy := sl.view(tx)
 	if err := fenced(cur, busy, token); err != nil {
 		return err
@@ -208,23 +176,13 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	if cur.State == core.StateCompleted {
 		return fmt.Errorf("%w: the record is already completed", core.ErrFenced)
 	}
-	if tx == nil && sl.owner == nil {
-		// No transaction can see the record: only the slot points to it
-		// (reads return copies), so it is updated in place.
-		cur.State, cur.Status = c.State, c.Status
-		cur.Response = cloneBytes(c.Response)
-		cur.ExpiresAt, cur.LeaseUntil = c.ExpiresAt.UTC(), time.Time{}
-		return nil
-	}
 	r := *cur
 	r.State = c.State
 	r.Status = c.Status
-	// A new copy of the fingerprint (the in-progress record may hold it
-	// inline, see newRecord) and the response, in one allocation.
-	r.Fingerprint, r.Response = cloneBoth(cur.Fingerprint, c.Response)
+	r.Response = cloneBytes(c.Response)
 	r.ExpiresAt = c.ExpiresAt.UTC()
 	r.LeaseUntil = time.Time{}
-	return sh.put(id, sl, tx, &r)
+	return s.put(id, sl, tx, &r)
 }
 
 // Release implements [core.Store]. It cannot tell whether the record has
@@ -234,13 +192,12 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	if err != nil {
 		return err
 	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
 		return err
 	}
-	sl := sh.m[id]
+	sl := s.m[id]
 	cur, busy := sl.view(tx)
 	if cur == nil && !busy {
 		return nil
@@ -251,7 +208,7 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	if cur.State == core.StateCompleted {
 		return fmt.Errorf("%w: a completed record is never released", core.ErrFenced)
 	}
-	return sh.put(id, sl, tx, nil)
+	return s.put(id, sl, tx, nil)
 }
 
 // Get implements [core.Store]. Outside a transaction, a record held by an
@@ -261,63 +218,57 @@ func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record
 	if err != nil {
 		return core.Record{}, err
 	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
 		return core.Record{}, err
 	}
-	cur, _ := sh.m[id].view(tx)
+	cur, _ := s.m[id].view(tx)
 	if cur == nil || !live(cur, now) {
 		return core.Record{}, core.ErrNotFound
 	}
 	return clone(cur), nil
 }
 
-// DeleteExpired implements [core.Store]. It locks one shard at a time and
-// skips records held by another open transaction.
+// DeleteExpired implements [core.Store]. It skips records held by another
+// open transaction.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
 		return 0, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return 0, err
+	}
 	n := 0
-	for i := 0; i < numShards && n < limit; i++ {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		if err := tx.check(); err != nil {
-			sh.mu.Unlock()
+	for id, sl := range s.m {
+		if n == limit {
+			break
+		}
+		cur, busy := sl.view(tx)
+		if busy || cur == nil || live(cur, now) {
+			continue
+		}
+		if err := s.put(id, sl, tx, nil); err != nil {
 			return n, err
 		}
-		for id, sl := range sh.m {
-			if n == limit {
-				break
-			}
-			cur, busy := sl.view(tx)
-			if busy || cur == nil || live(cur, now) {
-				continue
-			}
-			if err := sh.put(id, sl, tx, nil); err != nil {
-				sh.mu.Unlock()
-				return n, err
-			}
-			n++
-		}
-		sh.mu.Unlock()
+		n++
 	}
 	return n, nil
 }
 
 // put stores r (nil: deletes the record) in the slot sl of id, which may be
-// nil, on behalf of tx (nil: outside any transaction). sh.mu must be held,
+// nil, on behalf of tx (nil: outside any transaction). s.mu must be held,
 // and sl must not be held by another transaction.
-func (sh *shard) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
+func (s *Store) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
 	if tx == nil {
 		switch {
 		case r == nil:
-			delete(sh.m, id)
+			delete(s.m, id)
 		case sl == nil:
-			sh.m[id] = &slot{rec: r}
+			s.m[id] = &slot{rec: r}
 		default:
 			sl.rec = r
 		}
@@ -329,7 +280,7 @@ func (sh *shard) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
 		}
 		if sl == nil {
 			sl = new(slot)
-			sh.m[id] = sl
+			s.m[id] = sl
 		}
 		sl.owner, sl.prev = tx, sl.rec
 	}
@@ -377,26 +328,6 @@ func cloneBoth(fp, resp []byte) (fpc, respc []byte) {
 		copy(respc, resp)
 	}
 	return fpc, respc
-}
-
-// recordFP is a new record with room for its fingerprint.
-type recordFP struct {
-	rec core.Record
-	fp  [32]byte
-}
-
-// newRecord allocates a record whose Fingerprint is a copy of fp, in one
-// allocation when fp fits (the engine's fingerprints are at most 32 bytes).
-func newRecord(fp []byte) *core.Record {
-	if len(fp) > 32 {
-		return &core.Record{Fingerprint: cloneBytes(fp)}
-	}
-	x := new(recordFP)
-	if len(fp) > 0 {
-		x.rec.Fingerprint = x.fp[:len(fp):len(fp)]
-		copy(x.rec.Fingerprint, fp)
-	}
-	return &x.rec
 }
 
 // cloneBytes copies b; nil and empty both become nil.

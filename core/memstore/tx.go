@@ -79,7 +79,7 @@ func unavailable(err error) error {
 }
 
 // memTx is a memory transaction: the journal of the IDs whose slots it
-// owns. Lock order: shard.mu before memTx.mu.
+// owns. Lock order: Store.mu before memTx.mu.
 type memTx struct {
 	s *Store
 
@@ -126,6 +126,11 @@ func (tx *memTx) Commit() error { return tx.finish(true) }
 func (tx *memTx) Rollback() error { return tx.finish(false) }
 
 func (tx *memTx) finish(commit bool) error {
+	// The store's lock is held from the check to the last slot settled, so
+	// a second finish (a Rollback racing the rollback of an ended context)
+	// returns ErrTxDone only once the first has settled every slot.
+	tx.s.mu.Lock()
+	defer tx.s.mu.Unlock()
 	tx.mu.Lock()
 	if tx.done {
 		tx.mu.Unlock()
@@ -140,18 +145,15 @@ func (tx *memTx) finish(commit bool) error {
 	}
 
 	for _, id := range ids {
-		sh := tx.s.shard(id)
-		sh.mu.Lock()
-		if sl := sh.m[id]; sl != nil && sl.owner == tx {
+		if sl := tx.s.m[id]; sl != nil && sl.owner == tx {
 			if !commit {
 				sl.rec = sl.prev
 			}
 			sl.owner, sl.prev = nil, nil
 			if sl.rec == nil {
-				delete(sh.m, id)
+				delete(tx.s.m, id)
 			}
 		}
-		sh.mu.Unlock()
 	}
 	return nil
 }

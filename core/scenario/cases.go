@@ -46,8 +46,8 @@ var scenarios = []scenario{
 	{"ServerErrorBeforeThenAfterEffect", "A first attempt that answers 5xx before marking an effect is released; the retry that answers 5xx after core.MarkEffect leaves the record indeterminate, and later requests replay that 5xx without running the handler.", both, test5xxBeforeThenAfterEffect},
 	{"ServerErrorAfterEffectIndeterminate", "A 5xx after core.MarkEffect leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", both, testEffect5xxIndeterminate},
 	{"PanicAfterEffectIndeterminate", "A panic after core.MarkEffect propagates to the outer recovery and leaves the record indeterminate: a retry replays a 500 problem document and the handler does not run.", both, testEffectPanicIndeterminate},
-	{"ResolverApplied", "A Resolver that answers Applied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; DownstreamKeyFor gives the resolver the handler's downstream key.", both, testResolverApplied},
-	{"ResolverNotApplied", "A Resolver that answers NotApplied releases the indeterminate record, so the retry runs the handler, and later duplicates replay the retry's answer.", both, testResolverNotApplied},
+	{"ResolverApplied", "A Resolver that answers OutcomeApplied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; DownstreamKeyFor gives the resolver the handler's downstream key.", both, testResolverApplied},
+	{"ResolverNotApplied", "A Resolver that answers OutcomeNotApplied releases the indeterminate record, so the retry runs the handler, and later duplicates replay the retry's answer.", both, testResolverNotApplied},
 
 	// Response body cap and streaming.
 	{"ResponseOverCap", "A response body over WithMaxResponseBody reaches the first client whole; a duplicate gets the recorded status with a response-not-kept problem document and the handler does not run.", both, testResponseCap},
@@ -87,13 +87,13 @@ var scenarios = []scenario{
 	// Leases.
 	{"LeasedTakeover", "In leased mode a request meeting a lapsed lease takes the record over and runs (attempt 2, same downstream key); the old attempt's completion is refused and its client gets a 409 lease-lost; duplicates replay the new attempt's answer.", leased, testTakeover},
 	{"LeasedTakeoverMismatch", "A request with a different body under a key whose first attempt's lease lapsed is a mismatch (422), not a takeover: the key stays bound to the first request.", leased, testTakeoverMismatch},
-	{"LeasedNoTakeover", "With WithTakeover(false) a request meeting a lapsed lease does not run: the record becomes indeterminate and a 500 outcome-unknown problem document is replayed.", leased, testNoTakeover},
+	{"LeasedNoTakeover", "With WithoutTakeover() a request meeting a lapsed lease does not run: the record becomes indeterminate and a 500 outcome-unknown problem document is replayed.", leased, testNoTakeover},
 
 	// Retention.
 	{"Retention", "A duplicate within the Retention window replays; after it the record is absent and the same key runs the handler again.", both, testRetention},
 
 	// Sealing.
-	{"Sealing", "With WithSealer(NewAESGCM) the replay is identical to the first answer and the stored response holds no plaintext of the body.", both, testSealing},
+	{"Sealing", "With WithSealer(seal.NewAESGCM) the replay is identical to the first answer and the stored response holds no plaintext of the body.", both, testSealing},
 
 	// Scope.
 	{"ExplicitScope", "Two routes with the same core.Scope name share records: the same key on the second route meets the first route's record, and since the fingerprint covers the path, gets a 422 whatever the body; the second handler never runs.", both, testExplicitScope},

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/seal"
 )
 
 // errSecret is a store, driver or caller-function error as real ones read:
@@ -87,7 +88,7 @@ func (s *switchSealer) Open(id core.ID, sealed []byte) ([]byte, error) {
 func testNoInternalsReachTheClient(t *testing.T, x *harness) {
 	var n atomic.Int32
 	g := x.gate()
-	aes, err := core.NewAESGCM(map[string][]byte{"k1": make([]byte, 32)}, "k1")
+	aes, err := seal.NewAESGCM(map[string][]byte{"k1": make([]byte, 32)}, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/seal"
 )
 
 // Scenarios of outcomes (release, 5xx, indeterminate), the response cap,
@@ -258,7 +259,7 @@ func testResolverApplied(t *testing.T, x *harness) {
 		Body:     []byte(`{"charge":"ch_1"}`),
 		BodyKept: true,
 	}
-	x.start([]core.Option{core.WithResolver(rr.resolve(core.Applied, settled))}, rr.route())
+	x.start([]core.Option{core.WithResolver(rr.resolve(core.OutcomeApplied, settled))}, rr.route())
 
 	wantOriginal(t, x.do(post("/orders", orderJSON, "k1")), http.StatusBadGateway, `{"error":"upstream answered 502"}`)
 	want := result{Status: http.StatusCreated, Header: settled.Header, Body: string(settled.Body)}
@@ -270,7 +271,7 @@ func testResolverApplied(t *testing.T, x *harness) {
 
 func testResolverNotApplied(t *testing.T, x *harness) {
 	rr := new(resolverRun)
-	x.start([]core.Option{core.WithResolver(rr.resolve(core.NotApplied, nil))}, rr.route())
+	x.start([]core.Option{core.WithResolver(rr.resolve(core.OutcomeNotApplied, nil))}, rr.route())
 
 	wantOriginal(t, x.do(post("/orders", orderJSON, "k1")), http.StatusBadGateway, `{"error":"upstream answered 502"}`)
 	retry := x.do(post("/orders", orderJSON, "k1"))
@@ -689,7 +690,7 @@ func testTakeoverMismatch(t *testing.T, x *harness) {
 func testNoTakeover(t *testing.T, x *harness) {
 	var n atomic.Int32
 	g := x.gate() // never opened during the scenario: the first attempt died
-	x.start([]core.Option{core.WithLease(lease), core.WithTakeover(false)}, heldOrders(&n, g))
+	x.start([]core.Option{core.WithLease(lease), core.WithoutTakeover()}, heldOrders(&n, g))
 
 	x.goDo(post("/orders", orderJSON, "k1"))
 	x.waitEntered(g, "first attempt")
@@ -724,7 +725,7 @@ func testRetention(t *testing.T, x *harness) {
 // allowlist's "ETag" is not canonical, so it is never recorded.
 func testSealing(t *testing.T, x *harness) {
 	const kid = "key-2030"
-	sealer, err := core.NewAESGCM(map[string][]byte{kid: bytes.Repeat([]byte{0x5a}, 32)}, kid)
+	sealer, err := seal.NewAESGCM(map[string][]byte{kid: bytes.Repeat([]byte{0x5a}, 32)}, kid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -226,21 +226,21 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, c)
 }
 
-// settlePayment is the engine's core.Resolver: a payment left indeterminate
+// settlePayment is the payment route's core.Resolver: a payment left indeterminate
 // (the provider was called, then the attempt failed, for example recording
 // the charge) is settled from the provider's own record of the downstream
 // key when a retry meets it. Charged: the charge is recorded (once per
 // provider charge id) and the retry gets the 201 the handler would have
 // sent. Not charged: nothing happened, the key is released and the retry
-// runs. Other routes' indeterminate records (none in this service) stay
-// unresolved.
+// runs. It is the payment route's own (paymentRoute), so it only meets
+// payment records; the scope check is a guard.
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
 	if !strings.HasSuffix(rec.Scope, "/payments") {
-		return core.Resolution{Outcome: core.Unresolved}, nil
+		return core.Resolution{Outcome: core.OutcomeUnresolved}, nil
 	}
 	pr, err := a.repo.providerLookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
 	if errors.Is(err, errNotFound) {
-		return core.Resolution{Outcome: core.NotApplied}, nil
+		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
@@ -254,7 +254,7 @@ func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resoluti
 	if err != nil {
 		return core.Resolution{}, err
 	}
-	return core.Resolution{Outcome: core.Applied, Response: &core.Response{
+	return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: append(body, '\n'), BodyKept: true, // what writeJSON sends
 	}}, nil

@@ -150,7 +150,7 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 	tunePool(sdb)
 	st, err := gormstore.New(gdb)
 	if err == nil {
-		err = st.AutoMigrate(ctx)
+		err = st.Migrate(ctx)
 	}
 	if err == nil {
 		err = st.Check(ctx) // see openSQL

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/syncclock"
 )
 
 type options struct {
@@ -83,11 +84,11 @@ func run(o options, logger *slog.Logger) error {
 
 	// Leases and expiry follow the database's clock, so replicas whose wall
 	// clocks drift still agree on who owns a key.
-	src, ok := b.store.(core.TimeSource)
+	src, ok := b.store.(syncclock.TimeSource)
 	if !ok {
 		return fmt.Errorf("store %T cannot read the database clock", b.store)
 	}
-	clock, err := core.NewSyncedClock(ctx, src, 0)
+	clock, err := syncclock.New(ctx, src, 0)
 	if err != nil {
 		return err
 	}
@@ -108,18 +109,17 @@ func run(o options, logger *slog.Logger) error {
 		// store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		core.WithObserver(recordDecision),
-		// Settles a payment left indeterminate from the provider's record.
-		core.WithResolver(a.settlePayment),
 	}
 	if o.retention > 0 {
 		engineOpts = append(engineOpts, core.Retention(o.retention))
 	}
-	h, err := newRouter(o.framework, b.store, a, engineOpts)
+	h, e, err := newRouter(o.framework, b.store, a, engineOpts)
 	if err != nil {
 		return err
 	}
 
-	sweeper := &core.Sweeper{Store: b.store, Every: o.sweepEvery, Clock: clock.Now, Logger: logger}
+	sweeper := e.Sweeper() // the engine's store, clock and logger
+	sweeper.Every = o.sweepEvery
 	sweeper.Start(ctx)
 	defer sweeper.Stop()
 

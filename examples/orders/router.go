@@ -17,7 +17,7 @@ import (
 // newRouter builds the orders API on one framework. Each framework reads the
 // caller the way its users usually do: an auth middleware stores the
 // account, and the engine's caller function reads it back.
-func newRouter(framework string, store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+func newRouter(framework string, store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
 	switch framework {
 	case "gin":
 		return ginRouter(store, a, opts)
@@ -26,19 +26,27 @@ func newRouter(framework string, store core.Store, a *app, opts []core.Option) (
 	case "chi":
 		return chiRouter(store, a, opts)
 	}
-	return nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
+	return nil, nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
+}
+
+// paymentRoute is the options of POST /orders/{id}/payments: leased (the
+// charge is an external call, outside the database transaction), with its
+// own resolver, which settles a payment left indeterminate from the
+// provider's record.
+func (a *app) paymentRoute() []core.RouteOption {
+	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment)}
 }
 
 func unauthorized(w http.ResponseWriter) {
 	problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
 }
 
-func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
 		return c.GetString("account"), nil
 	})))...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
@@ -62,17 +70,17 @@ func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, erro
 	orders := r.Group("/orders", auth)
 	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
 	orders.GET("", gin.WrapF(a.listOrders))
-	orders.POST("/:id/payments", ginidem.New(e, core.Leased()), gin.WrapF(a.pay))
-	return r, nil
+	orders.POST("/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
+	return r, e, nil
 }
 
-func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
 		s, _ := c.Get("account").(string)
 		return s, nil
 	})))...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := echo.New()
 	r.HideBanner, r.HidePort = true, true
@@ -97,16 +105,16 @@ func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, err
 	g := r.Group("/orders", auth)
 	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
 	g.GET("", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
-	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, core.Leased()))
-	return r, nil
+	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, a.paymentRoute()...))
+	return r, e, nil
 }
 
-func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, error) {
+func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
 		return accountFrom(r.Context()), nil
 	}))...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := chi.NewRouter()
 	r.Get("/healthz", healthz)
@@ -129,7 +137,7 @@ func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, erro
 		r.Use(auth)
 		r.With(chiidem.New(e)).Post("/", a.createOrder)
 		r.Get("/", a.listOrders)
-		r.With(chiidem.New(e, core.Leased())).Post("/{id}/payments", a.pay)
+		r.With(chiidem.New(e, a.paymentRoute()...)).Post("/{id}/payments", a.pay)
 	})
-	return r, nil
+	return r, e, nil
 }

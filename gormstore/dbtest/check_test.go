@@ -42,7 +42,7 @@ func TestCheck(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				wantConfigError(t, s.Check(ctx), s.Table(), "store.AutoMigrate(ctx)")
+				wantConfigError(t, s.Check(ctx), s.Table(), "store.Migrate(ctx)")
 			})
 			t.Run("MissingColumn", func(t *testing.T) {
 				s, db, _ := newStore(t, d)

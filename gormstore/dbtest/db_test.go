@@ -120,7 +120,7 @@ func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AutoMigrate(context.Background()); err != nil {
+	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

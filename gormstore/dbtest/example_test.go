@@ -39,7 +39,7 @@ func openExampleDB() (*gorm.DB, *gormstore.Store, func()) {
 	if err != nil {
 		panic(err)
 	}
-	if err := store.AutoMigrate(context.Background()); err != nil {
+	if err := store.Migrate(context.Background()); err != nil {
 		panic(err)
 	}
 	if err := db.AutoMigrate(&Order{}); err != nil {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/syncclock"
 )
 
 // The database clock agrees with this host's (same machine) within a
@@ -24,7 +24,7 @@ func TestNowReadsTheDatabaseClock(t *testing.T) {
 			if d := got.Sub(before); d < -2*time.Second || d > 2*time.Second {
 				t.Fatalf("database clock %v is %v away from the host's %v", got, d, before)
 			}
-			c, err := core.NewSyncedClock(ctx, st, time.Hour)
+			c, err := syncclock.New(ctx, st, time.Hour)
 			if err != nil {
 				t.Fatal(err)
 			}

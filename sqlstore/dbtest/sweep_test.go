@@ -215,7 +215,11 @@ func sweepMillion(t *testing.T, d sqlstore.Dialect) {
 	time.AfterFunc(sweepQuiet, func() { close(stop) })
 	quiet := load(stop)
 
-	sw := &core.Sweeper{Store: s, Clock: time.Now}
+	e, err := core.New(s, core.WithSingleCaller())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := e.Sweeper()
 	stop = make(chan struct{})
 	type swept struct {
 		n   int

@@ -1,4 +1,4 @@
-package core
+package syncclock
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/idemkit/idem/core"
 )
 
 // dbClock is the shared clock all processes sample (the database's).
@@ -19,15 +21,15 @@ func (d *dbClock) Now(context.Context) (time.Time, error) {
 	return time.Now(), nil
 }
 
-func TestSyncedClockAgreesDespiteSkew(t *testing.T) {
+func TestClockAgreesDespiteSkew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := &dbClock{}
-		ahead, err := newSyncedClock(t.Context(), src, time.Second, func() time.Time { return time.Now().Add(7 * time.Second) })
+		ahead, err := newClock(t.Context(), src, time.Second, func() time.Time { return time.Now().Add(7 * time.Second) })
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer ahead.Stop()
-		behind, err := newSyncedClock(t.Context(), src, time.Second, func() time.Time { return time.Now().Add(-3 * time.Second) })
+		behind, err := newClock(t.Context(), src, time.Second, func() time.Time { return time.Now().Add(-3 * time.Second) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,10 +54,10 @@ func TestSyncedClockAgreesDespiteSkew(t *testing.T) {
 	})
 }
 
-func TestSyncedClockFailsWithoutASource(t *testing.T) {
+func TestClockFailsWithoutASource(t *testing.T) {
 	src := &dbClock{}
 	src.fail.Store(true)
-	if _, err := NewSyncedClock(context.Background(), src, 0); !errors.Is(err, ErrStoreUnavailable) {
-		t.Fatalf("err = %v, want ErrStoreUnavailable", err)
+	if _, err := New(context.Background(), src, 0); !errors.Is(err, core.ErrStoreUnavailable) {
+		t.Fatalf("err = %v, want core.ErrStoreUnavailable", err)
 	}
 }

@@ -1,4 +1,7 @@
-package core
+// Package syncclock gives every process that shares a store one clock to
+// decide leases and expiry by: the database's, followed through an offset
+// (see Clock). Pass a Clock's Now to core.WithClock.
+package syncclock
 
 import (
 	"context"
@@ -6,6 +9,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/core"
 )
 
 // TimeSource reads a clock that every process sharing a store agrees on:
@@ -14,15 +19,15 @@ type TimeSource interface {
 	Now(ctx context.Context) (time.Time, error)
 }
 
-// SyncedClock is a clock that follows a TimeSource without asking it on
+// Clock is a clock that follows a TimeSource without asking it on
 // every request: it samples the source every so often, keeps the offset
 // between the source and the local clock (corrected by half the round trip
 // of the sample), and answers local time plus that offset. Processes whose
 // wall clocks differ by seconds then agree on lease and expiry decisions
 // within a few milliseconds (the round trip of a sample), because each
 // reads the database's clock through its own offset. Pass its Now to
-// WithClock.
-type SyncedClock struct {
+// core.WithClock.
+type Clock struct {
 	src   TimeSource
 	local func() time.Time
 
@@ -34,21 +39,21 @@ type SyncedClock struct {
 	done chan struct{}
 }
 
-// DefaultClockSync is how often a SyncedClock samples its source.
-const DefaultClockSync = 10 * time.Second
+// DefaultEvery is how often a Clock samples its source.
+const DefaultEvery = 10 * time.Second
 
-// NewSyncedClock samples src once (failing if it cannot) and then every
-// `every` (DefaultClockSync when zero) in the background until Stop.
+// New samples src once (failing if it cannot) and then every
+// `every` (DefaultEvery when zero) in the background until Stop.
 // Failed samples keep the last offset and are logged.
-func NewSyncedClock(ctx context.Context, src TimeSource, every time.Duration) (*SyncedClock, error) {
-	return newSyncedClock(ctx, src, every, time.Now)
+func New(ctx context.Context, src TimeSource, every time.Duration) (*Clock, error) {
+	return newClock(ctx, src, every, time.Now)
 }
 
-func newSyncedClock(ctx context.Context, src TimeSource, every time.Duration, local func() time.Time) (*SyncedClock, error) {
+func newClock(ctx context.Context, src TimeSource, every time.Duration, local func() time.Time) (*Clock, error) {
 	if every <= 0 {
-		every = DefaultClockSync
+		every = DefaultEvery
 	}
-	c := &SyncedClock{src: src, local: local, stop: make(chan struct{}), done: make(chan struct{})}
+	c := &Clock{src: src, local: local, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := c.Sync(ctx); err != nil {
 		return nil, err
 	}
@@ -73,12 +78,12 @@ func newSyncedClock(ctx context.Context, src TimeSource, every time.Duration, lo
 }
 
 // Sync samples the source now.
-func (c *SyncedClock) Sync(ctx context.Context) error {
+func (c *Clock) Sync(ctx context.Context) error {
 	before := c.local()
 	remote, err := c.src.Now(ctx)
 	after := c.local()
 	if err != nil {
-		return fmt.Errorf("%w: reading the database clock: %w", ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: reading the database clock: %w", core.ErrStoreUnavailable, err)
 	}
 	rtt := after.Sub(before)
 	mid := before.Add(rtt / 2)
@@ -89,7 +94,7 @@ func (c *SyncedClock) Sync(ctx context.Context) error {
 }
 
 // Now returns the source's time, estimated from the local clock.
-func (c *SyncedClock) Now() time.Time {
+func (c *Clock) Now() time.Time {
 	c.mu.RLock()
 	off := c.offset
 	c.mu.RUnlock()
@@ -98,14 +103,14 @@ func (c *SyncedClock) Now() time.Time {
 
 // Offset reports the last measured offset of the source from the local
 // clock, and the round trip of that sample (the bound on its error).
-func (c *SyncedClock) Offset() (offset, uncertainty time.Duration) {
+func (c *Clock) Offset() (offset, uncertainty time.Duration) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.offset, c.rtt / 2
 }
 
 // Stop ends the background sampling.
-func (c *SyncedClock) Stop() {
+func (c *Clock) Stop() {
 	select {
 	case <-c.stop:
 	default:

@@ -1,0 +1,713 @@
+package canonjson
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/internal/jsontest"
+)
+
+func canonical(s string) (string, error) {
+	c, err := Append(nil, []byte(s))
+	return string(c), err
+}
+
+func TestCanonicalJSON(t *testing.T) {
+	long := strings.Repeat("1234567890", 500)
+	tests := []struct {
+		name, in, want string
+	}{
+		// Structure and whitespace.
+		{"ok, members sorted by key", `{"b":1,"a":2}`, `{"a":2,"b":1}`},
+		{"ok, sorted members stay", `{"a":1,"b":2,"c":3}`, `{"a":1,"b":2,"c":3}`},
+		{"ok, insignificant whitespace removed", " \t\r\n{ \"a\" : [ 1 , 2 , { } , [ ] ] }\n", `{"a":[1,2,{},[]]}`},
+		{"ok, nested objects sorted", `{"b":[{"z":1,"y":{"q":0,"p":[{"n":1,"m":2}]}}],"a":{"d":1,"c":2}}`, `{"a":{"c":2,"d":1},"b":[{"y":{"p":[{"m":2,"n":1}],"q":0},"z":1}]}`},
+		{"ok, unsorted inside sorted", `{"a":{"d":1,"c":{"f":1,"e":2}},"b":2}`, `{"a":{"c":{"e":2,"f":1},"d":1},"b":2}`},
+		{"ok, sorted inside unsorted", `{"b":{"c":1,"d":2},"a":{"e":[1,{"f":1}]}}`, `{"a":{"e":[1,{"f":1}]},"b":{"c":1,"d":2}}`},
+		{"ok, arrays keep order", `[3,1,2,"b","a"]`, `[3,1,2,"b","a"]`},
+		{"ok, objects in arrays sorted", `[{"b":1,"a":1},{"d":1,"c":1}]`, `[{"a":1,"b":1},{"c":1,"d":1}]`},
+		{"ok, empty containers", `[ { } , [ ] , {"a" : { } } ]`, `[{},[],{"a":{}}]`},
+		{"ok, literals", `[true,false,null]`, `[true,false,null]`},
+		{"ok, top-level string", ` "x" `, `"x"`},
+		{"ok, top-level number", `1.0`, `1`},
+		{"ok, keys compared after unescaping", `{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},
+		{"ok, quote key sorts before letters", `{"A":1,"\"":2}`, `{"\"":2,"A":1}`},
+		{"ok, names compared case-insensitively", `{"a":1,"\\":2,"Z":3}`, `{"a":1,"Z":3,"\\":2}`},
+		{"ok, lower case before a later upper case", `{"B":1,"a":2}`, `{"a":2,"B":1}`},
+		{"ok, control key sorts first", `{" ":1,"\n":2}`, `{"\n":2," ":1}`},
+		{"ok, keys sorted by folded code point", `{"é":1,"z":2,"":4,"\ud83d\ude00":5,"\uffff":6,"ß":7}`, "{\"\":4,\"z\":2,\"é\":1,\"ß\":7,\"\uffff\":6,\"😀\":5}"},
+
+		// Names that collide when case-folded keep their order.
+		{"ok, a repeated name keeps the order", `{"b":2,"a":1,"a":2}`, `{"a":1,"a":2,"b":2}`},
+		{"ok, a repeated name keeps the order, reversed", `{"a":2,"b":2,"a":1}`, `{"a":2,"a":1,"b":2}`},
+		{"ok, colliding names keep their order, others sorted", `{"z":0,"Q":9,"item":"tea","q":1}`, `{"item":"tea","Q":9,"q":1,"z":0}`},
+		{"ok, a repeated name after unescaping keeps the order", `{"a":1,"\u0061":2}`, `{"a":1,"a":2}`},
+		{"ok, names equal but for case keep the order", `{"item":"tea","quantity":1,"Quantity":9}`, `{"item":"tea","quantity":1,"Quantity":9}`},
+		{"ok, names equal but for case keep the order, reversed", `{"item":"tea","Quantity":9,"quantity":1}`, `{"item":"tea","Quantity":9,"quantity":1}`},
+		{"ok, Kelvin sign collides with k", `{"k":1,"\u212a":2}`, "{\"k\":1,\"\u212a\":2}"},
+		{"ok, long s collides with S", `{"ſ":1,"S":2}`, `{"ſ":1,"S":2}`},
+		{"ok, colliding object inside a sorted parent", `{"b":{"x":1,"X":2},"a":{"d":1,"c":2}}`, `{"a":{"c":2,"d":1},"b":{"x":1,"X":2}}`},
+		{"ok, sorted object inside a colliding parent", `{"b":{"d":1,"c":2},"B":0}`, `{"b":{"c":2,"d":1},"B":0}`},
+		{"ok, duplicate empty names keep the order", `{"":1,"":2}`, `{"":1,"":2}`},
+		{"ok, prefix key sorts first", `{"ab":1,"a":2}`, `{"a":2,"ab":1}`},
+		{"ok, keys sorted lexically, not by length", `{"b":1,"aa":2}`, `{"aa":2,"b":1}`},
+		{"ok, many members", `{"j":0,"i":1,"h":2,"g":3,"f":4,"e":5,"d":6,"c":7,"b":8,"a":9}`, `{"a":9,"b":8,"c":7,"d":6,"e":5,"f":4,"g":3,"h":2,"i":1,"j":0}`},
+
+		// Strings.
+		{"ok, unicode escape becomes raw UTF-8", `"\u00e9"`, `"é"`},
+		{"ok, raw UTF-8 stays", `"é日本😀"`, `"é日本😀"`},
+		{"ok, escaped solidus becomes raw", `["\/","\u002F","\u002f"]`, `["/","/","/"]`},
+		{"ok, short escapes kept", `"\b\f\n\r\t\"\\"`, `"\b\f\n\r\t\"\\"`},
+		{"ok, unicode escapes of short forms", `"\u0008\u000C\u000a\u000D\u0009\u0022\u005C"`, `"\b\f\n\r\t\"\\"`},
+		{"ok, other controls as lowercase u escapes", `"\u0000\u001F\u0001\u000B"`, `"\u0000\u001f\u0001\u000b"`},
+		{"ok, DEL and U+2028 raw", `"\u007f\u2028\u2029"`, "\"\x7f\u2028\u2029\""},
+		{"ok, HTML characters raw", `"\u003c\u003e\u0026<>&"`, `"<>&<>&"`},
+		{"ok, surrogate pair", `"\ud83d\ude00\uD83D\uDE00"`, `"😀😀"`},
+		{"ok, replacement character escape", `"\ufffd"`, "\"\ufffd\""},
+		{"ok, noncharacters kept", `"\uffff\ufffe"`, "\"\uffff\ufffe\""},
+
+		// Numbers.
+		{"ok, 1", `1`, `1`},
+		{"ok, 1.0 and 1 agree", `1.0`, `1`},
+		{"ok, 1.00 and 1 agree", `1.00`, `1`},
+		{"ok, 1e0 and 1 agree", `1e0`, `1`},
+		{"ok, 10e-1 and 1 agree", `10e-1`, `1`},
+		{"ok, 0.1e1 and 1 agree", `0.1e1`, `1`},
+		{"ok, 1E+0 and 1 agree", `1E+0`, `1`},
+		{"ok, exponent with leading zeros", `1e00000000000000000000000000`, `1`},
+		{"ok, -0 is 0", `-0`, `0`},
+		{"ok, 0.0 is 0", `0.0`, `0`},
+		{"ok, 0e5 is 0", `0e5`, `0`},
+		{"ok, -0.000e-7 is 0", `-0.000e-7`, `0`},
+		{"ok, zero with huge exponent is 0", `0e99999999999999999999999`, `0`},
+		{"ok, 100", `100`, `100`},
+		{"ok, 1E+2 and 100 agree", `1E+2`, `100`},
+		{"ok, 1e+02 and 100 agree", `1e+02`, `100`},
+		{"ok, 0.01e4 and 100 agree", `0.01e4`, `100`},
+		{"ok, 100.000 and 100 agree", `100.000`, `100`},
+		{"ok, negative", `-1.50`, `-1.5`},
+		{"ok, fraction", `123.4500`, `123.45`},
+		{"ok, 0.5", `0.5`, `0.5`},
+		{"ok, 5e-1 and 0.5 agree", `5e-1`, `0.5`},
+		{"ok, small fixed", `-0.000123`, `-0.000123`},
+		{"ok, 1e-6 fixed", `1e-6`, `0.000001`},
+		{"ok, 1e-7 scientific", `0.0000001`, `1e-7`},
+		{"ok, 1.5e-7", `15e-8`, `1.5e-7`},
+		{"ok, 20 digits integer", `12345678901234567890`, `12345678901234567890`},
+		{"ok, 12345678901234567890.5 kept exactly", `12345678901234567890.5`, `12345678901234567890.5`},
+		{"ok, 12345678901234567891", `12345678901234567891`, `12345678901234567891`},
+		{"ok, 1e20 integer", `1e20`, `100000000000000000000`},
+		{"ok, 21 digits integer", `123456789012345678901`, `123456789012345678901`},
+		{"ok, 1e21 scientific", `1e21`, `1e+21`},
+		{"ok, 22 digits scientific", `1234567890123456789012`, `1.234567890123456789012e+21`},
+		{"ok, 22 digits with fraction", `1234567890123456789012.5`, `1.2345678901234567890125e+21`},
+		{"ok, 21 digits with fraction", `123456789012345678901.5`, `123456789012345678901.5`},
+		{"ok, 1e400 exact", `1e400`, `1e+400`},
+		{"ok, 1e-400 exact", `1e-400`, `1e-400`},
+		{"ok, 10e399 is 1e400", `10e399`, `1e+400`},
+		{"ok, largest exponent", `1e1000000000`, `1e+1000000000`},
+		{"ok, largest exponent via digits", `10e999999999`, `1e+1000000000`},
+		{"ok, smallest exponent", `-1.5e-1000000000`, `-1.5e-1000000000`},
+		{"ok, smallest exponent via fraction", `0.1e-999999999`, `1e-1000000000`},
+		{"ok, long integer", long, long[:1] + "." + strings.TrimRight(long[1:], "0") + "e+4999"},
+		{"ok, long fraction", "0." + long, "0." + strings.TrimRight(long, "0")},
+		{"ok, long trailing zeros", "1" + strings.Repeat("0", 5000) + "e-5000", "1"},
+		{"ok, long leading zeros", "0." + strings.Repeat("0", 5000) + "1e5001", "1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := canonical(tt.in)
+			if err != nil {
+				t.Fatalf("Append(%.80q): %v", tt.in, err)
+			}
+			if got != tt.want {
+				t.Fatalf("Append(%.80q)\n got %.200q\nwant %.200q", tt.in, got, tt.want)
+			}
+			checkCanonical(t, []byte(tt.in), []byte(got))
+		})
+	}
+}
+
+func TestCanonicalJSONAppends(t *testing.T) {
+	dst := []byte("prefix:")
+	got, err := Append(dst, []byte(`{"b":1,"a":2}`))
+	if err != nil || string(got) != `prefix:{"a":2,"b":1}` {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	got, err = Append(dst, []byte(`{"b":1,`))
+	if err == nil || string(got) != "prefix:" {
+		t.Fatalf("on error: got %q, %v; want dst unchanged and an error", got, err)
+	}
+	// The output may overwrite the input.
+	src := []byte(`{ "b" : 1 , "a" : 2 }`)
+	got, err = Append(src[:0], src)
+	if err != nil || string(got) != `{"a":2,"b":1}` {
+		t.Fatalf("in place: got %q, %v", got, err)
+	}
+}
+
+func TestCanonicalJSONErrors(t *testing.T) {
+	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	deepObj := func(n int) string { return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n) }
+	tests := []struct {
+		name, in string
+		reason   error
+	}{
+		{"nok, empty", ``, errJSONSyntax},
+		{"nok, only whitespace", " \n", errJSONSyntax},
+		{"nok, trailing comma in array", `[1,]`, errJSONSyntax},
+		{"nok, trailing comma in object", `{"a":1,}`, errJSONSyntax},
+		{"nok, leading comma", `[,1]`, errJSONSyntax},
+		{"nok, leading zero", `01`, errJSONSyntax},
+		{"nok, negative leading zero", `-01`, errJSONSyntax},
+		{"nok, leading zero in array", `[00]`, errJSONSyntax},
+		{"nok, fraction without integer", `.5`, errJSONSyntax},
+		{"nok, point without fraction", `1.`, errJSONSyntax},
+		{"nok, point then exponent", `1.e5`, errJSONSyntax},
+		{"nok, plus sign", `+1`, errJSONSyntax},
+		{"nok, lone minus", `-`, errJSONSyntax},
+		{"nok, minus space", `- 1`, errJSONSyntax},
+		{"nok, exponent without digits", `1e`, errJSONSyntax},
+		{"nok, exponent sign without digits", `1e+`, errJSONSyntax},
+		{"nok, hex", `0x10`, errJSONSyntax},
+		{"nok, two points", `1.2.3`, errJSONSyntax},
+		{"nok, NaN", `NaN`, errJSONSyntax},
+		{"nok, Infinity", `-Infinity`, errJSONSyntax},
+		{"nok, unterminated string", `"abc`, errJSONSyntax},
+		{"nok, unterminated escape", `"abc\`, errJSONSyntax},
+		{"nok, unknown escape", `"\x41"`, errJSONSyntax},
+		{"nok, short unicode escape", `"\u12"`, errJSONSyntax},
+		{"nok, bad hex in unicode escape", `"\u12G4"`, errJSONSyntax},
+		{"nok, raw tab in string", "\"a\tb\"", errJSONSyntax},
+		{"nok, raw NUL in string", "\"a\x00b\"", errJSONSyntax},
+		{"nok, single quotes", `'a'`, errJSONSyntax},
+		{"nok, unquoted key", `{a:1}`, errJSONSyntax},
+		{"nok, number key", `{1:1}`, errJSONSyntax},
+		{"nok, missing colon", `{"a" 1}`, errJSONSyntax},
+		{"nok, missing value", `{"a":}`, errJSONSyntax},
+		{"nok, missing comma in object", `{"a":1 "b":2}`, errJSONSyntax},
+		{"nok, missing comma in array", `[1 2]`, errJSONSyntax},
+		{"nok, truncated true", `tru`, errJSONSyntax},
+		{"nok, truncated null", `[nul]`, errJSONSyntax},
+		{"nok, capitalised literal", `True`, errJSONSyntax},
+		{"nok, literal with suffix", `truex`, errJSONSyntax},
+		{"nok, unterminated array", `[1`, errJSONSyntax},
+		{"nok, unterminated object", `{"a":1`, errJSONSyntax},
+		{"nok, unterminated key", `{"a`, errJSONSyntax},
+		{"nok, mismatched brackets", `[1}`, errJSONSyntax},
+		{"nok, mismatched braces", `{"a":1]`, errJSONSyntax},
+		{"nok, extra close", `[1]]`, errJSONSyntax},
+		{"nok, lone close", `]`, errJSONSyntax},
+		{"nok, trailing garbage", `{}x`, errJSONSyntax},
+		{"nok, two documents", `1 2`, errJSONSyntax},
+		{"nok, trailing NUL", "1\x00", errJSONSyntax},
+		{"nok, leading BOM", "\xef\xbb\xbf{}", errJSONSyntax},
+		{"nok, non-JSON whitespace", "\v1", errJSONSyntax},
+		{"nok, comment", `[1/*x*/]`, errJSONSyntax},
+
+		{"nok, invalid UTF-8", "\"\xff\"", errJSONInvalidUTF8},
+		{"nok, truncated UTF-8", "\"\xc3\"", errJSONInvalidUTF8},
+		{"nok, overlong UTF-8", "\"\xc0\xaf\"", errJSONInvalidUTF8},
+		{"nok, UTF-8 encoded surrogate", "\"\xed\xa0\x80\"", errJSONInvalidUTF8},
+		{"nok, invalid UTF-8 in key", "{\"\xff\":1}", errJSONInvalidUTF8},
+		{"nok, lone high surrogate", `"\ud800"`, errJSONSurrogate},
+		{"nok, lone low surrogate", `"\udc00"`, errJSONSurrogate},
+		{"nok, high surrogate then letter", `"\ud800x"`, errJSONSurrogate},
+		{"nok, high surrogate then BMP escape", `"\ud800\u0041"`, errJSONSurrogate},
+		{"nok, surrogates reversed", `"\udc00\ud800"`, errJSONSurrogate},
+		{"nok, two high surrogates", `"\ud800\ud800"`, errJSONSurrogate},
+
+		{"nok, depth 129 arrays", deep(MaxDepth + 1), errJSONTooDeep},
+		{"nok, depth 129 objects", deepObj(MaxDepth + 1), errJSONTooDeep},
+		{"nok, depth 100000", deep(100000), errJSONTooDeep},
+
+		{"nok, exponent beyond range", `1e1000000001`, errJSONExponentRange},
+		{"nok, exponent beyond range via digits", `100e999999999`, errJSONExponentRange},
+		{"nok, negative exponent beyond range", `1e-1000000001`, errJSONExponentRange},
+		{"nok, negative exponent beyond range via fraction", `0.01e-999999999`, errJSONExponentRange},
+		{"nok, huge exponent", `1e999999999999`, errJSONExponentRange},
+		{"nok, exponent overflowing int64", `1e99999999999999999999999999`, errJSONExponentRange},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := canonical(tt.in)
+			if err == nil {
+				t.Fatalf("Append(%.80q) = %.80q, want an error", tt.in, got)
+			}
+			if !errors.Is(err, ErrInvalid) || !errors.Is(err, tt.reason) {
+				t.Fatalf("Append(%.80q): %v, want ErrInvalid and %v", tt.in, err, tt.reason)
+			}
+			checkAgainstEncodingJSON(t, []byte(tt.in), nil, err)
+		})
+	}
+}
+
+func TestCanonicalJSONDepth(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"ok, depth 128 arrays", strings.Repeat("[", 128) + strings.Repeat("]", 128), true},
+		{"ok, depth 128 mixed", strings.Repeat(`[{"a":`, 64) + "1" + strings.Repeat("}]", 64), true},
+		{"nok, depth 129 mixed", strings.Repeat(`[{"a":`, 64) + "[]" + strings.Repeat("}]", 64), false},
+		{"ok, depth 128 unsorted objects", strings.Repeat(`{"b":0,"a":`, 128) + "1" + strings.Repeat("}", 128), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := canonical(tt.in)
+			if (err == nil) != tt.ok {
+				t.Fatalf("err = %v, want ok = %v", err, tt.ok)
+			}
+			if err == nil {
+				checkCanonical(t, []byte(tt.in), []byte(got))
+			}
+		})
+	}
+	got, _ := canonical(strings.Repeat(`{"b":0,"a":`, 3) + "1" + strings.Repeat("}", 3))
+	if want := `{"a":{"a":{"a":1,"b":0},"b":0},"b":0}`; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// TestCanonicalJSONEquivalence: documents that denote the same value have
+// the same canonical form, and documents that do not have different ones.
+func TestCanonicalJSONEquivalence(t *testing.T) {
+	same := []struct{ name, a, b string }{
+		{"ok, key order", `{"a":1,"b":[1,2],"c":{"x":null,"y":true}}`, `{"c":{"y":true,"x":null},"b":[1,2],"a":1}`},
+		{"ok, whitespace", `{"a":[1,2]}`, "{\n  \"a\": [\n    1,\n    2\n  ]\n}\n"},
+		{"ok, escapes and raw", `{"\u00e9\/":"\u003ctag\u003e"}`, `{"é/":"<tag>"}`},
+		{"ok, 1.0 and 1", `{"n":1.0}`, `{"n":1}`},
+		{"ok, 1.00 and 1e0", `[1.00]`, `[1e0]`},
+		{"ok, 10e-1 and 0.1e1", `10e-1`, `0.1e1`},
+		{"ok, -0 and 0", `-0`, `0`},
+		{"ok, 1E+2 and 100", `1E+2`, `100`},
+		{"ok, 1e400 and 1e400", `1e400`, `1e400`},
+		{"ok, 1e400 and 10e399", `1e400`, `10e399`},
+		{"ok, 1e-400 and 0.1e-399", `1e-400`, `0.1e-399`},
+		{"ok, 12345678901234567890.5 and 1234567890123456789050e-2", `12345678901234567890.5`, `1234567890123456789050e-2`},
+	}
+	for _, tt := range same {
+		t.Run(tt.name, func(t *testing.T) {
+			a, errA := canonical(tt.a)
+			b, errB := canonical(tt.b)
+			if errA != nil || errB != nil {
+				t.Fatalf("errors: %v, %v", errA, errB)
+			}
+			if a != b {
+				t.Fatalf("%s -> %s\n%s -> %s\nwant the same", tt.a, a, tt.b, b)
+			}
+		})
+	}
+	differ := []struct{ name, a, b string }{
+		{"nok, 12345678901234567890.5 and 12345678901234567890", `12345678901234567890.5`, `12345678901234567890`},
+		{"nok, 12345678901234567890.5 and 12345678901234567891", `12345678901234567890.5`, `12345678901234567891`},
+		{"nok, 9007199254740993 and 9007199254740992", `9007199254740993`, `9007199254740992`},
+		{"nok, 0.1 and 0.10000000000000001", `0.1`, `0.10000000000000001`},
+		{"nok, 1e400 and 1e401", `1e400`, `1e401`},
+		{"nok, 1e-400 and 0", `1e-400`, `0`},
+		{"nok, 1 and -1", `1`, `-1`},
+		{"nok, 1 and \"1\"", `1`, `"1"`},
+		{"nok, null and missing", `{"a":null}`, `{}`},
+		{"nok, array order", `[1,2]`, `[2,1]`},
+		{"nok, key case", `{"a":1}`, `{"A":1}`},
+		{"nok, nested vs flat", `{"a":{"b":1}}`, `{"a":"{\"b\":1}"}`},
+		{"nok, 1e21 and 1e20", `1e21`, `1e20`},
+	}
+	for _, tt := range differ {
+		t.Run(tt.name, func(t *testing.T) {
+			a, errA := canonical(tt.a)
+			b, errB := canonical(tt.b)
+			if errA != nil || errB != nil {
+				t.Fatalf("errors: %v, %v", errA, errB)
+			}
+			if a == b {
+				t.Fatalf("%s and %s both -> %s, want different forms", tt.a, tt.b, a)
+			}
+		})
+	}
+}
+
+// TestCanonicalJSONAgainstEncodingJSON runs the checks the fuzz target runs
+// on a set of larger documents.
+func TestCanonicalJSONAgainstEncodingJSON(t *testing.T) {
+	for _, in := range []string{
+		benchBody,
+		`{"emoji":"\ud83d\ude00","html":"<a href=\"x\">&amp;</a>","ctl":"\u0001\u001f","ls":"\u2028"}`,
+		`[{"id":1,"tags":["a","b"],"price":{"amount":"12.50","value":12.50e0}},{"id":2,"tags":[],"price":null}]`,
+		`{"z":{"y":{"x":{"w":[{"v":1,"u":2},{"t":[3,4,{"s":5,"r":6}]}]}}},"a":[[[[]]]]}`,
+		`[-0.0, 0e0, 1E-0, 123456789012345678901234567890, 1.5e300, -2.5e-300, 1e-7, 1e21]`,
+	} {
+		c, err := Append(nil, []byte(in))
+		if err != nil {
+			t.Fatalf("Append(%q): %v", in, err)
+		}
+		checkCanonical(t, []byte(in), c)
+	}
+}
+
+// checkCanonical checks the properties of c, the canonical form of src:
+// Append(c) == c; c is valid JSON; c decodes to the same structure as
+// src, numbers compared as exact decimals; and encoding/json's own
+// re-serialisation of src (indented, keys re-ordered, <>& escaped) has the
+// same canonical form.
+func checkCanonical(t *testing.T, src, c []byte) {
+	t.Helper()
+	if !json.Valid(c) {
+		t.Fatalf("canonical form %.200q of %.200q is not valid JSON", c, src)
+	}
+	c2, err := Append(nil, c)
+	if err != nil || !bytes.Equal(c, c2) {
+		t.Fatalf("not idempotent: %.200q -> %.200q, %v", c, c2, err)
+	}
+	v1, err := jsontest.DecodeUseNumber(src)
+	if err != nil {
+		t.Fatalf("encoding/json cannot decode %.200q: %v", src, err)
+	}
+	v2, err := jsontest.DecodeUseNumber(c)
+	if err != nil {
+		t.Fatalf("encoding/json cannot decode %.200q: %v", c, err)
+	}
+	if path, ok := jsontest.SameJSON(v1, v2, "$"); !ok {
+		t.Fatalf("canonical form %.200q of %.200q differs at %s", c, src, path)
+	}
+	if s1, s2, ok := jsontest.SameStruct(src, c); !ok {
+		t.Fatalf("canonical form %.200q of %.200q decodes into a struct differently:\n%s\n%s", c, src, s1, s2)
+	}
+	if hasCollision(src) {
+		// encoding/json keeps one of the colliding members only, and
+		// reorders them: its re-serialisation is another request.
+		return
+	}
+	var re bytes.Buffer
+	enc := json.NewEncoder(&re)
+	enc.SetIndent(" ", "\t")
+	if err := enc.Encode(v1); err != nil {
+		t.Fatalf("encoding/json cannot encode %.200q: %v", src, err)
+	}
+	c3, err := Append(nil, re.Bytes())
+	if err != nil || !bytes.Equal(c, c3) {
+		t.Fatalf("re-serialised %.200q\n-> %.200q, %v\nwant %.200q", re.Bytes(), c3, err, c)
+	}
+}
+
+// checkAgainstEncodingJSON checks that Append accepts src exactly when
+// encoding/json does, except for what it refuses on purpose: nesting beyond MaxDepth, invalid UTF-8 and lone surrogates in strings
+// (which encoding/json replaces with U+FFFD), exponents out of range. Each
+// such refusal is confirmed independently.
+func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
+	t.Helper()
+	valid := json.Valid(src)
+	switch {
+	case err == nil && !valid:
+		t.Fatalf("Append accepts %.200q (-> %.200q), encoding/json does not", src, c)
+	case err != nil && valid:
+		var why string
+		switch {
+		case errors.Is(err, errJSONTooDeep):
+			if depthOf(src) <= MaxDepth {
+				why = "nesting is not too deep"
+			}
+		case errors.Is(err, errJSONInvalidUTF8):
+			if utf8.Valid(src) {
+				why = "the input is valid UTF-8"
+			}
+		case errors.Is(err, errJSONSurrogate):
+			if !surrogateEscape.Match(src) {
+				why = "no surrogate escape in the input"
+			}
+		case errors.Is(err, errJSONExponentRange):
+			if !bigExponent.Match(src) {
+				why = "no large exponent in the input"
+			}
+		default:
+			why = "not one of the deliberate refusals"
+		}
+		if why != "" {
+			t.Fatalf("Append refuses %.200q (%v) that encoding/json accepts: %s", src, err, why)
+		}
+	}
+}
+
+var (
+	surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+	bigExponent     = regexp.MustCompile(`[eE][-+]?0*[1-9][0-9]{8}`)
+)
+
+// hasCollision walks src with encoding/json's tokenizer and reports
+// whether an object has two members whose (decoded) names are equal under
+// strings.EqualFold, a repeated name included.
+func hasCollision(src []byte) bool {
+	d := json.NewDecoder(bytes.NewReader(src))
+	d.UseNumber() // 1e400 is not an error
+	type obj struct {
+		names  []string
+		expKey bool
+	}
+	var stack []*obj
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return false
+		}
+		var top *obj
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.expKey {
+			if k, ok := tok.(string); ok {
+				for _, n := range top.names {
+					if strings.EqualFold(n, k) {
+						return true
+					}
+				}
+				top.names = append(top.names, k)
+				top.expKey = false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &obj{names: []string{}, expKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &obj{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		// A value ended: the enclosing object expects a key next.
+		if len(stack) > 0 && stack[len(stack)-1].names != nil {
+			stack[len(stack)-1].expKey = true
+		}
+	}
+}
+
+// depthOf returns the deepest nesting in src, by encoding/json's tokenizer.
+func depthOf(src []byte) int {
+	d := json.NewDecoder(bytes.NewReader(src))
+	d.UseNumber()
+	depth, most := 0, 0
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return most
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			most = max(most, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
+func TestCanonicalJSONEdgeInputsAgainstEncodingJSON(t *testing.T) {
+	for _, in := range []string{
+		``, `[`, `]`, `{}`, `[]`, `""`, `"`, `1`, `-`, `0`, `00`, `-0`, `1e5`, `1E-5`, `1.5e+5`, `"\u0000"`,
+		"\"\xff\"", `"\ud800"`, `{"a":1,"a":1}`, `{"a":[{"b":1,"b":2}]}`, "\xef\xbb\xbf1", " 1 ", "1 x",
+		`{"a":1}{"b":2}`, `[1,2,]`, `[true false]`, `nulll`, `{"":""}`, `[-]`, `[1e1.5]`, `1e999999999999`,
+		strings.Repeat("[", 129) + strings.Repeat("]", 129),
+	} {
+		c, err := Append(nil, []byte(in))
+		checkAgainstEncodingJSON(t, []byte(in), c, err)
+		if err == nil {
+			checkCanonical(t, []byte(in), c)
+		}
+	}
+}
+
+// TestCanonicalJSONRandomDocuments writes random JSON values twice, each
+// time with its own member order, whitespace, string escapes and number
+// spelling, and checks that both texts have the same canonical form.
+func TestCanonicalJSONRandomDocuments(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 3000 {
+		v := jsontest.RandomValue(rng, 0)
+		a := jsontest.RenderValue(rng, nil, v)
+		b := jsontest.RenderValue(rng, nil, v)
+		ca, err := Append(nil, a)
+		if err != nil {
+			t.Fatalf("document %d: Append(%.300q): %v", i, a, err)
+		}
+		cb, err := Append(nil, b)
+		if err != nil {
+			t.Fatalf("document %d: Append(%.300q): %v", i, b, err)
+		}
+		if !bytes.Equal(ca, cb) {
+			t.Fatalf("document %d: one value, two forms:\n%.300q\n-> %.300q\n%.300q\n-> %.300q", i, a, ca, b, cb)
+		}
+		checkCanonical(t, a, ca)
+	}
+}
+
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":[1,2,{"d":null,"c":true}]}`,
+		benchBody,
+		`"\u00e9\/\ud83d\ude00\u003c"`,
+		`[1,1.0,1e0,10e-1,-0,0.0,1E+2,12345678901234567890.5,1e400,1e-400]`,
+		`{"a":1,"a":2}`,
+		`{"\u0061":1,"a":2}`,
+		`"\ud800"`,
+		"\"\xff\"",
+		`[01]`,
+		`{"a":[1,]}`,
+		strings.Repeat("[", 129) + strings.Repeat("]", 129),
+		`{"z":{"y":{"x":1,"w":2},"v":[{"u":1,"t":2}]},"s":0}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, src []byte) {
+		c, err := Append(nil, src)
+		checkAgainstEncodingJSON(t, src, c, err)
+		if err == nil {
+			checkCanonical(t, src, c)
+		}
+	})
+}
+
+// fuzzDigits turns arbitrary bytes into a digit string of at most 60 digits.
+func fuzzDigits(b []byte) string {
+	if len(b) > 60 {
+		b = b[:60]
+	}
+	d := make([]byte, len(b))
+	for i, c := range b {
+		d[i] = '0' + c%10
+	}
+	if len(d) == 0 {
+		return "0"
+	}
+	return string(d)
+}
+
+func ratOf(t *testing.T, s string) *big.Rat {
+	t.Helper()
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		t.Fatalf("big.Rat cannot read %q", s)
+	}
+	return r
+}
+
+func FuzzNumberEquivalence(f *testing.F) {
+	f.Add([]byte{1}, int16(0), false, uint32(0), uint32(1<<6|1<<3), []byte{1}, int16(1))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5}, int16(-1), false, uint32(0), uint32(5<<6|3<<3|2), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0}, int16(0))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, int16(0), true, uint32(1<<14), uint32(1<<15|1<<16|2<<17), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5}, int16(-1))
+	f.Add([]byte{0}, int16(7), true, uint32(7), uint32(2<<6), []byte{0}, int16(-3))
+	f.Add([]byte{1}, int16(400), false, uint32(0), uint32(3<<3|2<<6), []byte{1}, int16(-400))
+	f.Add([]byte{9, 9, 9}, int16(18), false, uint32(1<<6), uint32(3<<6|7), []byte{1}, int16(21))
+	f.Add([]byte{1, 5}, int16(-8), true, uint32(0), uint32(2<<6|5), []byte{1, 5}, int16(-7))
+	f.Fuzz(func(t *testing.T, d1 []byte, e1 int16, neg bool, formA, formB uint32, d2 []byte, e2 int16) {
+		digits, exp := fuzzDigits(d1), int(e1)%500
+		a := jsontest.NumberText(neg, digits, exp, formA)
+		b := jsontest.NumberText(neg, digits, exp, formB)
+		ca, err := canonical(a)
+		if err != nil {
+			t.Fatalf("Append(%s): %v", a, err)
+		}
+		cb, err := canonical(b)
+		if err != nil {
+			t.Fatalf("Append(%s): %v", b, err)
+		}
+		if ca != cb {
+			t.Fatalf("%s -> %s, %s -> %s: the same value, different forms", a, ca, b, cb)
+		}
+		want := ratOf(t, a)
+		if got := ratOf(t, ca); got.Cmp(want) != 0 {
+			t.Fatalf("%s -> %s: value changed", a, ca)
+		}
+		if cc, err := canonical(ca); err != nil || cc != ca {
+			t.Fatalf("%s -> %s -> %s, %v: not idempotent", a, ca, cc, err)
+		}
+		if !json.Valid([]byte(ca)) {
+			t.Fatalf("%s -> %s: not valid JSON", a, ca)
+		}
+		// Another value, in yet another form.
+		c := jsontest.NumberText(!neg == (e2&1 == 1), fuzzDigits(d2), int(e2)%500, formA^formB)
+		cc, err := canonical(c)
+		if err != nil {
+			t.Fatalf("Append(%s): %v", c, err)
+		}
+		if equal := ratOf(t, c).Cmp(want) == 0; equal != (cc == ca) {
+			t.Fatalf("%s -> %s, %s -> %s: values equal %v, forms equal %v", a, ca, c, cc, equal, cc == ca)
+		}
+	})
+}
+
+const benchBody = `{
+  "customer_id": "cus_9s6XKzkNRiz8i3",
+  "amount": 2500,
+  "currency": "eur",
+  "description": "Order #1042 \u2013 2 items",
+  "metadata": {"order_id": "1042", "channel": "web"},
+  "items": [
+    {"sku": "SKU-123", "quantity": 1, "price": 1250.00},
+    {"sku": "SKU-456", "quantity": 1, "price": 12.5e2}
+  ],
+  "capture": true
+}`
+
+func BenchmarkCanonicalJSON(b *testing.B) {
+	src := []byte(benchBody)
+	dst := make([]byte, 0, len(src))
+	b.SetBytes(int64(len(src)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if dst, err = Append(dst[:0], src); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCanonicalJSONLarge(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteByte('[')
+	for i := range 2000 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"z":%d,"y":"%d\u00e9","x":[1.50,2e3,{"b":1,"a":2}]}`, i, i)
+	}
+	sb.WriteByte(']')
+	src := []byte(sb.String())
+	dst := make([]byte, 0, len(src))
+	b.SetBytes(int64(len(src)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		if dst, err = Append(dst[:0], src); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestCountColons(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{`{"a":1,"b":{"c":2}}`, 3},
+		{`{"a:b":"c:d"}`, 1},
+		{`{"a\":":1}`, 1},
+		{`{"a\\":1}`, 1},
+		{`{"a\\\":b":1}`, 1},
+		{`["\\\\",":",{"x":1}]`, 1},
+		{`{"unterminated:`, 0},
+		{`::`, 2},
+	} {
+		if got := countColons([]byte(tt.in)); got != tt.want {
+			t.Errorf("countColons(%s) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
