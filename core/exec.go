@@ -127,7 +127,8 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	ident := Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = ident.ID()
 
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, nil, nil)
+	c := new(call)
+	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Attempt = ans.decision, ans.rec.Attempt
@@ -148,23 +149,13 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		defer cancel(nil)
 		att.cancel = cancel
 	}
-	hctx = context.WithValue(hctx, attemptKey{}, att)
+	c.claimed = true
+	hctx = context.WithValue(hctx, attemptKey{}, c)
 	defer att.bound()()
 	e.hold(att)
 
-	panicked := true
-	defer func() {
-		if panicked {
-			v := recover()
-			ev.Decision, ev.Err = att.finish(att.classify(0, true), &Response{Status: 500, BodyKept: true})
-			ev.Complete = att.complete
-			ev.Status = 500
-			e.emit(ctx, ev, start)
-			panic(v)
-		}
-	}()
-	resp = fn(hctx)
-	panicked = false
+	att.run(ctx, &ev, start, nil, func(any) *Response { ev.Status = 500; return &Response{Status: 500, BodyKept: true} },
+		func() { resp = fn(hctx) })
 	if resp == nil {
 		resp = &Response{Status: 500}
 	}
@@ -174,8 +165,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		kept.Body = nil
 	}
 	ev.Status = resp.Status
-	ev.Decision, err = att.finish(att.classify(resp.Status, false), &kept)
-	ev.Complete = att.complete
+	err = att.end(&ev, &kept, false)
 	if rt.atomic && errors.Is(err, ErrLostRace) {
 		// The database rolled the transaction back for a concurrent claim
 		// (another Galera node's): fn's answer is void; answer as the
