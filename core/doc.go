@@ -59,8 +59,9 @@
 // business writes and the recorded response commit in one database
 // transaction, which the handler reaches from its request context through
 // the store (sqlstore.Tx, gormstore.DB). The client gets the response
-// only after the commit (past the recording cap, the engine commits first
-// and then streams the rest); a client that goes away does not end the
+// only after the commit (past the recording cap the rest of the answer
+// waits in a temporary file until the commit, and the record says its body
+// was not kept); a client that goes away does not end the
 // attempt: its claim holds until the handler ends, and the retry gets its
 // answer. Leased mode (any store, or the Leased route option): the claim
 // commits first with a lease that a heartbeat extends, on its own
