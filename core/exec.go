@@ -127,7 +127,8 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	ident := Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = ident.ID()
 
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, nil, nil)
+	c := new(call) // holds the attempt, and is what attemptFrom finds in fn's context
+	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Attempt = ans.decision, ans.rec.Attempt
@@ -138,6 +139,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		}
 		return rt.execAnswer(ctx, ev, start, ans, reject)
 	}
+	c.claimed = true
 	ev.Attempt = att.number
 	hctx := att.ctx // atomic mode: carries the transaction
 	if !rt.atomic {
@@ -148,7 +150,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		defer cancel(nil)
 		att.cancel = cancel
 	}
-	hctx = context.WithValue(hctx, attemptKey{}, att)
+	hctx = context.WithValue(hctx, attemptKey{}, c)
 	defer att.bound()()
 	e.hold(att)
 
