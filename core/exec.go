@@ -127,7 +127,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	ident := Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = ident.ID()
 
-	c := new(call)
+	c := new(call) // holds the attempt, and is what attemptFrom finds in fn's context
 	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
 	ev.Claim = ans.claim
 	if att == nil {
@@ -139,6 +139,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		}
 		return rt.execAnswer(ctx, ev, start, ans, reject)
 	}
+	c.claimed = true
 	ev.Attempt = att.number
 	hctx := att.ctx // atomic mode: carries the transaction
 	if !rt.atomic {
@@ -149,7 +150,6 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		defer cancel(nil)
 		att.cancel = cancel
 	}
-	c.claimed = true
 	hctx = context.WithValue(hctx, attemptKey{}, c)
 	defer att.bound()()
 	e.hold(att)

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -34,14 +35,21 @@ type Sweeper struct {
 
 // Sweeper returns a sweeper of the engine's store that compares expiry
 // with the engine's clock (WithClock) and logs to the engine's logger
-// (WithLogger). Set Every and Batch before Start.
+// (WithLogger). Set Every and Batch before Start. A Sweeper made any
+// other way (a struct literal) fails: Sweep with ErrConfig, Start panics.
 func (e *Engine) Sweeper() *Sweeper {
 	return &Sweeper{store: e.store, clock: e.cfg.clock, logger: e.cfg.logger}
 }
 
+// errNoEngine is the error of a Sweeper that Engine.Sweeper did not make.
+var errNoEngine = fmt.Errorf("%w: a core.Sweeper must be made with Engine.Sweeper (e.Sweeper()), which gives it the engine's store, clock and logger", ErrConfig)
+
 // Sweep deletes every record expired at the sweeper's clock, batch by batch,
 // and returns how many it deleted.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
+	if s.store == nil {
+		return 0, errNoEngine
+	}
 	batch := s.Batch
 	if batch <= 0 {
 		batch = DefaultSweepBatch
@@ -62,6 +70,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 // Start sweeps now and then every s.Every until Stop or ctx ends. Calling
 // Start on a running sweeper is a no-op.
 func (s *Sweeper) Start(ctx context.Context) {
+	if s.store == nil {
+		panic(errNoEngine.Error())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cancel != nil {

@@ -2,8 +2,11 @@ package core_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,4 +62,23 @@ func TestSweeperStartStop(t *testing.T) {
 		wg.Wait()
 		s.Stop()
 	})
+}
+
+// TestSweeperNotFromEngine: a Sweeper not made by Engine.Sweeper (a struct
+// literal, which still compiles since its store became unexported) fails
+// loudly with the fix: Sweep with an ErrConfig error, Start with a panic
+// in the caller's goroutine, never a nil dereference in the background.
+func TestSweeperNotFromEngine(t *testing.T) {
+	s := &core.Sweeper{Every: time.Minute}
+	if _, err := s.Sweep(context.Background()); !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), "Engine.Sweeper") {
+		t.Errorf("Sweep: %v, want ErrConfig naming Engine.Sweeper", err)
+	}
+	defer func() {
+		v := recover()
+		if v == nil || !strings.Contains(fmt.Sprint(v), "Engine.Sweeper") {
+			t.Errorf("Start: recovered %v, want a panic naming Engine.Sweeper", v)
+		}
+		s.Stop()
+	}()
+	s.Start(context.Background())
 }

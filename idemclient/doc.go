@@ -35,6 +35,11 @@
 //   - 502 or 504: a gateway between client and server lost the answer,
 //     which is a network error one hop further.
 //
+// A replayed answer (Idempotent-Replayed: true) is never retried, whatever
+// its status: it is the server's record of an earlier attempt (a 502 or
+// 504 the handler answered after it started an effect, a 409 of its own),
+// not a lost answer, and every retry would get it again.
+//
 // Nothing else is retried: not a 400, 422 or any other 4xx (a retry sends
 // the same request and gets the same answer), not a 409 or 503 without
 // Retry-After (the handler's own answer, not the idempotency layer's), and

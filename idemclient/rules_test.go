@@ -166,11 +166,26 @@ var rules = []rule{
 		}
 	}},
 	{"NoRetry500", "A 500 (a failed handler, or a recorded outcome-unknown replay) is returned at once, even with Retry-After.", func(t *testing.T) {
-		s := newServer(t, answer(500, "Retry-After", "1", HeaderReplayed, "true"), answer(201))
-		tr, _ := newTransport(t)
-		resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
-		if resp.StatusCode != 500 || len(s.Seen()) != 1 || !Replayed(resp) {
-			t.Errorf("got %d after %d requests (replayed %v), want the replayed 500 after 1", resp.StatusCode, len(s.Seen()), Replayed(resp))
+		for _, replayed := range []string{"true", "false"} {
+			s := newServer(t, answer(500, "Retry-After", "1", HeaderReplayed, replayed), answer(201))
+			tr, _ := newTransport(t)
+			resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
+			if resp.StatusCode != 500 || len(s.Seen()) != 1 || Replayed(resp) != (replayed == "true") {
+				t.Errorf("got %d after %d requests (replayed %v), want the 500 (replayed %s) after 1", resp.StatusCode, len(s.Seen()), Replayed(resp), replayed)
+			}
+		}
+	}},
+	{"NoRetryReplayed", "A replayed answer (Idempotent-Replayed: true) is the server's record of an earlier attempt, not a lost answer: returned at once, even a 502, 504, or a 409 or 503 with Retry-After.", func(t *testing.T) {
+		for _, st := range []step{
+			answer(502, HeaderReplayed, "true"), answer(504, HeaderReplayed, "true"),
+			answer(409, HeaderReplayed, "true", "Retry-After", "1"), answer(503, HeaderReplayed, "true", "Retry-After", "1"),
+		} {
+			s := newServer(t, st, answer(201))
+			tr, _ := newTransport(t)
+			resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
+			if resp.StatusCode == 201 || len(s.Seen()) != 1 || !Replayed(resp) {
+				t.Errorf("got %d after %d requests (replayed %v), want the replayed answer after 1", resp.StatusCode, len(s.Seen()), Replayed(resp))
+			}
 		}
 	}},
 	{"MaxAttempts", "After WithMaxAttempts attempts the last answer is returned as it is.", func(t *testing.T) {

@@ -229,6 +229,11 @@ func (t *Transport) retryable(ctx context.Context, resp *http.Response, err erro
 		}
 		return -1, true
 	}
+	if Replayed(resp) {
+		// The server's record of an earlier attempt (an outcome-unknown
+		// 5xx, the handler's own 409): every retry gets it again.
+		return 0, false
+	}
 	switch resp.StatusCode {
 	case http.StatusConflict, http.StatusServiceUnavailable:
 		return retryAfter(resp.Header, t.now())
