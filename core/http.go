@@ -239,6 +239,20 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 			}
 		}
 	}
+	if rt.atomic && e.tx.InTx(c.base) && (around == nil || !around.att.rt.atomic) {
+		// The request carries a transaction the engine did not begin (a
+		// transaction-per-request middleware's, sqlstore.WithTx): joined,
+		// the answer would reach the client before that transaction
+		// commits, and a failed commit would leave a 2xx without its
+		// effects (docs/contract.md, section 5). An in-process sub-request
+		// of an atomic attempt joins that attempt's transaction, whose
+		// answer waits for its commit.
+		rt.Refuse(w, r, fmt.Errorf("%w: %s %s: the request's context carries the application's transaction (a transaction-per-request middleware, or WithTx), "+
+			"which commits after the middleware has answered; make the route Leased() (the record commits on its own connection), "+
+			"let the engine begin the transaction for this route, or claim inside your transaction with Route.Exec and answer after your commit",
+			ErrNotProtected, r.Method, r.URL.Path))
+		return nil
+	}
 	return c
 }
 

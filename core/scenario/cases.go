@@ -74,6 +74,7 @@ var scenarios = []scenario{
 	// Store failures.
 	{"StoreDown", "When the store fails, a covered request gets a 503 store-unavailable problem document with Retry-After and the handler does not run (fail closed); once the store is back the request runs.", both, testStoreDown},
 	{"LeasedFailOpen", "In leased mode with WithFailOpen a covered request runs unprotected when the store fails.", leased, testFailOpen},
+	{"AtomicInAppTransactionRefused", "In atomic mode a request whose context already carries a transaction of the store (a transaction-per-request middleware's) is refused with a 500 not-protected problem document and the handler does not run: joined, its answer would reach the client before that transaction commits, and a failed commit would leave a 2xx without its effects.", atomicMode, testAtomicInAppTransaction},
 	{"AtomicFailOpenRefused", "In atomic mode the store is the business database, so WithFailOpen still answers 503 when it fails and the handler does not run.", atomicMode, testFailOpenAtomic},
 
 	// Crashes and clients that go away.

@@ -877,3 +877,34 @@ func testHandlerContext(t *testing.T, x *harness) {
 		t.Error("the handler's request context does not carry the store's transaction")
 	}
 }
+
+func testAtomicInAppTransaction(t *testing.T, x *harness) {
+	var n atomic.Int32
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&n)})
+
+	// A transaction-per-request middleware's transaction of the store,
+	// in the request's context (as sqlstore.WithTx puts it there).
+	txs, ok := x.store.(core.TxStore)
+	if !ok {
+		t.Fatal("atomic mode without a TxStore")
+	}
+	ctx, tx, err := txs.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	r := post("/orders", orderJSON, "k1")
+	r.ctx = ctx
+	res := x.do(r)
+	wantProblem(t, res, http.StatusInternalServerError, "not-protected")
+	wantCalls(t, &n, 0)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Without the application's transaction the route protects as usual.
+	res = x.do(post("/orders", orderJSON, "k1"))
+	if res.Status != http.StatusCreated {
+		t.Fatalf("without the application's transaction: %d, want 201", res.Status)
+	}
+	wantCalls(t, &n, 1)
+}
