@@ -17,6 +17,9 @@
 //   - client_test.go: idemclient (the client half) against the service:
 //     answers dropped after the service committed, and an attempt timeout
 //     during a slow leased payment.
+//   - otel_test.go: the service's -otel flag: otelidem's metrics and span
+//     events as JSON on standard output (-otel stdout) and on GET /metrics
+//     (-otel prometheus), and neither without the flag.
 //
 // Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
 // IDEM_TEST_MYSQL_DSN (scripts/test.sh starts both); every test creates a

@@ -95,15 +95,15 @@ func testService(t *testing.T, c config) {
 		t.Errorf("exit code after SIGTERM (idle): %d, want 0", code)
 	}
 
-	// The crash scenarios hand their last process on: the atomic crash's
-	// restarted process takes the payment, the payment's restarted process
-	// is shut down with SIGTERM.
+	// Each crash scenario kills a process of its own whose work never ends
+	// (stuckInWork); the payment's restarted process is handed on and shut
+	// down with SIGTERM.
 	slow := c
 	slow.extra = []string{"-work-delay", workDelay.String(), "-lease", lease.String()}
 	var next *server
 	owner := t
-	t.Run("3-crash-atomic", func(t *testing.T) { next = testCrashAtomic(t, owner, slow) })
-	t.Run("3-crash-leased", func(t *testing.T) { next = testCrashLeased(t, owner, slow, next, payOrder.ID) })
+	t.Run("3-crash-atomic", func(t *testing.T) { testCrashAtomic(t, slow) })
+	t.Run("3-crash-leased", func(t *testing.T) { next = testCrashLeased(t, owner, slow, payOrder.ID) })
 	t.Run("graceful-sigterm", func(t *testing.T) { testGracefulShutdown(t, slow, next) })
 	t.Logf("%s: all scenarios in %s", c, time.Since(start).Round(time.Millisecond))
 }
@@ -390,10 +390,10 @@ func testGracefulShutdown(t *testing.T, c config, s *server) {
 // testCrashAtomic: SIGKILL while POST /orders is inside its transaction;
 // after a restart on the same database the retry runs (the first attempt
 // was rolled back): exactly one order. The killed process's work never
-// ends (stuckInTransaction); the restarted one has c's.
-// It returns the restarted process, still running.
-func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
-	s := startServer(t, "orders-crash-1", stuckInTransaction(c))
+// ends (stuckInWork); the restarted one has c's, and is stopped with
+// SIGTERM at the end.
+func testCrashAtomic(t *testing.T, c config) {
+	s := startServer(t, "orders-crash-1", stuckInWork(c))
 	key, body, account := "crash-"+randomHex(8), orderBody("crash-widget", 1), "crasher"
 	res := postAsync("http://"+s.addr, "/orders", account, key, body)
 	c.db.waitInTransaction(t, 15*time.Second)
@@ -408,7 +408,7 @@ func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
 		t.Errorf("after SIGKILL: %d idempotency records of %s, want 0 (rolled back)", n, account)
 	}
 
-	s2 := startServerFor(t, owner, "orders-crash-2", c)
+	s2 := startServer(t, "orders-crash-2", c)
 	base := "http://" + s2.addr
 	a, tries := retryUntilSettled(t, client, http.MethodPost, base+"/orders", account, key, body, 20*time.Second)
 	if a.status != http.StatusCreated || a.replayed() {
@@ -426,18 +426,21 @@ func testCrashAtomic(t *testing.T, owner testing.TB, c config) *server {
 		t.Errorf("another retry: %v, want the replay of %q", again, a.body)
 	}
 	t.Logf("atomic crash: retry executed after %d tries; one order (%d)", tries, o.ID)
-	return s2
+	if code := s2.terminate(t); code != 0 {
+		t.Errorf("exit code after SIGTERM (idle): %d, want 0", code)
+	}
 }
 
-// stuckInTransaction is c for a process whose requests, once inside their
-// transaction, never finish their work (-work-delay 1h, longer than any
-// test): a SIGKILL after waitInTransaction is certain to land before the
-// commit. With a finite delay (it was workDelay, 3 s), a loaded machine
-// (load ~30) could spend the rest of the delay between the probe that saw
-// the transaction and the kill: the request committed and answered, and
-// the test failed with "the request survived SIGKILL" although the
-// service had done what it must (answered after its commit).
-func stuckInTransaction(c config) config {
+// stuckInWork is c for a process whose requests never finish their work
+// (-work-delay 1h, longer than any test): POST /orders stays inside its
+// transaction, a payment stays between the provider's charge and
+// recording it. A SIGKILL after waitInTransaction, or after the provider
+// charge is seen, is certain to land there. With a finite delay (it was
+// workDelay, 3 s), a loaded machine (load ~30) could spend the rest of the
+// delay between the probe and the kill: the request finished and
+// answered, and the test failed with "the request survived SIGKILL"
+// although the service had done what it must.
+func stuckInWork(c config) config {
 	c.extra = append(append([]string(nil), c.extra...), "-work-delay", "1h")
 	return c
 }
@@ -448,18 +451,16 @@ var takeoverRE = regexp.MustCompile(`path=/orders/\d+/payments status=201 .*idem
 // handler's sleep; after a restart the retry gets 409 until the lease lapses,
 // then takes over and asks the provider again with the same downstream key:
 // one provider charge, one recorded charge, a 201.
-// It runs on s (or a new process) and returns the restarted process, still
-// running.
-func testCrashLeased(t *testing.T, owner testing.TB, c config, s *server, orderID int64) *server {
-	if s == nil {
-		s = startServer(t, "orders-pay-1", c)
-	}
+// The killed process's work never ends (stuckInWork); the restarted one
+// has c's. It returns the restarted process, still running.
+func testCrashLeased(t *testing.T, owner testing.TB, c config, orderID int64) *server {
+	s := startServer(t, "orders-pay-1", stuckInWork(c))
 	path := fmt.Sprintf("/orders/%d/payments", orderID)
 	key, body, account := "pay-"+randomHex(8), `{"amount_cents":1999}`, "payer"
 	res := postAsync("http://"+s.addr, path, account, key, body)
 	// Killed once the provider's charge is committed: the handler is then
 	// past the provider call (or returning from it, which leaves the same
-	// state behind), inside its -work-delay.
+	// state behind), inside its -work-delay of an hour.
 	waitFor(t, "the provider charge", 15*time.Second, func() bool {
 		return c.db.count(t, `SELECT COUNT(*) FROM provider_charges`) > 0
 	})

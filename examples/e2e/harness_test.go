@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -97,6 +98,7 @@ type server struct {
 	cmd  *exec.Cmd
 	addr string // host:port it listens on
 	logs *logBuffer
+	out  *outBuffer // standard output (-otel stdout writes there)
 
 	addrc   chan string   // the address from the "listening" line
 	done    chan struct{} // closed when the process has exited
@@ -122,6 +124,25 @@ func (b *logBuffer) snapshot() []string {
 }
 
 func (b *logBuffer) String() string { return strings.Join(b.snapshot(), "\n") }
+
+// outBuffer keeps a process's standard output (written by exec's copying
+// goroutine while the test reads it).
+type outBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *outBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *outBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
 
 // grep returns the lines that match re.
 func (b *logBuffer) grep(re *regexp.Regexp) []string {
@@ -170,8 +191,8 @@ func launch(t, owner testing.TB, name string, c config) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout = nil // the service writes nothing on stdout
-	s := &server{name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{}), addrc: make(chan string, 1)}
+	s := &server{name: name, cmd: cmd, logs: &logBuffer{}, out: &outBuffer{}, done: make(chan struct{}), addrc: make(chan string, 1)}
+	cmd.Stdout = s.out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: start: %v", name, err)
 	}
