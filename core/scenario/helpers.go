@@ -30,6 +30,7 @@ type hookStore struct {
 	inner   core.Store
 	down    atomic.Bool
 	failing atomic.Uint32 // ops (opClaim|...) that fail with errSecret
+	commits atomic.Int32  // transactions committed (hookTx.Commit succeeded)
 	blocked chan struct{} // one pending signal at most
 }
 
@@ -138,7 +139,11 @@ func (t *hookTx) Commit() error {
 		_ = t.Tx.Rollback()
 		return err
 	}
-	return t.Tx.Commit()
+	err := t.Tx.Commit()
+	if err == nil {
+		t.s.commits.Add(1)
+	}
+	return err
 }
 
 func (s *hookTxStore) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }
