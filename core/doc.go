@@ -90,8 +90,10 @@
 //	route := e.Route()
 //	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
 //		route.Within(w, r, svc.InTx, createPayment)
-//	}) Every rejection is an RFC 9457 problem document (see Problem)
-// and maps to a sentinel error in errors.go.
+//	})
+//
+// Every rejection is an RFC 9457 problem document (see Problem) and maps
+// to a sentinel error in errors.go.
 //
 // Engine options return an error from New when invalid; route options
 // (Scope, Retention, WaitInFlight, Leased, Fingerprint, KeyOptional,
