@@ -116,16 +116,19 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		ans      answer // the answer of a request that did not run
 		endErr   error  // the attempt's end could not be recorded in the transaction
 		released bool
+		misuse   error // the TxFunc did not use body as it must
 	)
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
 	txErr := inTx(bctx, func(tctx context.Context) error {
 		if called {
-			return fmt.Errorf("%w: Route.Within: the TxFunc called body twice; call it once, in the transaction", ErrConfig)
+			misuse = fmt.Errorf("%w: Route.Within: the TxFunc called body twice; call it once, in the transaction", ErrConfig)
+			return misuse
 		}
 		called = true
 		if tctx == nil || !e.tx.InTx(tctx) {
-			return fmt.Errorf("%w: Route.Within: body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)", ErrConfig)
+			misuse = fmt.Errorf("%w: Route.Within: body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)", ErrConfig)
+			return misuse
 		}
 		ctx := context.WithValue(tctx, attemptKey{}, c)
 		att, ans = rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
@@ -171,17 +174,19 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
 	}
+	if !called && txErr == nil {
+		misuse = fmt.Errorf("%w: Route.Within: the TxFunc returned without calling body; call it in the transaction", ErrConfig)
+	}
 	switch {
+	case misuse != nil:
+		// Whatever ran before (a second body's first call) is the
+		// client's no more: its answer is withheld.
+		ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: %w", ErrNotProtected, misuse)
+		e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
+		problem(ev.Err)
 	case !called:
-		ev.Decision = DecisionStoreError
-		if txErr == nil {
-			ev.Err = fmt.Errorf("%w: Route.Within: the TxFunc returned without calling body; call it in the transaction", ErrConfig)
-			e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
-			problem(fmt.Errorf("%w: %w", ErrNotProtected, ev.Err))
-		} else {
-			ev.Err = txErr // the transaction could not begin
-			problem(storeErr(txErr))
-		}
+		ev.Decision, ev.Err = DecisionStoreError, txErr // the transaction could not begin
+		problem(storeErr(txErr))
 	case att == nil && errors.Is(ans.err, ErrLostRace):
 		// The claim lost to a concurrent transaction: the other request
 		// holds the key; once it is visible, its answer.
