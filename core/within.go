@@ -67,7 +67,11 @@ var errReleased = errors.New("idem: the handler's answer releases the record (5x
 //     returns nil. w gets the handler's answer if inTx returns nil (the
 //     commit succeeded); otherwise nothing was recorded, and w gets the
 //     503 transaction-aborted problem (the error wraps ErrTxAborted) or
-//     store-unavailable problem (any other error), with Retry-After.
+//     store-unavailable problem (any other error), with Retry-After. After
+//     MarkEffect the outcome is then recorded in a transaction of the
+//     engine's own, as after an abort (see docs/decisions.md): a 2xx as
+//     indeterminate (the client and its retries get 500 outcome-unknown),
+//     so a retry does not repeat the effect.
 //   - the handler's answer releases the record (5xx before MarkEffect,
 //     408, 429, Release, a panic): body returns an error, so the
 //     transaction rolls back, and w gets the handler's answer.
@@ -219,8 +223,19 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		// not see the handler's answer.
 		ev.Decision, ev.Err = DecisionStoreError, txErr
 		if att.effect.Load() {
-			e.cfg.logger.ErrorContext(c.ctx, "idempotency: the service's transaction did not commit after the handler marked an external effect: nothing records it, a retry runs the handler again",
-				slog.String("id", ev.ID.String()), slog.String("error", txErr.Error()))
+			// The external effect may have happened and nothing records
+			// it: record the outcome in a transaction of the engine's own
+			// (indeterminate, or the handler's 4xx), as after an abort.
+			att.owned = true
+			var err error
+			ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, txErr)
+			ev.Err = errors.Join(txErr, err)
+			if err != nil {
+				problem(err)
+			} else {
+				rec.deliver()
+			}
+			break
 		}
 		err := txErr
 		if !errors.Is(err, ErrTxAborted) {

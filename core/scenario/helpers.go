@@ -30,6 +30,7 @@ type hookStore struct {
 	inner   core.Store
 	down    atomic.Bool
 	failing atomic.Uint32 // ops (opClaim|...) that fail with errSecret
+	once    atomic.Uint32 // ops that fail with errSecret the next time only
 	commits atomic.Int32  // transactions committed (hookTx.Commit succeeded)
 	blocked chan struct{} // one pending signal at most
 }
@@ -52,6 +53,9 @@ func (s *hookStore) fault(op uint32) error {
 		return errDown
 	}
 	if s.failing.Load()&op != 0 {
+		return errSecret
+	}
+	if s.once.And(^op)&op != 0 {
 		return errSecret
 	}
 	return nil

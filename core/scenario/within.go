@@ -33,6 +33,7 @@ var withinScenarios = []scenario{
 	{"HandlerContext", "The handler's request context carries the attempt (AttemptFrom: identity, attempt 1, atomic), a downstream key and the service's transaction.", atomicMode, testHandlerContext},
 	{"AnswerAfterCommit", "The client gets the handler's answer only after the service's transaction committed: no header and no byte before.", atomicMode, testWithinAnswerAfterCommit},
 	{"CommitFailsRecordsNothing", "When the service's commit fails, the client gets a 503 store-unavailable problem with Retry-After and nothing of the handler's answer, nothing is recorded, and the retry runs the handler again.", atomicMode, testWithinCommitFails},
+	{"CommitFailsAfterEffect", "When the service's commit fails after the handler marked an external effect and answered 201, the outcome is recorded as indeterminate in a transaction of the engine's own: the client gets a 500 outcome-unknown problem, never the 201, and a retry replays it without running the handler (it cannot know whether the effect happened).", atomicMode, testWithinCommitFailsAfterEffect},
 	{"TxFuncFailsAfterBody", "When the service's TxFunc fails after the handler answered (its own work after body, then a rollback), the client gets a 503 problem, not the handler's answer, and the retry runs.", atomicMode, testWithinServiceFails},
 }
 
@@ -62,10 +63,16 @@ func StoreTx(e *core.Engine) core.TxFunc {
 		if err != nil {
 			return err
 		}
+		committed := false
+		defer func() {
+			if !committed {
+				_ = tx.Rollback() // body failed or panicked
+			}
+		}()
 		if err := body(ctx); err != nil {
-			_ = tx.Rollback()
 			return err
 		}
+		committed = true
 		return tx.Commit()
 	}
 }
@@ -159,4 +166,26 @@ func testWithinServiceFails(t *testing.T, x *harness) {
 // orders is the route of orderHandler at POST /orders.
 func orders(n *atomic.Int32) Route {
 	return Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(n)}
+}
+
+func testWithinCommitFailsAfterEffect(t *testing.T, x *harness) {
+	var n atomic.Int32
+	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: func(w http.ResponseWriter, r *http.Request) {
+		if err := core.MarkEffect(r.Context()); err != nil {
+			t.Errorf("MarkEffect: %v", err)
+		}
+		orderHandler(&n)(w, r) // the charge went out
+	}})
+	x.hooks.once.Store(opCommit) // the service's commit; the engine's own transaction then commits
+	res := x.do(post("/orders", orderJSON, "k1"))
+	wantProblem(t, res, http.StatusInternalServerError, "outcome-unknown")
+	if strings.Contains(res.Body, "order") {
+		t.Errorf("the client got the handler's answer: %v", res)
+	}
+	retry := x.do(post("/orders", orderJSON, "k1"))
+	wantProblem(t, retry, http.StatusInternalServerError, "outcome-unknown")
+	if !retry.replayed() {
+		t.Errorf("the retry is not a replay: %v", retry)
+	}
+	wantCalls(t, &n, 1)
 }
