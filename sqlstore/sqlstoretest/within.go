@@ -43,6 +43,7 @@ type withinRequest struct {
 	Item   string `json:"item"`
 	HoldMS int    `json:"hold_ms,omitempty"` // keep the transaction open that long after the insert
 	Status int    `json:"status,omitempty"`  // answer this status after the insert (default 201)
+	Effect bool   `json:"effect,omitempty"`  // call core.MarkEffect before the insert (an external call goes out)
 }
 
 func withinBody(r withinRequest) string {
@@ -78,6 +79,12 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
+		}
+		if in.Effect {
+			if err := core.MarkEffect(r.Context()); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
 		}
 		if err := f.Insert(r.Context(), in.Item); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -138,6 +145,7 @@ func RunWithin(t *testing.T, cfg Config) {
 	t.Run("ExactlyOnce", func(t *testing.T) { withinExactlyOnce(t, cfg) })
 	t.Run("AnswerAfterCommit", func(t *testing.T) { withinAfterCommit(t, cfg) })
 	t.Run("CommitFailsRecordsNothing", func(t *testing.T) { withinCommitFails(t, cfg) })
+	t.Run("CommitFailsAfterEffect", func(t *testing.T) { withinCommitFailsAfterEffect(t, cfg) })
 	t.Run("ServerErrorRollsBack", func(t *testing.T) { withinServerError(t, cfg) })
 	t.Run("Problems", func(t *testing.T) { withinProblems(t, cfg) })
 }
@@ -240,6 +248,33 @@ func withinCommitFails(t *testing.T, cfg Config) {
 	}
 	if n := srv.runs.Load(); n != 2 {
 		t.Errorf("the handler ran %d times, want 2", n)
+	}
+}
+
+// withinCommitFailsAfterEffect: the commit fails after the handler marked
+// an external effect: the outcome is recorded as indeterminate in a
+// transaction of the engine's own, the client gets 500 outcome-unknown,
+// and the retry replays it without running the handler.
+func withinCommitFailsAfterEffect(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	srv := newWithinServer(t, f)
+	ctx := ctxT(t)
+	body := withinBody(withinRequest{Item: "after-effect", Effect: true})
+	srv.cancelCommit.Store(true)
+	a := post(ctx, srv.client, srv.URL+"/orders", "after-effect", body)
+	if a.err != nil || a.status != http.StatusInternalServerError || !strings.Contains(string(a.body), "outcome-unknown") || strings.Contains(string(a.body), "or_") {
+		t.Fatalf("commit failed after the effect: %v, want the 500 outcome-unknown problem", a)
+	}
+	srv.cancelCommit.Store(false)
+	retry := post(ctx, srv.client, srv.URL+"/orders", "after-effect", body)
+	if retry.err != nil || retry.status != http.StatusInternalServerError || !retry.replayed || !strings.Contains(string(retry.body), "outcome-unknown") {
+		t.Errorf("retry: %v, want the 500 outcome-unknown replay", retry)
+	}
+	if n := f.Count(t, "after-effect"); n != 0 {
+		t.Errorf("%d business rows, want 0 (the commit failed)", n)
+	}
+	if n := srv.runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
 	}
 }
 
