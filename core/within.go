@@ -121,6 +121,7 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		endErr   error  // the attempt's end could not be recorded in the transaction
 		released bool
 		misuse   error // the TxFunc did not use body as it must
+		spilled  bool  // the answer past the cap could not be spilled
 	)
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
@@ -154,6 +155,7 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 			// incomplete, so the attempt ends as a panic would.
 			p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err))
 			p.RecordID = ev.ID.String()
+			spilled = true
 			endErr = errors.Join(err, att.end(ev, problemResponse(p), true))
 			return endErr
 		}
@@ -211,6 +213,22 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		} else {
 			clear(w.Header())
 			ev.Status = rt.writeReplay(w, r, &ans.resp)
+		}
+	case endErr != nil && errors.Is(endErr, ErrTxAborted) && !spilled:
+		// The database aborted the transaction before the completion (on
+		// Postgres: a statement of the handler failed, which it answered
+		// with a 4xx, say); the service rolled it back. As in
+		// middleware-managed mode, an answer that holds without the
+		// handler's writes is recorded in a transaction of the engine's
+		// own (afterAbort).
+		att.owned = true
+		var err error
+		ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, endErr)
+		ev.Err = errors.Join(endErr, err)
+		if err != nil {
+			problem(err)
+		} else {
+			rec.deliver()
 		}
 	case endErr != nil:
 		ev.Err = endErr

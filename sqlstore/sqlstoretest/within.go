@@ -44,6 +44,7 @@ type withinRequest struct {
 	HoldMS int    `json:"hold_ms,omitempty"` // keep the transaction open that long after the insert
 	Status int    `json:"status,omitempty"`  // answer this status after the insert (default 201)
 	Effect bool   `json:"effect,omitempty"`  // call core.MarkEffect before the insert (an external call goes out)
+	Twice  bool   `json:"twice,omitempty"`   // insert Item into the unique table twice and answer the second's failure with 409
 }
 
 func withinBody(r withinRequest) string {
@@ -83,6 +84,18 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 		if in.Effect {
 			if err := core.MarkEffect(r.Context()); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		if in.Twice {
+			if err := f.Unique(r.Context(), in.Item); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if err := f.Unique(r.Context(), in.Item); err != nil {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusConflict)
+				fmt.Fprintf(w, `{"error":"duplicate","item":%q}`, in.Item)
 				return
 			}
 		}
@@ -146,6 +159,7 @@ func RunWithin(t *testing.T, cfg Config) {
 	t.Run("AnswerAfterCommit", func(t *testing.T) { withinAfterCommit(t, cfg) })
 	t.Run("CommitFailsRecordsNothing", func(t *testing.T) { withinCommitFails(t, cfg) })
 	t.Run("CommitFailsAfterEffect", func(t *testing.T) { withinCommitFailsAfterEffect(t, cfg) })
+	t.Run("FailedStatement", func(t *testing.T) { withinFailedStatement(t, cfg) })
 	t.Run("ServerErrorRollsBack", func(t *testing.T) { withinServerError(t, cfg) })
 	t.Run("Problems", func(t *testing.T) { withinProblems(t, cfg) })
 }
@@ -272,6 +286,32 @@ func withinCommitFailsAfterEffect(t *testing.T, cfg Config) {
 	}
 	if n := f.Count(t, "after-effect"); n != 0 {
 		t.Errorf("%d business rows, want 0 (the commit failed)", n)
+	}
+	if n := srv.runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+}
+
+// withinFailedStatement: the handler's statement fails (a unique
+// violation) and it answers 409; on Postgres that aborts the service's
+// transaction before the completion. On every database the client gets
+// the handler's 409 and the retry its replay; the handler runs once.
+func withinFailedStatement(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	if f.Unique == nil {
+		t.Fatal("the fixture has no Unique")
+	}
+	srv := newWithinServer(t, f)
+	ctx := ctxT(t)
+	body := withinBody(withinRequest{Item: "failed-statement", Twice: true})
+	a := post(ctx, srv.client, srv.URL+"/orders", "failed-statement", body)
+	want := `{"error":"duplicate","item":"failed-statement"}`
+	if a.err != nil || a.status != http.StatusConflict || a.replayed || string(a.body) != want {
+		t.Fatalf("first request: %v, want the handler's 409 %s", a, want)
+	}
+	retry := post(ctx, srv.client, srv.URL+"/orders", "failed-statement", body)
+	if retry.err != nil || retry.status != http.StatusConflict || !retry.replayed || string(retry.body) != want {
+		t.Errorf("retry: %v, want the 409 replayed", retry)
 	}
 	if n := srv.runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1", n)
