@@ -105,3 +105,44 @@ func TestWithinBeginFails(t *testing.T) {
 		t.Errorf("the driver's error reached the client: %q", w.Body)
 	}
 }
+
+// TestWithinUnprotected: a request the route does not protect (KeyOptional
+// without a key) runs its handler in the service's transaction every time,
+// its answer delivered after the commit; a 5xx rolls the transaction back.
+func TestWithinUnprotected(t *testing.T) {
+	store := memstore.New().Atomic()
+	e, err := core.New(store, core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commits, rollbacks int
+	inTx := func(ctx context.Context, body func(context.Context) error) error {
+		ctx, tx, err := store.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := body(ctx); err != nil {
+			rollbacks++
+			_ = tx.Rollback()
+			return err
+		}
+		commits++
+		return tx.Commit()
+	}
+	route := e.Route(core.KeyOptional())
+	for i, status := range []int{http.StatusCreated, http.StatusCreated, http.StatusBadGateway} {
+		w := httptest.NewRecorder()
+		route.Within(w, httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`)), inTx, func(w http.ResponseWriter, r *http.Request) {
+			if !store.InTx(r.Context()) {
+				t.Error("the handler's context carries no transaction")
+			}
+			w.WriteHeader(status)
+		})
+		if w.Code != status || w.Header().Get(core.HeaderReplayed) != "" {
+			t.Errorf("request %d: %d %v, want the handler's %d", i, w.Code, w.Header(), status)
+		}
+	}
+	if commits != 2 || rollbacks != 1 {
+		t.Errorf("%d commits and %d rollbacks, want 2 and 1", commits, rollbacks)
+	}
+}
