@@ -21,6 +21,9 @@ import (
 // back, so it returns err (ErrTxAborted, not ErrStoreUnavailable) and the
 // caller rolls back.
 //
+// Route.Within, after the service's transaction failed to commit once the
+// handler marked an effect, is settled as middleware-managed.
+//
 // Middleware-managed: the transaction has been rolled back, with the
 // handler's writes and the claim, so a response that holds without those
 // writes is recorded in a short transaction of the engine's own, which
@@ -47,7 +50,7 @@ import (
 // loses a race too, another attempt holds the identity: 409, as above.
 func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
 	e := a.e
-	if a.tx == nil {
+	if a.tx == nil && !a.owned {
 		return DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 	}
 	allow := a.recordAllow

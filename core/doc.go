@@ -48,7 +48,8 @@
 // wait, takeover, fingerprint comparison), Route.resolve the
 // indeterminate ones, attempt.classify maps how the handler ended to a
 // verdict, and attempt.finish records it (commit or rollback in atomic
-// mode). Route.Serve (prepare, then run) and Engine.Once drive one attempt
+// mode). Route.Serve (prepare, then run), Route.Within (prepare, then
+// within) and Engine.Once drive one attempt
 // each through the same run step (attempt.run and attempt.end: recover,
 // classify, finish, emit). The paths after a database aborted the
 // attempt's transaction are in aborted.go.
@@ -81,8 +82,19 @@
 //
 // Adapters for Gin, Echo and chi call Route.Serve; adapters of other
 // transports (grpcidem) call Route.Exec. Message consumers call
-// Engine.Once. Every rejection is an RFC 9457 problem document (see Problem)
-// and maps to a sentinel error in errors.go.
+// Engine.Once. A service that opens the transaction itself calls
+// Route.Within from its handler with a TxFunc (its own BeginTx/Commit,
+// GORM's db.Transaction, a service layer's InTx): the claim, the handler
+// and the completion run in that transaction, and the answer is written
+// after the commit:
+//
+//	route := e.Route()
+//	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
+//		route.Within(w, r, svc.InTx, createPayment)
+//	})
+//
+// Every rejection is an RFC 9457 problem document (see Problem) and maps
+// to a sentinel error in errors.go.
 //
 // Engine options return an error from New when invalid; route options
 // (Scope, Retention, WaitInFlight, Leased, Fingerprint, KeyOptional,

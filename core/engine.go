@@ -127,6 +127,7 @@ type attempt struct {
 	ctx    context.Context // carries the transaction in atomic mode
 	tx     Tx              // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
+	owned  bool            // Route.Within: the service's transaction, ended when the engine settles after it
 	fp     []byte          // the request's fingerprint (to claim again: afterAbort)
 	// expires is the claim's ExpiresAt. In atomic mode the completion
 	// keeps it (expiry counts from the claim, as in leased mode until the

@@ -20,7 +20,11 @@
 // a [GlobalFactory] for [RunGlobal] (which also checks that the router's
 // own 404 and 405 pass untouched), and, for the middleware installed both
 // for the whole router and again on each route (one protection, the
-// route's options), with a [NestedFactory] for [RunNested].
+// route's options), with a [NestedFactory] for [RunNested]. [RunWithin]
+// runs the HTTP path of a service that owns its transaction
+// (core.Route.Within, atomic mode): its [Factory] serves each route with
+// route.Within(w, r, inTx, rt.Handler), inTx a transaction the service
+// opens ([StoreTx] over the engine's store).
 //
 // # What a factory must do
 //

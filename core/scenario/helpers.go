@@ -30,6 +30,8 @@ type hookStore struct {
 	inner   core.Store
 	down    atomic.Bool
 	failing atomic.Uint32 // ops (opClaim|...) that fail with errSecret
+	once    atomic.Uint32 // ops that fail with errSecret the next time only
+	commits atomic.Int32  // transactions committed (hookTx.Commit succeeded)
 	blocked chan struct{} // one pending signal at most
 }
 
@@ -51,6 +53,9 @@ func (s *hookStore) fault(op uint32) error {
 		return errDown
 	}
 	if s.failing.Load()&op != 0 {
+		return errSecret
+	}
+	if s.once.And(^op)&op != 0 {
 		return errSecret
 	}
 	return nil
@@ -138,7 +143,11 @@ func (t *hookTx) Commit() error {
 		_ = t.Tx.Rollback()
 		return err
 	}
-	return t.Tx.Commit()
+	err := t.Tx.Commit()
+	if err == nil {
+		t.s.commits.Add(1)
+	}
+	return err
 }
 
 func (s *hookTxStore) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }

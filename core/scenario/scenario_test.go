@@ -63,3 +63,19 @@ func TestNetHTTPNested(t *testing.T) {
 		return mux
 	})
 }
+
+// TestNetHTTPWithin serves every route with core.Route.Within, in a
+// transaction the handler's service opens itself (scenario.StoreTx).
+func TestNetHTTPWithin(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		mux := http.NewServeMux()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			mux.HandleFunc(rt.Method+" "+rt.Pattern, func(w http.ResponseWriter, r *http.Request) {
+				route.Within(w, r, inTx, rt.Handler)
+			})
+		}
+		return mux
+	})
+}

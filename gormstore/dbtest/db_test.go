@@ -312,3 +312,7 @@ func TestLifetime(t *testing.T) {
 // does not starve unrelated requests (latencies logged with -v; more
 // samples with -stores.measure).
 func TestPool(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunPool) }
+
+// TestWithin: core.Route.Within, a service that owns its GORM transaction
+// (db.Transaction, gormstore.WithTx), over HTTP on every database.
+func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }

@@ -2,6 +2,7 @@ package dbtest_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -120,6 +121,60 @@ func Example_withTx() {
 	// Output:
 	// created replayed: false
 	// created replayed: true
+	// orders: 1
+}
+
+// A service that owns its transaction: the handler runs through
+// core.Route.Within inside the service's db.Transaction; the key is
+// claimed and the answer recorded in that transaction, and the answer is
+// written after the commit. A key reused for another order gets the
+// library's 422 problem document.
+func Example_within() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	inTx := func(ctx context.Context, fn func(ctx context.Context) error) error {
+		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			return fn(gormstore.WithTx(ctx, tx))
+		})
+	}
+	createOrder := func(w http.ResponseWriter, r *http.Request) {
+		var order Order
+		if err := json.NewDecoder(r.Body).Decode(&order); err != nil {
+			http.Error(w, "bad order", http.StatusBadRequest)
+			return
+		}
+		if err := gormstore.DB(r.Context()).Create(&order).Error; err != nil {
+			http.Error(w, "could not store the order", http.StatusInternalServerError) // rolls back, key released
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, order.ID)
+	}
+	route := e.Route()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		route.Within(w, r, inTx, createOrder)
+	})
+
+	for _, body := range []string{`{"item":"tea"}`, `{"item":"tea"}`, `{"item":"coffee"}`} {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		fmt.Println(w.Code, w.Header().Get("Content-Type"), "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	var n int64
+	db.Model(&Order{}).Count(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 application/json replayed: false
+	// 201 application/json replayed: true
+	// 422 application/problem+json replayed: false
 	// orders: 1
 }
 

@@ -219,3 +219,8 @@ func TestPool(t *testing.T) {
 		})
 	}
 }
+
+// TestWithin: core.Route.Within, a service that owns its database/sql
+// transaction (BeginTx, sqlstore.WithTx, Commit), over HTTP on every
+// database.
+func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }

@@ -3,6 +3,7 @@ package dbtest_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -126,6 +127,75 @@ func Example_withTx() {
 	// Output:
 	// created replayed: false
 	// created replayed: true
+	// orders: 1
+}
+
+// A service that owns its transaction: its layer begins and commits
+// (InTx), and the handler runs through core.Route.Within, which claims the
+// key and records the answer in that transaction and writes the answer
+// after the commit; a key reused for another order gets the library's 422
+// problem document.
+func Example_within() {
+	db, store, done := openExampleDB()
+	defer done()
+	e, err := core.New(store, core.WithSingleCaller())
+	if err != nil {
+		panic(err)
+	}
+	// The service layer's own transaction helper.
+	inTx := func(ctx context.Context, fn func(ctx context.Context) error) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() // no-op after Commit
+		if err := fn(sqlstore.WithTx(ctx, tx)); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	createOrder := func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		tx, err := sqlstore.Tx(ctx) // the service's transaction
+		if err != nil {
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		var in struct{ Item string }
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, "bad order", http.StatusBadRequest)
+			return
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, in.Item)
+		if err != nil {
+			http.Error(w, "could not store the order", http.StatusInternalServerError) // rolls back, key released
+			return
+		}
+		id, _ := res.LastInsertId()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	}
+	route := e.Route()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		route.Within(w, r, inTx, createOrder)
+	})
+
+	for _, body := range []string{`{"item":"tea"}`, `{"item":"tea"}`, `{"item":"coffee"}`} {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		fmt.Println(w.Code, w.Header().Get("Content-Type"), "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	var n int
+	_ = db.QueryRow(`SELECT COUNT(*) FROM orders`).Scan(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 application/json replayed: false
+	// 201 application/json replayed: true
+	// 422 application/problem+json replayed: false
 	// orders: 1
 }
 

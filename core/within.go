@@ -1,0 +1,300 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+)
+
+// TxFunc runs body in a transaction the service opens itself and returns
+// the transaction's result: body's error once the transaction is rolled
+// back, else the commit's error (nil: committed). body must be given a
+// context that carries the transaction for the route's store
+// (sqlstore.WithTx, gormstore.WithTx), and be called once. With GORM:
+//
+//	func(ctx context.Context, body func(context.Context) error) error {
+//		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+//			return body(gormstore.WithTx(ctx, tx))
+//		})
+//	}
+//
+// With database/sql:
+//
+//	func(ctx context.Context, body func(context.Context) error) error {
+//		tx, err := db.BeginTx(ctx, nil)
+//		if err != nil {
+//			return err
+//		}
+//		defer tx.Rollback() // after Commit: does nothing
+//		if err := body(sqlstore.WithTx(ctx, tx)); err != nil {
+//			return err
+//		}
+//		return tx.Commit()
+//	}
+//
+// A service whose layer already has such a function (s.InTx(ctx, fn))
+// passes it as it is.
+type TxFunc func(ctx context.Context, body func(ctx context.Context) error) error
+
+// errReplayed is body's error for a request answered from its record:
+// the handler did not run, so the transaction has nothing to commit.
+var errReplayed = errors.New("idem: the request was answered from its record without running the handler; roll back")
+
+// errReleased is body's error for a handler whose answer releases the
+// record (a 5xx before MarkEffect, 408, 429, core.Release): nothing of it
+// may commit.
+var errReleased = errors.New("idem: the handler's answer releases the record (5xx before MarkEffect, 408, 429 or core.Release); roll back")
+
+// Within serves r for a service that owns its transaction: the claim of
+// the record, handler and the completion of the record run in the
+// transaction inTx opens, and w gets the answer only after inTx returned:
+//
+//	route := engine.Route()
+//	mux.HandleFunc("POST /payments", func(w http.ResponseWriter, r *http.Request) {
+//		route.Within(w, r, svc.InTx, createPayment)
+//	})
+//
+// handler writes its answer to the http.ResponseWriter it is given, as any
+// handler does; its request's context carries the transaction (body's
+// context) and the attempt (MarkEffect, Release, DownstreamKey,
+// AttemptFrom). The rules are Route.Serve's (docs/contract.md, sections 3
+// and 4); what differs is who commits:
+//
+//   - the handler answered below 500 (except 408, 429), or 5xx after
+//     MarkEffect: the record completes in the transaction and body
+//     returns nil. w gets the handler's answer if inTx returns nil (the
+//     commit succeeded); otherwise nothing was recorded, and w gets the
+//     503 transaction-aborted problem (the error wraps ErrTxAborted) or
+//     store-unavailable problem (any other error), with Retry-After. After
+//     MarkEffect the outcome is then recorded in a transaction of the
+//     engine's own, as after an abort (see docs/decisions.md): a 2xx as
+//     indeterminate (the client and its retries get 500 outcome-unknown),
+//     so a retry does not repeat the effect.
+//   - the handler's answer releases the record (5xx before MarkEffect,
+//     408, 429, Release, a panic): body returns an error, so the
+//     transaction rolls back, and w gets the handler's answer.
+//   - a duplicate or a rejection (replay, 409 in-progress, 422 key-reused):
+//     the handler does not run, body returns an error (the rejection's
+//     sentinel, or one for a replay) so the transaction rolls back, and w
+//     gets the replay or the problem document.
+//   - a request rejected before the transaction (400 missing-key or
+//     invalid-key, 401, 413): inTx is not called.
+//
+// A request the route does not protect (method not covered, KeyOptional
+// without a key) runs handler in inTx too, its answer held until inTx
+// returned. Within needs an atomic route (a TxStore: sqlstore,
+// gormstore, without Leased); in the transaction, a duplicate of a
+// request in flight is answered 409 at once (WaitInFlight does not wait
+// inside a transaction). The scope is the route's Scope option, else
+// r.Pattern (net/http's ServeMux), else the path. The attempt outlives
+// its client: inTx's context keeps r's values but not its cancellation,
+// and ends at MaxAttempt.
+func (rt *Route) Within(w http.ResponseWriter, r *http.Request, inTx TxFunc, handler http.HandlerFunc) {
+	switch {
+	case inTx == nil || handler == nil:
+		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs a TxFunc and a handler", ErrConfig))
+		return
+	case !rt.atomic:
+		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs an atomic route: an engine over a TxStore (sqlstore, gormstore) and a route without Leased", ErrConfig))
+		return
+	}
+	c := rt.prepare(w, r, "", nil, func(w http.ResponseWriter, r *http.Request) { rt.withinUnprotected(w, r, inTx, handler) })
+	if c != nil {
+		rt.within(w, c, inTx, handler)
+	}
+}
+
+// within is Within's run step for a prepared call (compare Route.run).
+func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler http.HandlerFunc) {
+	e := rt.e
+	ev, start := &c.ev, c.start
+	rec := &c.rec
+	rec.init(w, true, e.cfg.maxResponse)
+	defer rec.free()
+
+	var (
+		called   bool
+		att      *attempt
+		ans      answer // the answer of a request that did not run
+		endErr   error  // the attempt's end could not be recorded in the transaction
+		released bool
+		misuse   error // the TxFunc did not use body as it must
+		spilled  bool  // the answer past the cap could not be spilled
+	)
+	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
+	defer stop()
+	txErr := inTx(bctx, func(tctx context.Context) error {
+		if called {
+			misuse = fmt.Errorf("%w: Route.Within: the TxFunc called body twice; call it once, in the transaction", ErrConfig)
+			return misuse
+		}
+		called = true
+		if tctx == nil || !e.tx.InTx(tctx) {
+			misuse = fmt.Errorf("%w: Route.Within: body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)", ErrConfig)
+			return misuse
+		}
+		ctx := context.WithValue(tctx, attemptKey{}, c)
+		att, ans = rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
+		ev.Claim = ans.claim
+		if att == nil {
+			if ans.err != nil {
+				return ans.err
+			}
+			return errReplayed
+		}
+		c.claimed = true
+		ev.Attempt = att.number
+		r := c.r.WithContext(ctx)
+		r.Body = &c.body
+		settles := func() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
+		att.run(c.ctx, ev, start, settles, c.panicResponse, func() { handler(rec, r) })
+		if err := rec.settle(); err != nil {
+			// The answer past the cap could not be spilled: it is
+			// incomplete, so the attempt ends as a panic would.
+			p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err))
+			p.RecordID = ev.ID.String()
+			spilled = true
+			endErr = errors.Join(err, att.end(ev, problemResponse(p), true))
+			return endErr
+		}
+		rec.response(&c.resp)
+		att.recordAllow = e.cfg.recorded
+		if endErr = att.end(ev, &c.resp, false); endErr != nil {
+			return endErr
+		}
+		ev.Status = c.resp.Status
+		if ev.Decision == DecisionReleased {
+			released = true
+			return errReleased
+		}
+		return nil
+	})
+
+	r := c.rc
+	problem := func(err error) {
+		clear(w.Header())
+		p := e.problemFor(err)
+		p.RecordID = ev.ID.String()
+		e.cfg.errorWriter(w, r, p)
+		ev.Status = p.Status
+	}
+	if !called && txErr == nil {
+		misuse = fmt.Errorf("%w: Route.Within: the TxFunc returned without calling body; call it in the transaction", ErrConfig)
+	}
+	switch {
+	case misuse != nil:
+		// Whatever ran before (a second body's first call) is the
+		// client's no more: its answer is withheld.
+		ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: %w", ErrNotProtected, misuse)
+		e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
+		problem(ev.Err)
+	case !called:
+		ev.Decision, ev.Err = DecisionStoreError, txErr // the transaction could not begin
+		problem(storeErr(txErr))
+	case att == nil && errors.Is(ans.err, ErrLostRace):
+		// The claim lost to a concurrent transaction: the other request
+		// holds the key; once it is visible, its answer.
+		ans = rt.afterLostRace(c.ctx, ev.ID, c.fingerprint, start)
+		fallthrough
+	case att == nil:
+		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
+		if ans.err != nil {
+			problem(ans.err)
+		} else {
+			ev.Status = rt.writeReplay(w, r, &ans.resp)
+		}
+	case endErr != nil && errors.Is(endErr, ErrLostRace):
+		ans = rt.afterLostRace(c.ctx, ev.ID, c.fingerprint, start)
+		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, endErr)
+		if ans.err != nil {
+			problem(ans.err)
+		} else {
+			clear(w.Header())
+			ev.Status = rt.writeReplay(w, r, &ans.resp)
+		}
+	case endErr != nil && errors.Is(endErr, ErrTxAborted) && !spilled:
+		// The database aborted the transaction before the completion (on
+		// Postgres: a statement of the handler failed, which it answered
+		// with a 4xx, say); the service rolled it back. As in
+		// middleware-managed mode, an answer that holds without the
+		// handler's writes is recorded in a transaction of the engine's
+		// own (afterAbort).
+		att.owned = true
+		var err error
+		ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, endErr)
+		ev.Err = errors.Join(endErr, err)
+		if err != nil {
+			problem(err)
+		} else {
+			rec.deliver()
+		}
+	case endErr != nil:
+		ev.Err = endErr
+		problem(endErr)
+	case released:
+		rec.deliver() // nothing recorded, whatever the transaction did
+	case txErr != nil:
+		// The commit failed (or the service failed after body and rolled
+		// back): nothing of the request was recorded, and the client must
+		// not see the handler's answer.
+		ev.Decision, ev.Err = DecisionStoreError, txErr
+		if att.effect.Load() {
+			// The external effect may have happened and nothing records
+			// it: record the outcome in a transaction of the engine's own
+			// (indeterminate, or the handler's 4xx), as after an abort.
+			att.owned = true
+			var err error
+			ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, txErr)
+			ev.Err = errors.Join(txErr, err)
+			if err != nil {
+				problem(err)
+			} else {
+				rec.deliver()
+			}
+			break
+		}
+		err := txErr
+		if !errors.Is(err, ErrTxAborted) {
+			err = storeErr(err)
+		}
+		problem(err)
+	default:
+		rec.deliver()
+	}
+	e.emit(c.ctx, *ev, start)
+}
+
+// withinUnprotected runs handler for a request Within does not protect
+// (method not covered, KeyOptional without a key): in inTx too, its
+// answer held until inTx returned; a 5xx rolls the transaction back.
+func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx TxFunc, handler http.HandlerFunc) {
+	e := rt.e
+	var rec recorder
+	rec.init(w, true, e.cfg.maxResponse)
+	defer rec.free()
+	failed := false
+	txErr := inTx(r.Context(), func(ctx context.Context) error {
+		handler(&rec, r.WithContext(ctx))
+		if err := rec.settle(); err != nil {
+			return err
+		}
+		if rec.status >= 500 {
+			failed = true
+			return errReleased
+		}
+		return nil
+	})
+	if txErr != nil && !failed {
+		clear(w.Header())
+		e.cfg.logger.ErrorContext(r.Context(), "idempotency: the transaction of an unprotected request did not commit", slog.String("error", txErr.Error()))
+		err := txErr
+		if !errors.Is(err, ErrTxAborted) {
+			err = storeErr(err)
+		}
+		e.cfg.errorWriter(w, r, e.problemFor(err))
+		return
+	}
+	rec.deliver()
+}

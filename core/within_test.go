@@ -1,0 +1,148 @@
+package core_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+// TestWithinMisuse: Route.Within used wrongly answers 500 not-protected,
+// never runs the handler outside a transaction, and logs an error naming
+// the fix.
+func TestWithinMisuse(t *testing.T) {
+	atomicStore := memstore.New().Atomic()
+	begin := func(ctx context.Context, body func(context.Context) error) error {
+		ctx, tx, err := atomicStore.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := body(ctx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	for _, c := range []struct {
+		name  string
+		store core.Store
+		route []core.RouteOption
+		inTx  core.TxFunc
+		fix   string // what the log names
+	}{
+		{"LeasedStore", memstore.New(), nil, begin, "needs an atomic route"},
+		{"LeasedRoute", atomicStore, []core.RouteOption{core.Leased()}, begin, "needs an atomic route"},
+		{"NilTxFunc", atomicStore, nil, nil, "needs a TxFunc"},
+		{"NoTransaction", atomicStore, nil, func(ctx context.Context, body func(context.Context) error) error {
+			return body(ctx) // forgot sqlstore.WithTx / gormstore.WithTx
+		}, "sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)"},
+		{"BodyNotCalled", atomicStore, nil, func(ctx context.Context, body func(context.Context) error) error {
+			return nil
+		}, "returned without calling body"},
+		{"BodyTwice", atomicStore, nil, func(ctx context.Context, body func(context.Context) error) error {
+			_ = begin(ctx, body)
+			return begin(ctx, body)
+		}, "called body twice"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log bytes.Buffer
+			e, err := core.New(c.store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			route := e.Route(c.route...)
+			ran := 0
+			r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+			r.Header.Set(core.HeaderKey, "k1")
+			w := httptest.NewRecorder()
+			route.Within(w, r, c.inTx, func(w http.ResponseWriter, r *http.Request) {
+				ran++
+				w.WriteHeader(http.StatusCreated)
+			})
+			if c.name == "BodyTwice" {
+				// The first body ran; the second is refused, and the
+				// request with it.
+				if ran != 1 {
+					t.Errorf("the handler ran %d times, want 1", ran)
+				}
+			} else if ran != 0 {
+				t.Errorf("the handler ran %d times, want 0", ran)
+			}
+			if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+				t.Errorf("answer %d %q, want a 500 not-protected problem", w.Code, w.Body)
+			}
+			if !strings.Contains(log.String(), c.fix) && !strings.Contains(w.Body.String(), c.fix) {
+				t.Errorf("neither the log nor the answer names the fix %q:\n%s", c.fix, log.String())
+			}
+		})
+	}
+}
+
+// TestWithinBeginFails: a TxFunc that cannot begin its transaction gets
+// the 503 store-unavailable problem, without the driver's text.
+func TestWithinBeginFails(t *testing.T) {
+	e, err := core.New(memstore.New().Atomic(), core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+	r.Header.Set(core.HeaderKey, "k1")
+	w := httptest.NewRecorder()
+	e.Route().Within(w, r, func(ctx context.Context, body func(context.Context) error) error {
+		return errors.New("dial tcp 10.0.0.7:5432: connection refused")
+	}, func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran") })
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "store-unavailable") || w.Header().Get("Retry-After") == "" {
+		t.Errorf("answer %d %v %q, want the 503 store-unavailable problem with Retry-After", w.Code, w.Header(), w.Body)
+	}
+	if strings.Contains(w.Body.String(), "10.0.0.7") {
+		t.Errorf("the driver's error reached the client: %q", w.Body)
+	}
+}
+
+// TestWithinUnprotected: a request the route does not protect (KeyOptional
+// without a key) runs its handler in the service's transaction every time,
+// its answer delivered after the commit; a 5xx rolls the transaction back.
+func TestWithinUnprotected(t *testing.T) {
+	store := memstore.New().Atomic()
+	e, err := core.New(store, core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commits, rollbacks int
+	inTx := func(ctx context.Context, body func(context.Context) error) error {
+		ctx, tx, err := store.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := body(ctx); err != nil {
+			rollbacks++
+			_ = tx.Rollback()
+			return err
+		}
+		commits++
+		return tx.Commit()
+	}
+	route := e.Route(core.KeyOptional())
+	for i, status := range []int{http.StatusCreated, http.StatusCreated, http.StatusBadGateway} {
+		w := httptest.NewRecorder()
+		route.Within(w, httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`)), inTx, func(w http.ResponseWriter, r *http.Request) {
+			if !store.InTx(r.Context()) {
+				t.Error("the handler's context carries no transaction")
+			}
+			w.WriteHeader(status)
+		})
+		if w.Code != status || w.Header().Get(core.HeaderReplayed) != "" {
+			t.Errorf("request %d: %d %v, want the handler's %d", i, w.Code, w.Header(), status)
+		}
+	}
+	if commits != 2 || rollbacks != 1 {
+		t.Errorf("%d commits and %d rollbacks, want 2 and 1", commits, rollbacks)
+	}
+}
