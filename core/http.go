@@ -249,7 +249,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		// answer waits for its commit.
 		rt.Refuse(w, r, fmt.Errorf("%w: %s %s: the request's context carries the application's transaction (a transaction-per-request middleware, or WithTx), "+
 			"which commits after the middleware has answered; make the route Leased() (the record commits on its own connection), "+
-			"let the engine begin the transaction for this route, or claim inside your transaction with Route.Exec and answer after your commit",
+			"let the engine begin the transaction for this route, or answer after your own commit with Route.Within (HTTP) or Route.Exec",
 			ErrNotProtected, r.Method, r.URL.Path))
 		return nil
 	}
