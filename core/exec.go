@@ -120,7 +120,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	if req.Fingerprint != nil {
 		if fp, err = req.Fingerprint(); err != nil {
 			ev.Decision = DecisionInvalid
-			return reject(fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err))
+			return reject(&fingerprintError{err: err})
 		}
 		fp = normalFingerprint(fp)
 	}

@@ -218,7 +218,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	} else {
 		fp, err := f(rc, scope, body)
 		if err != nil {
-			ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: fingerprint: %w", ErrInvalidRequest, err)
+			ev.Decision, ev.Err = DecisionInvalid, &fingerprintError{err: err}
 			rt.reject(w, rc, *ev, start)
 			return nil
 		}
@@ -394,6 +394,17 @@ func (e *callerError) Error() string {
 	return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error()
 }
 func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
+
+// fingerprintError is a fingerprint function's own failure: the client
+// gets 400 invalid-request without its text, and since the function is
+// the application's code (a failure is more likely its bug than the
+// client's), it goes to the log at WARN, as a caller function's does.
+type fingerprintError struct{ err error }
+
+func (e *fingerprintError) Error() string {
+	return ErrInvalidRequest.Error() + ": fingerprint: " + e.err.Error()
+}
+func (e *fingerprintError) Unwrap() []error { return []error{ErrInvalidRequest, e.err} }
 
 // Refuse answers r with the engine's problem document for err, which
 // wraps ErrNotProtected and says how to fix the wiring, and logs err at

@@ -53,14 +53,15 @@ type Event struct {
 // replayed, in progress, mismatch, released, resolved, invalid requests);
 // WARN or ERROR only for what an operator must act on: store errors and
 // fail-open (ERROR), indeterminate outcomes, lost leases and failing
-// caller functions (WARN).
+// caller or fingerprint functions (WARN).
 func (ev *Event) level() slog.Level {
 	switch ev.Decision {
 	case DecisionExecuted, DecisionReplayed, DecisionReleased, DecisionResolved, DecisionRejectedBusy, DecisionMismatch:
 		return slog.LevelDebug
 	case DecisionInvalid:
 		var ce *callerError
-		if errors.As(ev.Err, &ce) {
+		var fe *fingerprintError
+		if errors.As(ev.Err, &ce) || errors.As(ev.Err, &fe) {
 			return slog.LevelWarn
 		}
 		return slog.LevelDebug

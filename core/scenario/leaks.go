@@ -178,6 +178,9 @@ func testNoInternalsReachTheClient(t *testing.T, x *harness) {
 	res = x.do(post("/fp", orderJSON, "fp"))
 	wantProblem(t, res, http.StatusBadRequest, "invalid-request")
 	wantNoSecrets(t, "fingerprint function failing", res)
+	// The function's own failure is the server's to act on, as a caller
+	// function's is: logged at WARN, not hidden at DEBUG.
+	wantLogged(t, x, "fingerprint function failing", slog.LevelWarn, "fingerprint: sqlstore", "billing_rw")
 
 	// A panic with internal text after MarkEffect: the recorded (and
 	// replayed) problem does not carry the panic value.
