@@ -68,19 +68,31 @@ func (s *Store) checkRecords(ctx context.Context) error {
 		return fmt.Errorf("%w: sqlstore: table %q does not take the store's records (%s failed; are its column types those of sqlstore.Schema(%s, %q)?): %v",
 			core.ErrConfig, s.table, op, dialectName(s.d), s.table, err) // %v: a configuration error, not a store to retry
 	}
+	expires, lease := now.Add(time.Hour), now.Add(time.Minute).Add(123456*time.Microsecond)
 	res, err := s.Claim(tctx, core.ClaimRequest{ID: id, Caller: "idem/check", Scope: "idem/check", Key: "idem/check",
-		Fingerprint: id[:], Token: token, Now: now, ExpiresAt: now.Add(time.Hour), LeaseUntil: now.Add(time.Minute)})
+		Fingerprint: id[:], Token: token, Now: now, ExpiresAt: expires, LeaseUntil: lease})
 	if err != nil {
 		return fail("claim", err)
 	}
 	if !res.Claimed {
 		return fail("claim", errors.New("a new record was not claimed"))
 	}
-	err = s.Complete(tctx, id, token, core.Completion{State: core.StateCompleted, Status: 201, Response: []byte{0, 0xff, 1}, ExpiresAt: now.Add(time.Hour)})
+	// The times read back as written, to the microsecond (a DATE column,
+	// or one without fractional seconds, would make every lease lapse or
+	// every record expire early).
+	rec, err := s.Get(tctx, id, now)
+	if err != nil {
+		return fail("get", err)
+	}
+	if !rec.ExpiresAt.Equal(expires) || !rec.LeaseUntil.Equal(lease) {
+		return fail("get", fmt.Errorf("the times read back differ: expires_at %v (wrote %v), lease_until %v (wrote %v)",
+			rec.ExpiresAt, expires, rec.LeaseUntil, lease))
+	}
+	err = s.Complete(tctx, id, token, core.Completion{State: core.StateCompleted, Status: 201, Response: []byte{0, 0xff, 1}, ExpiresAt: expires})
 	if err != nil {
 		return fail("complete", err)
 	}
-	rec, err := s.Get(tctx, id, now)
+	rec, err = s.Get(tctx, id, now)
 	if err != nil {
 		return fail("get", err)
 	}

@@ -126,8 +126,14 @@ func TestCheckFindsAWrongColumnType(t *testing.T) {
 	}{
 		{sqlstore.Postgres, "id          BYTEA        NOT NULL PRIMARY KEY", "id TEXT NOT NULL PRIMARY KEY"},
 		{sqlstore.MySQL, "id          BINARY(32)   NOT NULL PRIMARY KEY", "id VARCHAR(64) CHARACTER SET utf8mb4 NOT NULL PRIMARY KEY"},
+		// A time column that keeps the date only: every record would
+		// read as expired (or a lease as lapsed) on its first retry.
+		{sqlstore.Postgres, "expires_at  TIMESTAMPTZ  NOT NULL", "expires_at DATE NOT NULL"},
+		{sqlstore.MySQL, "expires_at  DATETIME(6)  NOT NULL", "expires_at DATE NOT NULL"},
+		{sqlstore.Postgres, "lease_until TIMESTAMPTZ,", "lease_until DATE,"},
+		{sqlstore.MySQL, "lease_until DATETIME(6),", "lease_until DATE,"},
 	} {
-		t.Run(c.d.String(), func(t *testing.T) {
+		t.Run(c.d.String()+"/"+strings.Fields(c.new)[0]+"_"+strings.Trim(strings.Fields(c.new)[1], ",()0123456789"), func(t *testing.T) {
 			db, _ := openDB(t, c.d)
 			table := sqlstoretest.Table()
 			ddl := sqlstore.Schema(c.d, table)
