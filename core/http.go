@@ -480,7 +480,7 @@ func (rt *Route) nestable(outer *Route, method string) error {
 	case rt.p.fingerprint != nil || outer.p.fingerprint != nil:
 		why = "a Fingerprint option is set on one of them"
 	case rt.p.resolver != outer.p.resolver:
-		why = "the route's own WithResolver is not the outer installation's"
+		why = "the route's own WithResolver is not the outer installation's (they are compared as option values: build the option once, r := core.WithResolver(fn), and pass r to both)"
 	default:
 		return nil
 	}
