@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/echo5idem"
+	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
 )
@@ -16,7 +17,7 @@ import (
 // requests they answer keep Echo's 404, with or without a key, and are
 // never recorded. Routes of the group stay protected.
 func TestGroupNotFound(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	g := r.Group("/api", echo5idem.New(e))
 	runs := 0
@@ -25,13 +26,13 @@ func TestGroupNotFound(t *testing.T) {
 
 	for _, path := range []string{"/api/nowhere", "/api", "/api/orders/7"} {
 		for _, key := range []string{"", "k1", "k1"} {
-			w := do(r, "POST", path, key)
-			if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || replayed(w) {
+			w := adaptertest.Do(r, "POST", path, key)
+			if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || adaptertest.Replayed(w) {
 				t.Errorf("POST %s (key %q): %d %q, want Echo's own 404 or 405", path, key, w.Code, w.Body)
 			}
 		}
 	}
-	if w := do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/api/orders", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("a route of the group without a key: %d, want 400", w.Code)
 	}
 	if runs != 0 {
@@ -45,24 +46,24 @@ func TestGroupNotFound(t *testing.T) {
 // path the router does not know yet: a later Pre middleware may rewrite it
 // onto a route (TestInstalledWithPreBeforeRewrites).
 func TestInstalledWithPre(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Pre(echo5idem.New(e))
 	runs := 0
 	r.POST("/orders/:id", counter(&runs))
 
 	for _, key := range []string{"", "k1", "k1"} {
-		if w := do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		if w := adaptertest.Do(r, "POST", "/orders/7", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("key %q: %d %q, want a 500 not-protected problem (fail closed)", key, w.Code, w.Body)
 		}
 	}
 	if runs != 0 {
 		t.Errorf("the handler ran %d times unprotected", runs)
 	}
-	if w := do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+	if w := adaptertest.Do(r, "POST", "/nowhere", "k1"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 		t.Errorf("unknown path: %d %q, want a 500 not-protected problem (fail closed)", w.Code, w.Body)
 	}
-	if w := do(r, "GET", "/nowhere", ""); w.Code != http.StatusNotFound {
+	if w := adaptertest.Do(r, "GET", "/nowhere", ""); w.Code != http.StatusNotFound {
 		t.Errorf("unknown path, a method not covered: %d, want Echo's 404", w.Code)
 	}
 }
@@ -74,7 +75,7 @@ func TestInstalledWithPre(t *testing.T) {
 // reaches a route once rewritten. It is refused (500 not-protected), never
 // passed through to run its handler once per retry.
 func TestInstalledWithPreBeforeRewrites(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Pre(echo5idem.New(e))
 	r.Pre(middleware.RemoveTrailingSlash())
@@ -84,12 +85,12 @@ func TestInstalledWithPreBeforeRewrites(t *testing.T) {
 	r.PATCH("/items", counter(&runs))
 
 	for _, key := range []string{"k1", "k1"} {
-		if w := do(r, "POST", "/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		if w := adaptertest.Do(r, "POST", "/orders/", key); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("POST /orders/ (slash removed later), key %q: %d %q, want a 500 not-protected problem", key, w.Code, w.Body)
 		}
 	}
 	for _, key := range []string{"k2", "k2"} {
-		if w := do(r, "POST", "/items", key, "X-HTTP-Method-Override", "PATCH"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
+		if w := adaptertest.Do(r, "POST", "/items", key, "X-HTTP-Method-Override", "PATCH"); w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") {
 			t.Errorf("POST /items overridden to PATCH later, key %q: %d %q, want a 500 not-protected problem", key, w.Code, w.Body)
 		}
 	}
@@ -102,7 +103,7 @@ func TestInstalledWithPreBeforeRewrites(t *testing.T) {
 // body without restoring it (as c.Bind does) makes the request refused
 // (500, body-consumed), never fingerprinted as empty.
 func TestBodyConsumedUpstream(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) error {
@@ -114,7 +115,7 @@ func TestBodyConsumedUpstream(t *testing.T) {
 	runs := 0
 	r.POST("/orders", counter(&runs))
 
-	w := do(r, "POST", "/orders", "k1")
+	w := adaptertest.Do(r, "POST", "/orders", "k1")
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "body-consumed") {
 		t.Errorf("consumed body: %d %q, want a 500 body-consumed problem", w.Code, w.Body)
 	}
@@ -129,7 +130,7 @@ func TestBodyConsumedUpstream(t *testing.T) {
 // method (405 with Allow). A route registered with Any is a route: its
 // POSTs are protected.
 func TestRouterAnswers(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.Use(echo5idem.New(e))
 	notFound, anyRuns, getRuns := 0, 0, 0
@@ -141,22 +142,22 @@ func TestRouterAnswers(t *testing.T) {
 	r.Any("/hooks", counter(&anyRuns))
 
 	for i, key := range []string{"", "k1", "k1"} {
-		if w := do(r, "POST", "/pages/nowhere", key); w.Code != http.StatusNotFound || w.Body.String() != "no such page" || replayed(w) {
-			t.Errorf("RouteNotFound, key %q: %d %q replayed=%v, want the application's own 404", key, w.Code, w.Body, replayed(w))
+		if w := adaptertest.Do(r, "POST", "/pages/nowhere", key); w.Code != http.StatusNotFound || w.Body.String() != "no such page" || adaptertest.Replayed(w) {
+			t.Errorf("RouteNotFound, key %q: %d %q replayed=%v, want the application's own 404", key, w.Code, w.Body, adaptertest.Replayed(w))
 		}
 		if notFound != i+1 {
 			t.Errorf("RouteNotFound handler ran %d times after %d requests, want every time", notFound, i+1)
 		}
-		if w := do(r, "POST", "/orders", key); w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") == "" || replayed(w) {
-			t.Errorf("another method, key %q: %d Allow=%q replayed=%v, want Echo's 405 with Allow", key, w.Code, w.Header().Get("Allow"), replayed(w))
+		if w := adaptertest.Do(r, "POST", "/orders", key); w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") == "" || adaptertest.Replayed(w) {
+			t.Errorf("another method, key %q: %d Allow=%q replayed=%v, want Echo's 405 with Allow", key, w.Code, w.Header().Get("Allow"), adaptertest.Replayed(w))
 		}
 	}
-	if w := do(r, "POST", "/hooks", ""); w.Code != http.StatusBadRequest {
+	if w := adaptertest.Do(r, "POST", "/hooks", ""); w.Code != http.StatusBadRequest {
 		t.Errorf("an Any route without a key: %d, want 400 (protected)", w.Code)
 	}
-	first, second := do(r, "POST", "/hooks", "k2"), do(r, "POST", "/hooks", "k2")
+	first, second := adaptertest.Do(r, "POST", "/hooks", "k2"), adaptertest.Do(r, "POST", "/hooks", "k2")
 	if first.Code != http.StatusCreated || !same(first, second) || anyRuns != 1 {
-		t.Errorf("an Any route: %d then %d replayed=%v, runs %d; want one run and a replay", first.Code, second.Code, replayed(second), anyRuns)
+		t.Errorf("an Any route: %d then %d replayed=%v, runs %d; want one run and a replay", first.Code, second.Code, adaptertest.Replayed(second), anyRuns)
 	}
 	if getRuns != 0 {
 		t.Errorf("GET /orders ran %d times", getRuns)

@@ -1,7 +1,6 @@
 package echo5idem_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,71 +8,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/echo5idem"
+	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
 )
-
-// events records the scope of every decision of an engine.
-type events struct {
-	mu     sync.Mutex
-	scopes []string
-}
-
-func (ev *events) observe(_ context.Context, e core.Event) {
-	ev.mu.Lock()
-	ev.scopes = append(ev.scopes, e.Scope)
-	ev.mu.Unlock()
-}
-
-func (ev *events) last() string {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if len(ev.scopes) == 0 {
-		return ""
-	}
-	return ev.scopes[len(ev.scopes)-1]
-}
-
-// newEngine returns an engine over st (a leased memstore when nil) that
-// logs nothing and reports scopes to the returned events.
-func newEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *events) {
-	t.Helper()
-	if st == nil {
-		st = memstore.New()
-	}
-	ev := &events{}
-	opts = append([]core.Option{core.WithSingleCaller(), core.WithObserver(ev.observe),
-		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
-	e, err := core.New(st, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, ev
-}
-
-func do(h http.Handler, method, path, key string, header ...string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(method, path, strings.NewReader(`{"amount":10}`))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(core.HeaderKey, key)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	return w
-}
-
-func replayed(w *httptest.ResponseRecorder) bool {
-	return w.Header().Get(core.HeaderReplayed) == "true"
-}
 
 // counter is a handler that counts its runs and answers 201 with the count.
 func counter(n *int) echo.HandlerFunc {
@@ -85,7 +28,7 @@ func counter(n *int) echo.HandlerFunc {
 
 // same reports whether a replay equals the first answer.
 func same(first, replay *httptest.ResponseRecorder) bool {
-	return replayed(replay) && first.Code == replay.Code && first.Body.String() == replay.Body.String() &&
+	return adaptertest.Replayed(replay) && first.Code == replay.Code && first.Body.String() == replay.Body.String() &&
 		first.Header().Get("Content-Type") == replay.Header().Get("Content-Type")
 }
 
@@ -111,16 +54,16 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 	}
 	for name, build := range install {
 		t.Run("ok, "+name+": two ids with the same key and body share the scope (the second is a 422)", func(t *testing.T) {
-			e, ev := newEngine(t, nil)
+			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := build(e, counter(&n))
-			first := do(r, "POST", "/api/orders/1/refunds", "k")
-			second := do(r, "POST", "/api/orders/2/refunds", "k")
-			if first.Code != 201 || second.Code != 422 || replayed(second) || n != 1 {
+			first := adaptertest.Do(r, "POST", "/api/orders/1/refunds", "k")
+			second := adaptertest.Do(r, "POST", "/api/orders/2/refunds", "k")
+			if first.Code != 201 || second.Code != 422 || adaptertest.Replayed(second) || n != 1 {
 				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
-					first.Code, first.Body, second.Code, second.Body, replayed(second), n)
+					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n)
 			}
-			if got := ev.last(); got != "POST /api/orders/:id/refunds" {
+			if got := ev.Last(); got != "POST /api/orders/:id/refunds" {
 				t.Fatalf("scope %q, want the route pattern", got)
 			}
 		})
@@ -128,16 +71,16 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 }
 
 func TestExplicitScope(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := echo.New()
 	r.POST("/v1/orders", counter(&n), echo5idem.New(e, core.Scope("create-order")))
 	r.POST("/v2/orders", counter(&n), echo5idem.New(e, core.Scope("create-order")))
-	do(r, "POST", "/v1/orders", "k")
-	if w := do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.last() != "create-order" {
+	adaptertest.Do(r, "POST", "/v1/orders", "k")
+	if w := adaptertest.Do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.Last() != "create-order" {
 		// One record for both routes (a record of its own would run the
 		// handler); the path is part of the fingerprint, so: 422.
-		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.last())
+		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.Last())
 	}
 }
 
@@ -187,7 +130,7 @@ func TestReturnedErrorsAreRecorded(t *testing.T) {
 			if tt.store != nil {
 				st = tt.store()
 			}
-			e, _ := newEngine(t, st)
+			e, _ := adaptertest.NewEngine(t, st)
 			n := 0
 			var outerErr []error
 			r := echo.New()
@@ -202,13 +145,13 @@ func TestReturnedErrorsAreRecorded(t *testing.T) {
 				}
 			})
 			r.POST("/orders/:id", func(c *echo.Context) error { n++; return tt.handler(n) }, echo5idem.New(e))
-			first, second := do(r, "POST", "/orders/1", "k"), do(r, "POST", "/orders/1", "k")
+			first, second := adaptertest.Do(r, "POST", "/orders/1", "k"), adaptertest.Do(r, "POST", "/orders/1", "k")
 			if first.Code != tt.code || first.Body.String() != tt.body {
 				t.Fatalf("first %d %q, want %d %q", first.Code, first.Body, tt.code, tt.body)
 			}
 			if tt.runsTwo {
-				if replayed(second) || n != 2 {
-					t.Fatalf("retry replayed=%v runs=%d, want a second execution", replayed(second), n)
+				if adaptertest.Replayed(second) || n != 2 {
+					t.Fatalf("retry replayed=%v runs=%d, want a second execution", adaptertest.Replayed(second), n)
 				}
 			} else if !same(first, second) || n != 1 || second.Header().Get("Content-Language") != first.Header().Get("Content-Language") {
 				t.Fatalf("replay %d %q %v, runs %d; want the first answer again", second.Code, second.Body, second.Header(), n)
@@ -221,7 +164,7 @@ func TestReturnedErrorsAreRecorded(t *testing.T) {
 }
 
 func TestRestoreAndHooks(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	n, hooks := 0, 0
 	var status int
 	var attempt, ownReq bool
@@ -245,8 +188,8 @@ func TestRestoreAndHooks(t *testing.T) {
 	for i, name := range []string{"ok, the first answer", "ok, the replay"} {
 		t.Run(name, func(t *testing.T) {
 			hooks = 0
-			w := do(r, "POST", "/orders", "k")
-			if w.Code != 201 || status != 201 || attempt || !ownReq || hooks != 1 || replayed(w) != (i == 1) {
+			w := adaptertest.Do(r, "POST", "/orders", "k")
+			if w.Code != 201 || status != 201 || attempt || !ownReq || hooks != 1 || adaptertest.Replayed(w) != (i == 1) {
 				t.Fatalf("code %d, outer saw status %d attempt=%v own request/response=%v, Before hooks %d", w.Code, status, attempt, ownReq, hooks)
 			}
 		})
@@ -254,7 +197,7 @@ func TestRestoreAndHooks(t *testing.T) {
 }
 
 func TestSkipper(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	n := 0
 	r := echo.New()
 	r.Use(echo5idem.NewWithConfig(echo5idem.Config{
@@ -275,16 +218,16 @@ func TestSkipper(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := do(r, "POST", "/orders", "k", "X-Internal", tt.internal)
-			if w.Code != 201 || replayed(w) != tt.replayed || n != tt.runs {
-				t.Fatalf("%d replayed=%v runs=%d, want replayed=%v runs=%d", w.Code, replayed(w), n, tt.replayed, tt.runs)
+			w := adaptertest.Do(r, "POST", "/orders", "k", "X-Internal", tt.internal)
+			if w.Code != 201 || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want replayed=%v runs=%d", w.Code, adaptertest.Replayed(w), n, tt.replayed, tt.runs)
 			}
 		})
 	}
 }
 
 func TestFlushStreams(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	r := echo.New()
 	r.POST("/stream", func(c *echo.Context) error {
 		c.Response().WriteHeader(http.StatusOK)
@@ -293,24 +236,24 @@ func TestFlushStreams(t *testing.T) {
 		_, err := c.Response().Write([]byte("part 2"))
 		return err
 	}, echo5idem.New(e))
-	first, second := do(r, "POST", "/stream", "k"), do(r, "POST", "/stream", "k")
+	first, second := adaptertest.Do(r, "POST", "/stream", "k"), adaptertest.Do(r, "POST", "/stream", "k")
 	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
 		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
 	}
-	if !replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
+	if !adaptertest.Replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
 		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
 	}
 }
 
 func TestAtomicModeReachesTheTransaction(t *testing.T) {
-	e, _ := newEngine(t, memstore.New().Atomic())
+	e, _ := adaptertest.NewEngine(t, memstore.New().Atomic())
 	r := echo.New()
 	r.Use(echo5idem.New(e))
 	r.POST("/orders", func(c *echo.Context) error {
 		info, ok := core.AttemptFrom(c.Request().Context())
 		return c.JSON(201, map[string]bool{"protected": ok, "atomic": info.Atomic})
 	})
-	if w := do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}`+"\n" {
+	if w := adaptertest.Do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}`+"\n" {
 		t.Fatalf("ok, c.Request().Context() carries the atomic attempt: %d %s", w.Code, w.Body)
 	}
 }
@@ -349,9 +292,9 @@ func TestCaller(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := do(r, "POST", "/orders", "k", "X-Account", tt.account)
-			if w.Code != tt.code || replayed(w) != tt.replayed || n != tt.runs {
-				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, replayed(w), n, tt.code, tt.replayed, tt.runs)
+			w := adaptertest.Do(r, "POST", "/orders", "k", "X-Account", tt.account)
+			if w.Code != tt.code || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+				t.Fatalf("%d replayed=%v runs=%d, want %d %v %d", w.Code, adaptertest.Replayed(w), n, tt.code, tt.replayed, tt.runs)
 			}
 		})
 	}
@@ -362,7 +305,7 @@ func TestCaller(t *testing.T) {
 
 func TestPanics(t *testing.T) {
 	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		r := echo.New()
 		r.POST("/x", func(c *echo.Context) error { panic("boom") }, echo5idem.New(e))
 		defer func() {
@@ -370,11 +313,11 @@ func TestPanics(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic", v)
 			}
 		}()
-		do(r, "POST", "/x", "k")
+		adaptertest.Do(r, "POST", "/x", "k")
 		t.Fatal("no panic")
 	})
 	t.Run("ok, middleware.Recover answers 500 and the record is released", func(t *testing.T) {
-		e, _ := newEngine(t, nil)
+		e, _ := adaptertest.NewEngine(t, nil)
 		n := 0
 		r := echo.New()
 		r.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true}), echo5idem.New(e))
@@ -385,17 +328,17 @@ func TestPanics(t *testing.T) {
 			}
 			return c.String(201, "ok")
 		})
-		if w := do(r, "POST", "/x", "k"); w.Code != 500 {
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 500 {
 			t.Fatalf("first %d, want Recover's 500", w.Code)
 		}
-		if w := do(r, "POST", "/x", "k"); w.Code != 201 || replayed(w) || n != 2 {
-			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, replayed(w), n)
+		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 201 || adaptertest.Replayed(w) || n != 2 {
+			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, adaptertest.Replayed(w), n)
 		}
 	})
 }
 
 func TestPassThrough(t *testing.T) {
-	e, ev := newEngine(t, nil)
+	e, ev := adaptertest.NewEngine(t, nil)
 	n := 0
 	var outerErr error
 	r := echo.New()
@@ -415,14 +358,14 @@ func TestPassThrough(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for range 2 {
-				if w := do(r, tt.method, tt.path, "k"); w.Code != tt.code || replayed(w) || !errors.Is(outerErr, tt.err) {
-					t.Fatalf("%d replayed=%v error %v, want %d untouched with %v", w.Code, replayed(w), outerErr, tt.code, tt.err)
+				if w := adaptertest.Do(r, tt.method, tt.path, "k"); w.Code != tt.code || adaptertest.Replayed(w) || !errors.Is(outerErr, tt.err) {
+					t.Fatalf("%d replayed=%v error %v, want %d untouched with %v", w.Code, adaptertest.Replayed(w), outerErr, tt.code, tt.err)
 				}
 			}
 		})
 	}
-	if n != 2 || ev.last() != "" {
-		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.last())
+	if n != 2 || ev.Last() != "" {
+		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.Last())
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/echo5idem"
+	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
 )
 
@@ -14,7 +15,7 @@ import (
 // the request's key; without a protected request it fails with
 // core.ErrNoAttempt instead of returning "".
 func TestDownstreamKeyFromTheEchoContext(t *testing.T) {
-	e, _ := newEngine(t, nil)
+	e, _ := adaptertest.NewEngine(t, nil)
 	var rightKey, reqKey, outsideKey string
 	var rightErr, outsideErr error
 	ec := echo.New()
@@ -27,13 +28,13 @@ func TestDownstreamKeyFromTheEchoContext(t *testing.T) {
 		outsideKey, outsideErr = echo5idem.DownstreamKey(c, "charge")
 		return c.NoContent(http.StatusCreated)
 	})
-	if w := do(ec, "POST", "/pay", "k1"); w.Code != http.StatusCreated {
+	if w := adaptertest.Do(ec, "POST", "/pay", "k1"); w.Code != http.StatusCreated {
 		t.Fatalf("status %d", w.Code)
 	}
 	if rightErr != nil || rightKey == "" || rightKey != reqKey {
 		t.Errorf("echo5idem.DownstreamKey = %q, %v; want %q", rightKey, rightErr, reqKey)
 	}
-	_ = do(ec, "POST", "/open", "k1")
+	_ = adaptertest.Do(ec, "POST", "/open", "k1")
 	if outsideKey != "" || !errors.Is(outsideErr, core.ErrNoAttempt) {
 		t.Errorf("echo5idem.DownstreamKey outside the middleware = %q, %v; want an ErrNoAttempt error", outsideKey, outsideErr)
 	}
