@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,11 +57,17 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	allow := a.recordAllow
 	var replaced error // the handler's answer is not true: the client gets this
 	switch {
+	case v == vRelease:
+		// Nothing happened, and the rollback took the claim: the key is
+		// free and the handler's answer is true.
+		return DecisionReleased, nil
 	case v == vIndeterminate || resp.Status >= 400:
-	case a.effect.Load():
+	case a.effect():
 		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
 		v, allow = vIndeterminate, nil
-		resp = problemResponse(e.problemFor(replaced))
+		p := e.problemFor(replaced)
+		p.RecordID = a.id.String() // as the client's own copy of it
+		resp = problemResponse(p)
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
@@ -88,6 +95,10 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		switch {
 		case err != nil:
 			return fail(err)
+		case res.Record.Token == a.token && res.Record.State != StateInProgress:
+			// The transaction did commit after all (a COMMIT whose answer
+			// was lost, still being applied when the record was read).
+			return a.committed(res.Record)
 		case len(a.fp) > 0 && len(res.Record.Fingerprint) > 0 && !bytes.Equal(a.fp, res.Record.Fingerprint):
 			return DecisionMismatch, ErrMismatch
 		}
@@ -112,19 +123,116 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	return decision, replaced
 }
 
-// afterClientGone settles a middleware-managed atomic attempt whose
-// request's context ended (the client went away, a deadline passed) before
-// its outcome was committed: the transaction, bound to that context, was
-// rolled back with the handler's writes and the claim. A response that
-// holds without those writes is recorded as afterAbort does (in a short
-// transaction of the engine's own): above all, after MarkEffect the
-// outcome is indeterminate, so a retry does not repeat the external
-// effect. A success without an effect is not recorded (its writes are
-// gone): the key is free again, and since a client going away is routine,
-// that is a release, not a store error.
-func (a *attempt) afterClientGone(v verdict, resp *Response, err error) (Decision, error) {
-	if v != vIndeterminate && resp.Status < 400 && !a.effect.Load() {
-		return DecisionReleased, &RetryError{Err: storeErr(err), RetryAfter: a.e.cfg.retryAfter}
+// afterEnd settles an attempt in atomic mode whose transaction ended other
+// than by the engine's successful commit (docs/contract.md, section 4 "The
+// transaction's end is part of the outcome"): a constraint checked at
+// COMMIT, a serialization failure, a deadlock victim (on MariaDB the
+// server rolls back under the handler and the completion then finds no
+// claim: ErrFenced), a session the database killed, a connection lost
+// during COMMIT (the outcome unknown), a cancelled context, or the
+// handler's own Commit or Rollback of the shared transaction. cause is the
+// error that showed it.
+//
+// The engine rolls back what is left and reads the record on a connection
+// of its own, whatever the request's context (its client may be gone):
+//   - completed or indeterminate with the attempt's token: the commit did
+//     happen; the handler's answer stands.
+//   - in progress with the attempt's token: the handler committed the
+//     shared transaction itself, with the claim and its writes; the
+//     outcome is recorded now in a transaction of the engine's own, the
+//     handler's writes counting as an effect (they are durable), so the
+//     key is never left locked and never released under committed writes.
+//   - another attempt's record: that attempt holds the key (the rollback
+//     let it claim): 409, or 422 for another request.
+//   - absent: as after an abort (afterAbort): after MarkEffect the outcome
+//     is recorded indeterminate; a 4xx is recorded; a success without an
+//     effect is not (its writes are gone): the key is free and the client
+//     gets 503 with Retry-After.
+//   - the record cannot be read: after MarkEffect the client is told the
+//     outcome is being settled (ErrOutcomePending, 503 with Retry-After),
+//     else the store is unavailable; the retry reads the record again.
+//
+// Route.Within settles the service's failed commit the same way
+// (a.owned: the service's transaction, which it rolled back).
+func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (Decision, error) {
+	e := a.e
+	if a.tx != nil {
+		_ = a.tx.Rollback() // a dead or ended transaction: frees its connection
 	}
-	return a.afterAbort(v, resp, err)
+	a.owned = true // settled in transactions of the engine's own from here
+	ctx := e.tx.WithoutTx(context.WithoutCancel(a.ctx))
+	e.cfg.logger.WarnContext(ctx, "idempotency: the attempt's transaction ended before the engine committed it; settling from the record",
+		slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.Bool("effect", a.effect()), slog.String("error", cause.Error()))
+	rec, err := e.store.Get(ctx, a.id, e.cfg.clock())
+	switch {
+	case err == nil && rec.Token == a.token && rec.State != StateInProgress:
+		return a.committed(rec)
+	case err == nil && rec.Token == a.token:
+		e.cfg.logger.ErrorContext(ctx, "idempotency: the handler committed the shared transaction itself (the claim and its writes committed before the answer was recorded); "+
+			"the engine records the answer now. Do not Commit or Rollback the transaction of sqlstore.Tx / gormstore.DB: answer a 5xx, or call core.Release, to roll it back",
+			slog.String("id", a.id.String()))
+		if v == vRelease {
+			v = vComplete // the handler's writes are durable: never released under them
+			if resp.Status >= 500 {
+				v = vIndeterminate
+			}
+		}
+		return a.recordOwn(v, resp, a.recordAllow)
+	case err == nil:
+		if len(a.fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(a.fp, rec.Fingerprint) {
+			return DecisionMismatch, ErrMismatch
+		}
+		return DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
+	case errors.Is(err, ErrNotFound):
+		if a.ctx.Err() != nil && v != vIndeterminate && resp.Status < 400 && !a.effect() {
+			// The client went away and the transaction, bound to its
+			// context, rolled back: routine, a release.
+			return DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
+		}
+		return a.afterAbort(v, resp, cause)
+	}
+	if v == vIndeterminate || a.effect() {
+		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+	}
+	return DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+}
+
+// committed is the decision for an attempt whose transaction committed
+// although the engine saw its commit fail: rec, the attempt's record, says
+// how it ended; the handler's answer stands.
+func (a *attempt) committed(rec Record) (Decision, error) {
+	if rec.State == StateIndeterminate {
+		return DecisionIndeterminate, nil
+	}
+	return DecisionExecuted, nil
+}
+
+// recordOwn completes the attempt's claim, which committed in progress
+// (the handler committed the shared transaction), in a short transaction
+// of the engine's own, fenced by the attempt's token.
+func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (Decision, error) {
+	e := a.e
+	ctx := e.tx.WithoutTx(context.WithoutCancel(a.ctx))
+	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: a.completionExpiry()}
+	decision := DecisionExecuted
+	if v == vIndeterminate {
+		c.State, decision = StateIndeterminate, DecisionIndeterminate
+	}
+	blob, err := e.sealInto(nil, a.id, resp, allow)
+	if err != nil {
+		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+	}
+	c.Response = blob
+	tctx, tx, err := e.tx.Begin(ctx)
+	if err == nil {
+		if err = e.store.Complete(tctx, a.id, a.token, c); err == nil {
+			err = tx.Commit()
+		} else {
+			_ = tx.Rollback()
+		}
+	}
+	if err != nil {
+		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+	}
+	return decision, nil
 }

@@ -135,7 +135,12 @@ type attempt struct {
 	// lets Postgres update the row in place (a HOT update).
 	expires time.Time
 
-	effect atomic.Bool // the handler marked an external effect as started
+	// mark is the handler's MarkEffect and the attempt's settling in one
+	// word (markRunning, markEffect, markSettled, markSettledEffect), so
+	// that a MarkEffect after the outcome was classified fails instead of
+	// being ignored (a handler behind http.TimeoutHandler that outlives
+	// its attempt): see MarkEffect and classify.
+	mark atomic.Int32
 	// recordAllow filters the headers finish records: the allowlist for a
 	// captured response, nil for responses the engine built.
 	recordAllow []string
@@ -155,6 +160,7 @@ type attempt struct {
 	// finish ran (atomic mode: at the response cap, before the handler
 	// returned): later calls return its result.
 	finished bool
+	verdict  verdict // how the handler ended (set by finish)
 	decision Decision
 	err      error
 	complete time.Duration // how long finish took (Event.Complete)
@@ -516,20 +522,72 @@ func (a *attempt) end(ev *Event, resp *Response, panicked bool) error {
 	return err
 }
 
-// classify maps a handler's result to the record's fate (docs/contract.md, section 4 "Outcomes").
+// States of attempt.mark.
+const (
+	markRunning       int32 = iota // the handler runs, no effect marked
+	markEffect                     // the handler runs, an effect was marked
+	markSettled                    // the outcome was classified without an effect
+	markSettledEffect              // the outcome was classified after an effect
+)
+
+// effect reports whether the handler marked an external effect.
+func (a *attempt) effect() bool {
+	m := a.mark.Load()
+	return m == markEffect || m == markSettledEffect
+}
+
+// markEffect records the handler's MarkEffect; it reports false once the
+// attempt's outcome was classified (the mark came too late to count).
+func (a *attempt) markEffect() bool {
+	for {
+		switch m := a.mark.Load(); m {
+		case markEffect:
+			return true
+		case markSettled, markSettledEffect:
+			return false
+		default:
+			if a.mark.CompareAndSwap(m, markEffect) {
+				return true
+			}
+		}
+	}
+}
+
+// settle ends the handler's say over the effect: from now on MarkEffect
+// fails. It reports whether an effect was marked.
+func (a *attempt) settle() bool {
+	for {
+		switch m := a.mark.Load(); m {
+		case markSettled:
+			return false
+		case markSettledEffect:
+			return true
+		default:
+			if a.mark.CompareAndSwap(m, m+2) {
+				return m == markEffect
+			}
+		}
+	}
+}
+
+// classify maps a handler's result to the record's fate (docs/contract.md,
+// section 4 "Outcomes"). The question that decides is "may an effect have
+// happened?": after MarkEffect nothing is released (Release included),
+// and every answer other than a recorded 2xx-4xx is indeterminate;
+// before it, a 5xx, a panic, 408, 429 and a validation failure (400, 422:
+// execution never began) release the key.
 func (a *attempt) classify(status int, panicked bool) verdict {
-	switch {
-	case a.release.Load():
-		return vRelease
-	case panicked || status >= 500:
-		// Either mode: before MarkEffect nothing happened yet (atomic mode:
-		// the transaction rolls back); after it, the effect may have
-		// happened and the outcome is unknown.
-		if a.effect.Load() {
+	if a.settle() {
+		switch {
+		case panicked || status >= 500 || status == 408 || status == 429:
 			return vIndeterminate
 		}
+		return vComplete
+	}
+	switch {
+	case a.release.Load(), panicked, status >= 500:
 		return vRelease
-	case status == 408 || status == 429:
+	case status == 400, status == 408, status == 422, status == 429:
 		return vRelease
 	}
 	return vComplete
@@ -542,6 +600,7 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // result.
 func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 	if !a.finished {
+		a.verdict = v
 		began := a.e.cfg.clock()
 		a.decision, a.err = a.record(v, resp)
 		a.complete = a.e.cfg.clock().Sub(began)
@@ -564,7 +623,12 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		var err error
 		switch {
 		case a.tx != nil:
-			err = a.tx.Rollback()
+			if err = a.tx.Rollback(); err != nil {
+				// The transaction had ended before (the handler committed
+				// or rolled it back itself, the client went away): what
+				// it left is read back and settled (afterEnd).
+				return a.afterEnd(v, resp, err)
+			}
 		default: // leased, or the caller's transaction: delete our claim
 			err = e.store.Release(a.storeCtx(), a.id, a.token)
 		}
@@ -573,13 +637,8 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// handler's answer (nothing happened) is still true.
 			return DecisionLeaseLost, nil
 		}
-		if err != nil && a.tx != nil && a.ctx.Err() != nil {
-			// The request's context ended (the client went away): the
-			// transaction is bound to it and was rolled back already.
-			err = nil
-		}
 		if err != nil {
-			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease or expiry", slog.String("id", a.id.String()), slog.String("error", err.Error()))
+			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease lapses or it expires", slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
 		return DecisionReleased, nil
 	}
@@ -613,13 +672,21 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		err = a.tx.Commit()
 	}
 	if err != nil {
+		if a.tx != nil && !errors.Is(err, ErrLostRace) {
+			// Middleware-managed atomic mode: the transaction ended other
+			// than by our commit (a constraint checked at COMMIT, a dead
+			// session, a deadlock victim, the handler's own Commit or
+			// Rollback, a COMMIT whose answer was lost): the record tells
+			// what happened.
+			return a.afterEnd(v, resp, err)
+		}
 		if a.tx != nil {
 			_ = a.tx.Rollback()
 		}
-		if errors.Is(err, ErrFenced) {
+		if errors.Is(err, ErrFenced) && !a.joined {
 			return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
-		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect.Load()) {
+		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect()) {
 			// The database rolled the transaction back in favour of a
 			// concurrent one (on Galera: another node's claim of this
 			// identity won certification). The handler's writes are gone:
@@ -630,11 +697,26 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// another attempt holds the identity.
 			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
-		if errors.Is(err, ErrTxAborted) {
-			return a.afterAbort(v, resp, err)
+		if a.tx != nil {
+			return a.afterEnd(v, resp, err) // a lost race after MarkEffect
 		}
-		if a.tx != nil && a.ctx.Err() != nil {
-			return a.afterClientGone(v, resp, err)
+		if a.joined && (errors.Is(err, ErrTxAborted) || errors.Is(err, ErrFenced)) {
+			// The caller's transaction is dead (or the server rolled it
+			// back under it, taking the claim: a MariaDB deadlock
+			// victim): only the caller can roll it back.
+			if !errors.Is(err, ErrTxAborted) {
+				err = fmt.Errorf("%w: the claim is gone from the transaction: %w", ErrTxAborted, err)
+			}
+			return DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
+		}
+		if !a.rt.atomic && a.effect() {
+			// Leased mode: the effect may have happened and its answer is
+			// not recorded. The client is told to come back for the
+			// outcome (a takeover settles it, with its downstream keys),
+			// never given an unrecorded answer it may not retry.
+			e.cfg.logger.Error("idempotency: the answer after MarkEffect could not be recorded; the client is told its outcome is being settled",
+				slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
+			return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 		}
 		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
@@ -773,30 +855,41 @@ func noAttempt(call string) error {
 
 // MarkEffect tells the engine that the handler is about to cause an effect
 // outside the store's transaction (a payment, an email, a call to another
-// service). From then on a 5xx or a panic leaves the record indeterminate
-// instead of releasing it, so a retry does not blindly run again. Call it
-// right before the external call: a 5xx before it releases the key (in
-// either mode: nothing happened yet). Outside a protected request it does
-// nothing and returns an error wrapping ErrNoAttempt (usually: a
-// framework's context was passed instead of the request's).
+// service). From then on nothing releases the record: a 5xx, a 408, a 429
+// or a panic leaves it indeterminate, any other answer is recorded, and a
+// transaction that does not commit is settled as indeterminate, so a retry
+// does not blindly run again. Call it right before the external call: a
+// 5xx before it releases the key (in either mode: nothing happened yet).
+// It returns an error wrapping ErrNoAttempt, and the effect is not
+// covered, outside a protected request (usually: a framework's context
+// was passed instead of the request's) and once the attempt was settled
+// (the handler answered already, or runs on after its timeout): do not
+// start the effect then.
 func MarkEffect(ctx context.Context) error {
 	a := attemptFrom(ctx)
 	if a == nil {
 		return noAttempt("core.MarkEffect")
 	}
-	a.effect.Store(true)
+	if !a.markEffect() {
+		return fmt.Errorf("%w: core.MarkEffect: the attempt was already settled (the handler answered, or ran on after its timeout): no live attempt holds the record, so the effect would not be covered; do not start it", ErrNoAttempt)
+	}
 	return nil
 }
 
 // Release tells the engine that nothing happened (for example validation
 // failed before any effect): whatever the handler answers, the record is
 // released and, in atomic mode, the transaction rolled back, so a corrected
-// request may use the same key. Outside a protected request it does nothing
-// and returns an error wrapping ErrNoAttempt.
+// request may use the same key. After MarkEffect something may have
+// happened, so the record is never released: Release then changes nothing
+// and returns an error wrapping ErrConfig. Outside a protected request it
+// does nothing and returns an error wrapping ErrNoAttempt.
 func Release(ctx context.Context) error {
 	a := attemptFrom(ctx)
 	if a == nil {
 		return noAttempt("core.Release")
+	}
+	if a.effect() {
+		return fmt.Errorf("%w: core.Release after core.MarkEffect: the effect may have happened, so the record is kept (recorded, or indeterminate for a 5xx); release only before the external call", ErrConfig)
 	}
 	a.release.Store(true)
 	return nil

@@ -49,6 +49,13 @@ var (
 	// ErrIndeterminate: an earlier attempt may have had an effect and its
 	// outcome is not known; the request is not executed again.
 	ErrIndeterminate = errors.New("idem: outcome of an earlier attempt is indeterminate")
+	// ErrOutcomePending: the handler marked an external effect and its
+	// answer could not be recorded (the store failed at that moment): the
+	// outcome is being settled (by a takeover of the lapsed lease, or the
+	// next retry's reading of the record), so the client is told to retry
+	// with the same key (HTTP 503 with Retry-After), never given an
+	// unrecorded answer.
+	ErrOutcomePending = errors.New("idem: the outcome is being settled")
 	// ErrLeaseLost: the attempt lost its lease to a takeover; its completion
 	// was refused (HTTP 409 with Retry-After, so the client fetches the
 	// new owner's answer).

@@ -360,7 +360,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		} else {
 			ev.Status = rt.writeReplay(w, rc, &ans.resp)
 		}
-	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
+	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
 		// Atomic mode: the outcome is not durable (rolled back), so the
 		// handler's answer must not reach the client. Lost lease: the new
 		// owner's answer is the one to give. (Leased mode with a failing

@@ -167,7 +167,7 @@ func TestLostRaceBeforeAbort(t *testing.T) {
 		// A 4xx too: the lost race is checked before the aborted
 		// transaction, whose answer would record the 4xx in a new one (on
 		// Galera, against the winner's claim).
-		{"DeadlockVictim4xx_409", deadlockVictim, false, http.StatusUnprocessableEntity, http.StatusConflict, "in-progress", http.StatusUnprocessableEntity},
+		{"DeadlockVictim4xx_409", deadlockVictim, false, http.StatusNotFound, http.StatusConflict, "in-progress", http.StatusNotFound},
 		// After MarkEffect the attempt is recorded as indeterminate, not
 		// answered as a lost race with the key free; the client is told
 		// the outcome is unknown (its 201 is not true: the writes were

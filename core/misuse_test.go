@@ -67,8 +67,10 @@ func TestNoAttemptFailsLoudly(t *testing.T) {
 		if _, err := core.DownstreamKey(inside, ""); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("an empty step: %v, want ErrConfig", err)
 		}
-		if err := core.MarkEffect(inside); err != nil {
-			t.Errorf("MarkEffect: %v", err)
+		// The request has ended: its attempt was settled, so a MarkEffect
+		// now would cover nothing and must say so (issue 21, item 4).
+		if err := core.MarkEffect(inside); !errors.Is(err, core.ErrNoAttempt) {
+			t.Errorf("MarkEffect after the attempt settled: %v, want an error wrapping ErrNoAttempt", err)
 		}
 	})
 }

@@ -73,6 +73,8 @@ var problemKinds = []problemKind{
 		"a concurrent request with this Idempotency-Key was committed first; retry with the same key after Retry-After to get its answer", http.StatusConflict},
 	{ErrLeaseLost, "lease-lost", "This attempt lost its lease to a newer one",
 		"another attempt with this Idempotency-Key took over; retry with the same key to get its answer", http.StatusConflict},
+	{ErrOutcomePending, "outcome-pending", "The outcome of this request is being settled",
+		"the request may have taken effect and its outcome could not be recorded yet; retry with the same Idempotency-Key after Retry-After to get it", http.StatusServiceUnavailable},
 	{ErrTxAborted, "transaction-aborted", "The request's transaction was aborted",
 		"the database aborted this request's transaction, so nothing of it was committed; retry with the same key after Retry-After", http.StatusServiceUnavailable},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable",
@@ -133,7 +135,7 @@ func (e *Engine) problemFor(err error) *Problem {
 	if errors.As(err, &re) {
 		p.RetryAfter = re.RetryAfter
 	}
-	if p.RetryAfter == 0 && (p.Err == ErrStoreUnavailable || p.Err == ErrInProgress || p.Err == ErrLeaseLost || p.Err == ErrLostRace || p.Err == ErrTxAborted) {
+	if p.RetryAfter == 0 && (p.Err == ErrStoreUnavailable || p.Err == ErrInProgress || p.Err == ErrLeaseLost || p.Err == ErrLostRace || p.Err == ErrTxAborted || p.Err == ErrOutcomePending) {
 		p.RetryAfter = max(e.cfg.retryAfter, time.Second)
 	}
 	return p

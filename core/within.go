@@ -214,16 +214,16 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 			clear(w.Header())
 			ev.Status = rt.writeReplay(w, r, &ans.resp)
 		}
-	case endErr != nil && errors.Is(endErr, ErrTxAborted) && !spilled:
-		// The database aborted the transaction before the completion (on
-		// Postgres: a statement of the handler failed, which it answered
-		// with a 4xx, say); the service rolled it back. As in
-		// middleware-managed mode, an answer that holds without the
+	case endErr != nil && !spilled:
+		// The completion failed in the transaction (on Postgres: a
+		// statement of the handler failed and the database aborted it; on
+		// MariaDB: the server rolled it back under the handler, and the
+		// claim is gone), and the service rolled it back. The record tells
+		// what is left (afterEnd): an answer that holds without the
 		// handler's writes is recorded in a transaction of the engine's
-		// own (afterAbort).
-		att.owned = true
+		// own.
 		var err error
-		ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, endErr)
+		ev.Decision, err = att.afterEnd(att.verdict, &c.resp, endErr)
 		ev.Err = errors.Join(endErr, err)
 		if err != nil {
 			problem(err)
@@ -236,30 +236,19 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 	case released:
 		rec.deliver() // nothing recorded, whatever the transaction did
 	case txErr != nil:
-		// The commit failed (or the service failed after body and rolled
-		// back): nothing of the request was recorded, and the client must
-		// not see the handler's answer.
-		ev.Decision, ev.Err = DecisionStoreError, txErr
-		if att.effect.Load() {
-			// The external effect may have happened and nothing records
-			// it: record the outcome in a transaction of the engine's own
-			// (indeterminate, or the handler's 4xx), as after an abort.
-			att.owned = true
-			var err error
-			ev.Decision, err = att.afterAbort(att.classify(c.resp.Status, false), &c.resp, txErr)
-			ev.Err = errors.Join(txErr, err)
-			if err != nil {
-				problem(err)
-			} else {
-				rec.deliver()
-			}
-			break
+		// The commit failed, or its outcome is unknown (or the service
+		// failed after body and rolled back): the record tells whether it
+		// committed (afterEnd); after MarkEffect the outcome is recorded
+		// in a transaction of the engine's own, so a retry does not repeat
+		// the effect.
+		var err error
+		ev.Decision, err = att.afterEnd(att.verdict, &c.resp, txErr)
+		ev.Err = errors.Join(txErr, err)
+		if err != nil {
+			problem(err)
+		} else {
+			rec.deliver()
 		}
-		err := txErr
-		if !errors.Is(err, ErrTxAborted) {
-			err = storeErr(err)
-		}
-		problem(err)
 	default:
 		rec.deliver()
 	}

@@ -184,6 +184,37 @@ func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
 			return release
 		},
 		Twin: func(t *testing.T) core.TxStore { return twin(t) },
+		Exec: func(ctx context.Context, stmt string) error {
+			tx, err := pgxstore.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, stmt)
+			return err
+		},
+		QueryInt: func(ctx context.Context, query string) (n int64, err error) {
+			tx, err := pgxstore.Tx(ctx)
+			if err != nil {
+				return 0, err
+			}
+			err = tx.QueryRow(ctx, query).Scan(&n)
+			return n, err
+		},
+		Admin: func(t testing.TB, stmt string) {
+			if _, err := pool.Exec(context.Background(), stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		},
+		EndTx: func(ctx context.Context, commit bool) error {
+			tx, err := pgxstore.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			if commit {
+				return tx.Commit(ctx)
+			}
+			return tx.Rollback(ctx)
+		},
 	}
 }
 

@@ -7,7 +7,7 @@ var scenarios = []scenario{
 	// Recording and replay.
 	{"FirstRequestRuns", "The first request with a key runs the handler, which reads the whole request body, and its answer reaches the client unchanged, without Idempotent-Replayed.", both, testFirstRuns},
 	{"ReplaysRecordedAnswer", "A duplicate (same caller, scope, key and body) gets the recorded status, body and recorded headers (Content-Type, Location, ETag, every value of a repeated header in order) plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
-	{"RecordedStatuses", "Every answer below 500 except 408 and 429 completes the record, and a duplicate replays it.", both, testRecordedStatuses},
+	{"RecordedStatuses", "Every answer below 500 except 400, 408, 422 and 429 before an effect completes the record, and a duplicate replays it.", both, testRecordedStatuses},
 	{"SecretHeadersNeverReplayed", "Set-Cookie and Authorization reach the first client but are never recorded, even when WithRecordedHeaders lists them; other listed headers are replayed.", both, testNeverRecorded},
 	{"HeaderAllowlist", "Only allowlisted response headers are recorded; the others reach the first client only.", both, testAllowlist},
 
@@ -37,7 +37,8 @@ var scenarios = []scenario{
 	{"NoCaller", "A covered request whose caller cannot be identified gets a 401 unauthenticated problem document and the handler does not run.", both, testNoCaller},
 
 	// Released outcomes.
-	{"ReleaseStatuses", "A 408 or 429 answer releases the record, so a retry with the same key runs the handler again.", both, testReleaseStatuses},
+	{"ReleaseStatuses", "A 400 or 422 (a validation failure: execution never began) or a 408 or 429 answered before core.MarkEffect releases the record, so the corrected request or a retry with the same key runs the handler again.", both, testReleaseStatuses},
+	{"AfterEffectNothingReleased", "After core.MarkEffect nothing releases the record: a 400 or 422 is recorded and replayed, a 408 or 429 is indeterminate and replayed, core.Release fails with ErrConfig; the handler does not run again.", both, testAfterEffectKept},
 	{"ExplicitRelease", "A handler that calls core.Release gets its answer delivered, and the record is released, so a retry runs again even after a 400.", both, testExplicitRelease},
 	{"PanicReleases", "A panicking handler releases the record and its panic propagates to the outer recovery; a retry runs again.", both, testPanicReleases},
 

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"errors"
 	"bytes"
 	"context"
 	"fmt"
@@ -34,7 +35,7 @@ func firstThen(n *atomic.Int32, first func(w http.ResponseWriter, r *http.Reques
 }
 
 func testReleaseStatuses(t *testing.T, x *harness) {
-	statuses := []int{http.StatusRequestTimeout, http.StatusTooManyRequests}
+	statuses := []int{http.StatusBadRequest, http.StatusRequestTimeout, http.StatusUnprocessableEntity, http.StatusTooManyRequests}
 	calls := map[int]*atomic.Int32{}
 	var routes []Route
 	for _, status := range statuses {
@@ -49,11 +50,51 @@ func testReleaseStatuses(t *testing.T, x *harness) {
 
 	for _, status := range statuses {
 		path := fmt.Sprintf("/r%d", status)
-		wantOriginal(t, x.do(post(path, orderJSON, "k1")), status, http.StatusText(status)+"\n")
-		retry := x.do(post(path, orderJSON, "k1"))
+		key := "k" + path
+		wantOriginal(t, x.do(post(path, orderJSON, key)), status, http.StatusText(status)+"\n")
+		retry := x.do(post(path, orderJSON, key))
 		wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
-		wantReplay(t, retry, x.do(post(path, orderJSON, "k1")))
+		wantReplay(t, retry, x.do(post(path, orderJSON, key)))
 		wantCalls(t, calls[status], 2)
+	}
+}
+
+// testAfterEffectKept: once the handler marked an effect nothing releases
+// the record. A 400 or 422 is recorded and replayed; a 408 or 429 is
+// indeterminate (replayed, never run again); core.Release fails with
+// ErrConfig and changes nothing.
+func testAfterEffectKept(t *testing.T, x *harness) {
+	statuses := []int{http.StatusBadRequest, http.StatusRequestTimeout, http.StatusUnprocessableEntity, http.StatusTooManyRequests}
+	calls := map[int]*atomic.Int32{}
+	var routes []Route
+	for _, status := range statuses {
+		n := new(atomic.Int32)
+		calls[status] = n
+		routes = append(routes, Route{Method: "POST", Pattern: fmt.Sprintf("/e%d", status), Handler: firstThen(n, func(w http.ResponseWriter, r *http.Request) {
+			if err := core.MarkEffect(r.Context()); err != nil {
+				http.Error(w, err.Error(), 599)
+				return
+			}
+			if status == http.StatusBadRequest {
+				if err := core.Release(r.Context()); !errors.Is(err, core.ErrConfig) {
+					http.Error(w, fmt.Sprintf("core.Release after MarkEffect: %v, want an error wrapping ErrConfig", err), 599)
+					return
+				}
+			}
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, http.StatusText(status), status)
+		})})
+	}
+	x.start(nil, routes...)
+	for _, status := range statuses {
+		path := fmt.Sprintf("/e%d", status)
+		key := "k" + path
+		first := x.do(post(path, orderJSON, key))
+		wantOriginal(t, first, status, http.StatusText(status)+"\n")
+		for range 2 {
+			wantReplay(t, first, x.do(post(path, orderJSON, key)))
+		}
+		wantCalls(t, calls[status], 1)
 	}
 }
 

@@ -72,7 +72,7 @@ func testRecordedStatuses(t *testing.T, x *harness) {
 		"/200":          {status: 200, contentType: "application/json", body: `{"ok":true}`},
 		"/204":          {status: 204},
 		"/302":          {status: 302, location: "/elsewhere"},
-		"/400":          {status: 400, contentType: "application/json", body: `{"error":"amount must be positive"}`},
+		"/403":          {status: 403, contentType: "application/json", body: `{"error":"account frozen"}`},
 		"/404":          {status: 404, contentType: "text/plain; charset=utf-8", body: "no such account\n"},
 		"/409":          {status: 409, contentType: "application/json", body: `{"error":"already shipped"}`},
 	}

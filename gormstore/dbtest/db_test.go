@@ -28,7 +28,7 @@ import (
 
 var dialects = []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite}
 
-const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate&_pragma=foreign_keys(1)"
 
 // driverConnector adapts a driver.Driver and a DSN to driver.Connector.
 type driverConnector struct {
@@ -231,6 +231,33 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 		Counter: c,
 		DB:      sqlDB,
 		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
+		Exec: func(ctx context.Context, stmt string) error {
+			tx := txDB(ctx)
+			if tx == nil {
+				return errors.New("no GORM transaction in the context")
+			}
+			return tx.WithContext(ctx).Exec(stmt).Error
+		},
+		QueryInt: func(ctx context.Context, query string) (n int64, err error) {
+			tx := txDB(ctx)
+			if tx == nil {
+				return 0, errors.New("no GORM transaction in the context")
+			}
+			err = tx.WithContext(ctx).Raw(query).Row().Scan(&n)
+			return n, err
+		},
+		Admin: func(t testing.TB, stmt string) {
+			if _, err := sqlDB.ExecContext(context.Background(), stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		},
+		EndTx: func(ctx context.Context, commit bool) error {
+			tx := gormstore.DB(ctx)
+			if commit {
+				return tx.Commit().Error
+			}
+			return tx.Rollback().Error
+		},
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 var dialects = []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite}
 
 // sqliteDSN is what the README recommends.
-const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate&_pragma=foreign_keys(1)"
 
 // openDB opens a fresh pool on the dialect's test database, counting its
 // statements, and closes it at cleanup. SQLite gets a new file per call.
@@ -183,6 +183,37 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqls
 		Counter: c,
 		DB:      db,
 		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
+		Exec: func(ctx context.Context, stmt string) error {
+			tx, err := sqlstore.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, stmt)
+			return err
+		},
+		QueryInt: func(ctx context.Context, query string) (n int64, err error) {
+			tx, err := sqlstore.Tx(ctx)
+			if err != nil {
+				return 0, err
+			}
+			err = tx.QueryRowContext(ctx, query).Scan(&n)
+			return n, err
+		},
+		Admin: func(t testing.TB, stmt string) {
+			if _, err := db.ExecContext(context.Background(), stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		},
+		EndTx: func(ctx context.Context, commit bool) error {
+			tx, err := sqlstore.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			if commit {
+				return tx.Commit()
+			}
+			return tx.Rollback()
+		},
 	}
 }
 

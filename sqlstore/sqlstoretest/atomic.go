@@ -56,6 +56,21 @@ type Fixture struct {
 	// Twin returns another store on the same table through a pool of its
 	// own, as another process would see the database.
 	Twin func(t *testing.T) core.TxStore
+	// Exec runs stmt in the transaction that ctx carries, through the
+	// store's handler accessor (like Insert).
+	Exec func(ctx context.Context, stmt string) error
+	// QueryInt runs query in the transaction that ctx carries and returns
+	// the integer of its one row and column.
+	QueryInt func(ctx context.Context, query string) (int64, error)
+	// Admin runs stmt on the store's database outside any transaction of
+	// the store's (DDL, killing a session), failing t on an error.
+	Admin func(t testing.TB, stmt string)
+	// EndTx commits (commit true) or rolls back the transaction that ctx
+	// carries the way a handler would, through the store's handler
+	// accessor (sqlstore.Tx(ctx).Commit(), gormstore.DB(ctx).Rollback(),
+	// pgxstore.Tx(ctx).Commit(ctx)), and returns its error (a store that
+	// refuses the call returns one wrapping core.ErrConfig).
+	EndTx func(ctx context.Context, commit bool) error
 }
 
 // Config describes the store under test.
@@ -107,6 +122,8 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, retries of a completed request whose claim statement is slow get the replay, not in progress", h.slowReplay},
 		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
 		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
+		{"ok, however the transaction ends, a marked effect never runs again and a released key is told the truth", h.transactionEnds},
+		{"ok, a COMMIT whose answer was lost but which happened gives the handler's answer, replayed to retries", h.commitOutcomeUnknown},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
