@@ -247,12 +247,32 @@ func (s *Store) WithoutTx(ctx context.Context) context.Context {
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 	d := &deferred{base: s.db}
 	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, core.Tx, error) {
-		tx := s.db.WithContext(ctx).Begin(s.inner.TxOptions())
+		g := s.db.WithContext(ctx)
+		var pinned *sql.Conn
+		if s.inner.Dialect() == sqlstore.SQLite {
+			// As sqlstore does on SQLite: the transaction gets a connection
+			// of its own, so that a COMMIT SQLite refuses (a deferred
+			// foreign key), which leaves the transaction open, is rolled
+			// back on it before the connection goes back to the pool.
+			sqlDB, err := s.db.DB()
+			if err != nil {
+				return nil, nil, err
+			}
+			if pinned, err = sqlDB.Conn(ctx); err != nil {
+				return nil, nil, err
+			}
+			g = s.db.Session(&gorm.Session{Context: ctx}) // a statement of its own
+			g.Statement.ConnPool = pinned
+		}
+		tx := g.Begin(s.inner.TxOptions())
 		if tx.Error != nil {
+			if pinned != nil {
+				_ = pinned.Close()
+			}
 			return nil, nil, tx.Error
 		}
 		d.set(tx)
-		return tx.Statement.ConnPool, gormTx{tx: tx, d: d}, nil
+		return tx.Statement.ConnPool, gormTx{tx: tx, d: d, pinned: pinned}, nil
 	})
 	if err != nil {
 		return ctx, nil, err
@@ -303,18 +323,35 @@ func (d *deferred) get() *gorm.DB {
 }
 
 type gormTx struct {
-	tx *gorm.DB
-	d  *deferred
+	tx     *gorm.DB
+	d      *deferred
+	pinned *sql.Conn // SQLite: the transaction's own connection
 }
 
 func (t gormTx) Commit() error {
 	defer t.d.end()
-	return t.tx.Commit().Error
+	err := t.tx.Commit().Error
+	t.unpin(err)
+	return err
 }
 
 func (t gormTx) Rollback() error {
 	defer t.d.end()
-	return t.tx.Rollback().Error
+	err := t.tx.Rollback().Error
+	t.unpin(err)
+	return err
+}
+
+// unpin gives a pinned connection back, after a ROLLBACK on it when the
+// transaction's end failed (a refused COMMIT leaves it open).
+func (t gormTx) unpin(err error) {
+	if t.pinned == nil {
+		return
+	}
+	if err != nil {
+		_, _ = t.pinned.ExecContext(context.Background(), "ROLLBACK")
+	}
+	_ = t.pinned.Close()
 }
 
 // ctx hands the GORM transaction of WithTx, if ctx carries one, to

@@ -346,6 +346,9 @@ func (s *Store) InTx(ctx context.Context) bool {
 // the *sql.Tx.
 func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 	return s.BeginWith(ctx, func(ctx context.Context) (Conn, core.Tx, error) {
+		if s.d == SQLite {
+			return beginPinned(ctx, s.db, s.txOpts)
+		}
 		tx, err := s.db.BeginTx(ctx, s.txOpts)
 		if err != nil {
 			return nil, nil, err
@@ -760,3 +763,46 @@ func inProgressElsewhere(id core.ID) core.ClaimResult {
 // maxClaimTries bounds the retries of a claim that lost a race against a
 // transaction that committed between two of its steps.
 const maxClaimTries = 3
+
+// beginPinned begins a transaction on a connection taken from db for it
+// alone (SQLite). A COMMIT that SQLite refuses (a deferred foreign key
+// that fails) leaves the transaction open on its connection, and
+// database/sql would hand that connection back to the pool, where every
+// later BEGIN on it fails ("cannot start a transaction within a
+// transaction"). Pinned, the failed COMMIT is followed by a ROLLBACK on the
+// same connection before it goes back.
+func beginPinned(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (Conn, core.Tx, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return tx, pinnedTx{tx: tx, conn: conn}, nil
+}
+
+// pinnedTx is a transaction on a connection of its own (beginPinned).
+type pinnedTx struct {
+	tx   *sql.Tx
+	conn *sql.Conn
+}
+
+func (p pinnedTx) Commit() error {
+	err := p.tx.Commit()
+	if err != nil {
+		// A refused COMMIT (or the handler's own, refused) leaves the
+		// transaction open; with none open SQLite just refuses this.
+		_, _ = p.conn.ExecContext(context.Background(), "ROLLBACK")
+	}
+	_ = p.conn.Close()
+	return err
+}
+
+func (p pinnedTx) Rollback() error {
+	err := p.tx.Rollback()
+	_ = p.conn.Close()
+	return err
+}
