@@ -315,7 +315,10 @@ func TestHandlerOutcomes(t *testing.T) {
 		replayed bool
 	}{
 		{"NotFoundRecorded", notFound.Err(), false, false, 1, true},
-		{"InvalidArgumentRecorded", status.Error(codes.InvalidArgument, "bad quantity"), false, false, 1, true},
+		{"InvalidArgumentReleased", status.Error(codes.InvalidArgument, "bad quantity"), false, false, 2, false}, // a validation failure is not saved
+		{"InvalidArgumentAfterEffectRecorded", status.Error(codes.InvalidArgument, "bad quantity"), true, false, 1, true},
+		{"FailedPreconditionRecorded", status.Error(codes.FailedPrecondition, "account frozen"), false, false, 1, true},
+		{"ResourceExhaustedAfterEffectIndeterminate", status.Error(codes.ResourceExhausted, "slow down"), true, false, 1, true},
 		{"ResourceExhaustedReleased", status.Error(codes.ResourceExhausted, "slow down"), false, false, 2, false},
 		{"AbortedReleased", status.Error(codes.Aborted, "conflict"), false, false, 2, false},
 		{"UnavailableReleased", status.Error(codes.Unavailable, "provider down"), false, false, 2, false},

@@ -20,10 +20,16 @@ const ErrorDomain = "idem.idemkit.github.com"
 // HTTPStatus is the HTTP status whose rule (docs/contract.md, section 4 "Outcomes") applies to
 // a handler's gRPC code, and so decides what happens to the record:
 //
-//   - OK (200) and the client's errors InvalidArgument, FailedPrecondition,
-//     OutOfRange (400), Unauthenticated (401), PermissionDenied (403),
-//     NotFound (404), AlreadyExists (409): recorded and replayed;
-//   - ResourceExhausted (429): released (a retry may run);
+//   - OK (200) and the client's errors Unauthenticated (401),
+//     PermissionDenied (403), NotFound (404), AlreadyExists (409) and
+//     FailedPrecondition (412, not the canonical mapping's 400: the
+//     system's state refused the call, it was not malformed): recorded and
+//     replayed;
+//   - InvalidArgument and OutOfRange (400), validation failures: released
+//     before core.MarkEffect (execution never began: the corrected call
+//     with the same key runs), recorded after it;
+//   - ResourceExhausted (429): released before core.MarkEffect (a retry
+//     may run), indeterminate after it;
 //   - Aborted (503: gRPC says the caller may retry it, so it is never
 //     recorded), Unavailable (503), DeadlineExceeded (504), Unimplemented
 //     (501), Canceled, Unknown, Internal, DataLoss (500): released, or
@@ -32,8 +38,10 @@ func HTTPStatus(c codes.Code) int {
 	switch c {
 	case codes.OK:
 		return http.StatusOK
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+	case codes.InvalidArgument, codes.OutOfRange:
 		return http.StatusBadRequest
+	case codes.FailedPrecondition:
+		return http.StatusPreconditionFailed
 	case codes.Unauthenticated:
 		return http.StatusUnauthorized
 	case codes.PermissionDenied:

@@ -212,7 +212,7 @@ func serverErrorRollsBack(t *testing.T, f *fixture) {
 	}
 }
 
-// clientErrorCommits: a client error (FailedPrecondition, HTTP 400) is an
+// clientErrorCommits: a client error (FailedPrecondition, HTTP 412) is an
 // answer: recorded with the handler's writes, and replayed.
 func clientErrorCommits(t *testing.T, f *fixture) {
 	s := grpcidemtest.New(t, f.engine, func(ctx context.Context, _ string, req *structpb.Struct) (*structpb.Struct, error) {
