@@ -128,7 +128,11 @@ type attempt struct {
 	tx     Tx              // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
 	owned  bool            // Route.Within: the service's transaction, ended when the engine settles after it
-	fp     []byte          // the request's fingerprint (to claim again: afterAbort)
+	// ltx is a leased attempt's transaction for the handler's local
+	// writes, lctx the context carrying it (withLocalTx).
+	ltx  Tx
+	lctx context.Context
+	fp   []byte // the request's fingerprint (to claim again: afterAbort)
 	// expires is the claim's ExpiresAt. In atomic mode the completion
 	// keeps it (expiry counts from the claim, as in leased mode until the
 	// completion): the completion then changes no indexed column, which
@@ -613,6 +617,7 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
+	local := a.localTx(v == vRelease || lost) // leased mode: the handler's local writes
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
 		if err := a.lostClaim(); err != nil {
 			_ = a.tx.Rollback()
@@ -660,7 +665,11 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	blob, err := e.sealInto((*buf)[:0], a.id, resp, a.recordAllow)
 	if err == nil {
 		c.Response = blob
-		err = e.store.Complete(a.storeCtx(), a.id, a.token, c)
+		cctx := a.storeCtx()
+		if local != nil {
+			cctx = a.lctx // the completion commits with the handler's local writes
+		}
+		err = e.store.Complete(cctx, a.id, a.token, c)
 	}
 	if len(blob) > 0 && e.cfg.sealer == nil {
 		*buf = blob[:0] // grown, perhaps
@@ -670,6 +679,13 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	}
 	if err == nil && a.tx != nil {
 		err = a.tx.Commit()
+	}
+	if local != nil {
+		if err == nil {
+			err = local.Commit()
+		} else {
+			_ = local.Rollback() // fenced (a takeover owns the record) or failing: none of it commits
+		}
 	}
 	if err != nil {
 		if a.tx != nil && !errors.Is(err, ErrLostRace) {
@@ -721,6 +737,51 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
+}
+
+// withLocalTx gives the handler of a leased attempt on a TxStore, when
+// hctx carries no transaction of the store (no transaction-per-request
+// middleware's), a transaction of the store for its local writes, reached
+// through the store's accessors (sqlstore.Tx, gormstore.DB, pgxstore.Tx) as
+// in atomic mode: the attempt's completion commits in it (docs/contract.md,
+// section 5 "The result commits with the completion"). The claim has
+// committed on its own connection already, so an external call before the
+// writes is covered by the lease, and a takeover after a crash finds
+// either the record completed with the writes (and replays it) or neither
+// (and repeats the external call with its downstream key). The store's
+// BEGIN is deferred to the first statement: a handler that writes nothing
+// costs nothing, and its completion runs on its own as before. The
+// transaction ends with hctx: a lost lease rolls the writes back.
+func (a *attempt) withLocalTx(hctx context.Context) context.Context {
+	e := a.e
+	if a.rt.atomic || e.tx == nil || e.tx.InTx(hctx) {
+		return hctx
+	}
+	lctx, tx, err := e.tx.Begin(hctx)
+	if err != nil {
+		e.cfg.logger.WarnContext(hctx, "idempotency: the leased attempt's transaction for its local writes could not begin; the handler runs without one",
+			slog.String("id", a.id.String()), slog.String("error", err.Error()))
+		return hctx
+	}
+	a.ltx, a.lctx = tx, lctx
+	return lctx
+}
+
+// localTx returns the leased attempt's transaction of local writes
+// (withLocalTx) that the completion is to commit with, or nil: when there
+// is none, when the handler never began it (it is ended at once), and when
+// discard is set (released, or the lease was lost: nothing of it commits).
+func (a *attempt) localTx(discard bool) Tx {
+	tx := a.ltx
+	if tx == nil {
+		return nil
+	}
+	a.ltx = nil
+	if b, ok := tx.(interface{ Begun() bool }); discard || (ok && !b.Begun()) {
+		_ = tx.Rollback()
+		return nil
+	}
+	return tx
 }
 
 // lostClaim reports (as an error wrapping ErrLostRace) that the database
@@ -800,6 +861,7 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 // abort gives up an attempt whose handler never ran (the claim is undone).
 func (a *attempt) abort() {
 	a.e.unhold(a)
+	a.localTx(true)
 	if a.tx != nil {
 		_ = a.tx.Rollback()
 		return

@@ -149,6 +149,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
 		att.cancel = cancel
+		hctx = att.withLocalTx(hctx)
 	}
 	hctx = context.WithValue(hctx, attemptKey{}, c)
 	defer att.bound()()
@@ -177,7 +178,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		}
 		return rt.execAnswer(ctx, ev, start, ans, reject)
 	}
-	if err != nil && (rt.atomic || errors.Is(err, ErrLeaseLost)) {
+	if err != nil && (rt.atomic || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
 		// Not durable (atomic mode), or the new owner's answer is the one
 		// to give (lost lease): fn's answer must not reach the client.
 		return reject(err)

@@ -298,6 +298,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
 		att.cancel = cancel
+		hctx = att.withLocalTx(hctx)
 	}
 	defer att.bound()()
 	e.hold(att)

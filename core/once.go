@@ -102,7 +102,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	// it), while the attempt's own store calls hide that transaction.
 	base := att.ctx
 	if !rt.atomic {
-		base = ctx
+		base = att.withLocalTx(ctx) // fn's local writes commit with the completion
 	}
 	c.claimed = true
 	hctx := context.WithValue(base, attemptKey{}, c)

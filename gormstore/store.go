@@ -121,9 +121,10 @@ func WithTx(ctx context.Context, tx *gorm.DB) context.Context {
 // DB never returns nil. When ctx carries no transaction, the returned
 // *gorm.DB carries an error (GORM's idiom: every statement on it fails with
 // it, and .Error has it) wrapping core.ErrNoTx that names the fix: a
-// framework's context was passed instead of the request's, the route is
-// Leased (idem holds no transaction for it: use your own *gorm.DB), or the
-// code does not run in a protected request. Code that runs both inside and
+// framework's context was passed instead of the request's, or the code
+// does not run in a protected request. In a Leased route it is the
+// attempt's own transaction, which commits with the attempt's completion
+// (docs/contract.md, section 5). Code that runs both inside and
 // outside atomic mode uses TxFrom and falls back to its own *gorm.DB.
 func DB(ctx context.Context) *gorm.DB {
 	switch v := ctx.Value(txKey{}).(type) {
@@ -171,7 +172,7 @@ func TxFrom(ctx context.Context) *gorm.DB {
 // noTx is the error of DB given a context without a transaction.
 func noTx(ctx context.Context) error {
 	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
-		return fmt.Errorf("%w: gormstore.DB: this route is Leased: idem holds no transaction for it; use your own *gorm.DB", core.ErrNoTx)
+		return fmt.Errorf("%w: gormstore.DB: this Leased attempt has no transaction of its own (it could not begin one: see the log); use your own *gorm.DB", core.ErrNoTx)
 	}
 	return fmt.Errorf("%w: gormstore.DB needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
 		"code that holds its own transaction passes it with gormstore.WithTx", core.ErrNoTx)

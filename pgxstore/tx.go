@@ -48,13 +48,14 @@ func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
 // handler, with the recorded response, so the handler neither commits nor
 // rolls it back (answer a 5xx, or release, to roll it back); its Commit and
 // Rollback fail with an error wrapping core.ErrConfig, and its Begin
-// starts a savepoint as pgx's does.
+// starts a savepoint as pgx's does. In a Leased route it is the attempt's
+// own transaction, which commits with the attempt's completion
+// (docs/contract.md, section 5).
 //
 // When ctx carries no transaction, Tx returns an error wrapping
 // core.ErrNoTx that names the fix: a framework's context was passed
-// instead of the request's, the route is Leased (idem holds no
-// transaction for it: use your own pool), or the code does not run in a
-// protected request.
+// instead of the request's, or the code does not run in a protected
+// request.
 func Tx(ctx context.Context) (pgx.Tx, error) {
 	switch v := ctx.Value(ctxKey{}).(type) {
 	case *lazyTx:
@@ -66,7 +67,7 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 		return v.tx, nil
 	}
 	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
-		return nil, fmt.Errorf("%w: pgxstore.Tx: this route is Leased: idem holds no transaction for it; use your own *pgxpool.Pool", core.ErrNoTx)
+		return nil, fmt.Errorf("%w: pgxstore.Tx: this Leased attempt has no transaction of its own (it could not begin one: see the log); use your own *pgxpool.Pool", core.ErrNoTx)
 	}
 	return nil, fmt.Errorf("%w: pgxstore.Tx needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
 		"code that holds its own transaction passes it with pgxstore.WithTx", core.ErrNoTx)
@@ -151,6 +152,11 @@ func (l *lazyTx) started() bool {
 	defer l.mu.Unlock()
 	return l.conn != nil || l.err != nil
 }
+
+// Begun reports whether the transaction's BEGIN has run (or failed): the
+// engine completes a leased attempt in it only then (see core's
+// attempt.withLocalTx).
+func (l *lazyTx) Begun() bool { return l.started() }
 
 // beginWith runs the statement q (a single row) as the transaction's
 // first, in one round trip with BEGIN; when the transaction has begun, it

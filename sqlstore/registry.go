@@ -77,6 +77,11 @@ func (l *lazyTx) started() bool {
 	return l.conn != nil || l.err != nil
 }
 
+// Begun reports whether the transaction's BEGIN has run (or failed): the
+// engine completes a leased attempt in it only then (see core's
+// attempt.withLocalTx).
+func (l *lazyTx) Begun() bool { return l.started() }
+
 // connection begins the transaction if it has not begun, and returns its
 // connection.
 func (l *lazyTx) connection() (Conn, error) {

@@ -227,16 +227,19 @@ func WithConn(ctx context.Context, c Conn) context.Context {
 // Tx returns the *sql.Tx of the transaction ctx carries (set by Begin or
 // WithTx). In middleware-managed atomic mode handlers call it with the
 // request's context (r.Context(), c.Request.Context(),
-// c.Request().Context()) and run their business writes on it. Begin defers
+// c.Request().Context()) and run their business writes on it; in a Leased
+// route it is the attempt's own transaction, which commits with the
+// attempt's completion once the handler returns (docs/contract.md,
+// section 5), so the handler neither commits nor rolls it back either way.
+// Begin defers
 // BEGIN to the transaction's first statement (the claim, so a handler's
 // transaction has begun); Tx begins it if nothing has, and returns that
 // error if it fails.
 //
 // When ctx carries no transaction, Tx returns an error wrapping
 // core.ErrNoTx that names the fix: a framework's context was passed
-// instead of the request's, the route is Leased (idem holds no
-// transaction for it: use your own *sql.DB), or the code does not run in a
-// protected request.
+// instead of the request's, or the code does not run in a protected
+// request.
 func Tx(ctx context.Context) (*sql.Tx, error) {
 	c, err := ConnFrom(ctx)
 	if err != nil {
@@ -257,7 +260,7 @@ func Tx(ctx context.Context) (*sql.Tx, error) {
 // instead on a Leased route.
 func noTx(ctx context.Context, call, own string) error {
 	if info, ok := core.AttemptFrom(ctx); ok && !info.Atomic {
-		return fmt.Errorf("%w: %s: this route is Leased: idem holds no transaction for it; use your own %s", core.ErrNoTx, call, own)
+		return fmt.Errorf("%w: %s: this Leased attempt has no transaction of its own (it could not begin one: see the log); use your own %s", core.ErrNoTx, call, own)
 	}
 	return fmt.Errorf("%w: %s needs the request's context of a route in atomic mode: c.Request.Context() (Gin), c.Request().Context() (Echo), r.Context() (net/http, chi); "+
 		"code that holds its own transaction passes it with sqlstore.WithTx", core.ErrNoTx, call)

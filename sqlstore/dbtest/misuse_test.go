@@ -9,9 +9,9 @@ import (
 )
 
 // TestTxWithoutTransactionFailsLoudly: sqlstore.Tx with a context that
-// carries no transaction (not the request's, or a Leased route's) returns
-// an error wrapping core.ErrNoTx that names the fix; in an atomic route it
-// returns the request's transaction.
+// carries no transaction (not the request's) returns an error wrapping
+// core.ErrNoTx that names the fix; in an atomic route it returns the
+// request's transaction, in a Leased route the attempt's own.
 func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
 	if tx, err := sqlstore.Tx(context.Background()); tx != nil || err == nil {
 		t.Errorf("Tx without a transaction: %v, %v; want nil and an error", tx, err)
@@ -23,5 +23,5 @@ func TestTxWithoutTransactionFailsLoudly(t *testing.T) {
 			_, err = tx.ExecContext(ctx, "SELECT 1")
 		}
 		return err
-	}, "c.Request.Context()", "this route is Leased: idem holds no transaction for it; use your own *sql.DB", nil)
+	}, "c.Request.Context()", nil)
 }

@@ -35,6 +35,7 @@ func RunLifetime(t *testing.T, cfg Config) {
 		{"ok, leased in the app's transaction: a success is recorded even when the app rolls back", leasedAppRollbackSuccess},
 		{"ok, leased in the app's transaction: a duplicate from another connection gets 409 while the first runs", leasedAppInFlight},
 		{"ok, leased Once in the caller's transaction: the record commits on its own connection", leasedOnceInCallerTx},
+		{"ok, leased: the handler's local writes commit with the completion; a fenced attempt's never do", leasedLocalWrites},
 		{"ok, atomic: a 50 MiB answer spills past the cap, commits, then streams with bounded memory", atomicStream},
 		{"ok, atomic: an export streamed from a cursor of the transaction past the cap reaches the client whole", atomicCursorExport},
 		{"ok, atomic: a client that goes away does not end the attempt; a retry meanwhile gets 409, afterwards the replay", atomicClientGone},
