@@ -67,7 +67,12 @@ var errNotFound = errors.New("not found")
 // app holds the HTTP handlers; they are plain net/http handlers that every
 // framework wraps.
 type app struct {
-	repo      repo
+	repo repo
+	// outside is ctx without the attempt's transaction (the store's
+	// WithoutTx): for the payment route's reads before the provider call,
+	// and for the simulated provider, another system whose writes never
+	// join the request's transaction.
+	outside   func(ctx context.Context) context.Context
 	workDelay time.Duration
 	begin     txBeginner // set: serve POST /orders-unprotected (-unprotected-route)
 }
@@ -176,6 +181,15 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 // context outlives the client in leased mode): the retry gets the 201. A
 // failure after the provider was called leaves the payment indeterminate;
 // settlePayment settles it on the retry.
+//
+// The charge row is written after the provider call through the repo on
+// the request's context: on a SQL store that is the attempt's own
+// transaction, which commits with the completed record (a takeover after
+// that commit replays the 201; before it, the row was rolled back and the
+// takeover repeats only the provider call, with its downstream key). The
+// order is read before the provider call outside that transaction
+// (a.outside), so the transaction holds no connection, nor SQLite's write
+// lock, while the provider works.
 func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	account := accountFrom(ctx)
@@ -193,7 +207,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "invalid-payment", `want {"amount_cents": integer >= 1}`)
 		return
 	}
-	if _, err := a.repo.findOrder(ctx, account, id); err != nil {
+	if _, err := a.repo.findOrder(a.outside(ctx), account, id); err != nil {
 		if errors.Is(err, errNotFound) {
 			problem(w, http.StatusNotFound, "not-found", "no such order")
 			return
@@ -208,7 +222,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.repo.providerCharge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
+	chargeID, err := a.repo.providerCharge(a.outside(ctx), chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return

@@ -116,7 +116,10 @@ func run(o options, logger *slog.Logger) error {
 	}
 	defer clock.Stop()
 
-	a := &app{repo: b.repo, workDelay: o.workDelay}
+	a := &app{repo: b.repo, workDelay: o.workDelay, outside: func(ctx context.Context) context.Context { return ctx }}
+	if ts, ok := b.store.(core.TxStore); ok {
+		a.outside = ts.WithoutTx
+	}
 	if o.unprotected {
 		a.begin = b.begin
 		if err := b.repo.benchMigrate(ctx); err != nil {
