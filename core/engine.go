@@ -816,6 +816,11 @@ func (a *attempt) lostClaim() error {
 // It never runs the handler again.
 func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time.Time) answer {
 	e := rt.e
+	// The reads do not end with the client (it may have gone: its answer
+	// is recorded for its retry either way); the polls under the wait
+	// policy do.
+	wait := ctx
+	ctx = context.WithoutCancel(ctx)
 	if e.tx != nil {
 		ctx = e.tx.WithoutTx(ctx)
 	}
@@ -850,7 +855,7 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 		t := time.NewTimer(min(backoff, deadline.Sub(now)))
 		backoff = min(2*backoff, 100*time.Millisecond)
 		select {
-		case <-ctx.Done():
+		case <-wait.Done():
 			t.Stop()
 			return busy
 		case <-t.C:

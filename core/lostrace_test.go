@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -241,5 +242,46 @@ func TestOnceLostRaceInTheCallersTransaction(t *testing.T) {
 		if !errors.Is(err, want) {
 			t.Errorf("Once: %v, want it to match %v", err, want)
 		}
+	}
+}
+
+// TestLostRaceClientGone: the settling read after a lost race does not run
+// on the client's context: a loser whose client went away (its context
+// cancelled while the handler ran) still reads the winner's record, and
+// reports the replay, not a store error (issue 21, item 6: 46 lost races
+// of gone clients were logged as store errors).
+func TestLostRaceClientGone(t *testing.T) {
+	st := &losing{AtomicStore: memstore.New().Atomic()}
+	var decisions []core.Decision
+	e, err := core.New(st, core.WithSingleCaller(), quiet, core.WithObserver(func(_ context.Context, ev core.Event) {
+		decisions = append(decisions, ev.Decision)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cancel context.CancelFunc
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cancel != nil {
+			cancel() // the loser's client goes away
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	st.winner = func() {
+		c := cancel
+		cancel = nil
+		if w := post(h, "k"); w.Code != http.StatusCreated {
+			t.Errorf("the winner: %d %q", w.Code, w.Body)
+		}
+		cancel = c
+	}
+	st.lose.Store(true)
+	ctx, c := context.WithCancel(context.Background())
+	cancel = c
+	req := httptest.NewRequestWithContext(ctx, "POST", "/pay", strings.NewReader(`{"amount":10}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(core.HeaderKey, "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if len(decisions) != 2 || decisions[1] != core.DecisionReplayed {
+		t.Fatalf("decisions %v, want [executed replayed]: the loser reads the winner's record though its client is gone", decisions)
 	}
 }

@@ -124,6 +124,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
 		{"ok, however the transaction ends, a marked effect never runs again and a released key is told the truth", h.transactionEnds},
 		{"ok, a COMMIT whose answer was lost but which happened gives the handler's answer, replayed to retries", h.commitOutcomeUnknown},
+		{"ok, Once: a constraint checked at COMMIT after MarkEffect leaves the outcome indeterminate; the redelivery does not run", h.onceTransactionEnds},
 	} {
 		t.Run(tc.name, tc.fn)
 	}

@@ -70,24 +70,7 @@ func newTxEndServer(t *testing.T, f Fixture, d sqlstore.Dialect) *txEndServer {
 		}
 	}
 	s := &txEndServer{f: f}
-	deferred := ""
-	switch d {
-	case sqlstore.Postgres:
-		deferred = "idem_d_" + Table()[len("idem_t_"):]
-		f.Admin(t, "CREATE TABLE "+deferred+" (name VARCHAR(100) NOT NULL, CONSTRAINT "+deferred+"_u UNIQUE (name) DEFERRABLE INITIALLY DEFERRED)")
-	case sqlstore.SQLite:
-		deferred = "idem_d_" + Table()[len("idem_t_"):]
-		f.Admin(t, "CREATE TABLE "+deferred+"_p (id INTEGER PRIMARY KEY)")
-		f.Admin(t, "CREATE TABLE "+deferred+" (name VARCHAR(100) NOT NULL, parent INTEGER NOT NULL REFERENCES "+deferred+"_p(id) DEFERRABLE INITIALLY DEFERRED)")
-	}
-	if deferred != "" {
-		t.Cleanup(func() {
-			f.Admin(t, "DROP TABLE IF EXISTS "+deferred)
-			if d == sqlstore.SQLite {
-				f.Admin(t, "DROP TABLE IF EXISTS "+deferred+"_p")
-			}
-		})
-	}
+	violate := deferredViolation(t, f, d)
 	e := quietEngine(t, f)
 	mux := http.NewServeMux()
 	mux.Handle("POST /pay", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -109,24 +92,7 @@ func newTxEndServer(t *testing.T, f Fixture, d sqlstore.Dialect) *txEndServer {
 		var err error
 		switch txEnd(q.Get("end")) {
 		case endDeferred:
-			switch d {
-			case sqlstore.Postgres:
-				// Two rows of one name: each statement succeeds, the
-				// unique constraint fails at COMMIT.
-				if err = f.Exec(ctx, "INSERT INTO "+deferred+" (name) VALUES ('"+item+"')"); err == nil {
-					err = f.Exec(ctx, "INSERT INTO "+deferred+" (name) VALUES ('"+item+"')")
-				}
-			case sqlstore.SQLite:
-				// A child of a parent that does not exist: the foreign key
-				// fails at COMMIT.
-				if on, qerr := f.QueryInt(ctx, "PRAGMA foreign_keys"); qerr != nil || on != 1 {
-					err = fmt.Errorf("SQLite enforces no foreign keys on this connection (PRAGMA foreign_keys = %d, %v): open it with _pragma=foreign_keys(1)", on, qerr)
-					break
-				}
-				err = f.Exec(ctx, "INSERT INTO "+deferred+" (name, parent) VALUES ('"+item+"', 42)")
-			default:
-				err = fmt.Errorf("%v has no constraints checked at COMMIT", d)
-			}
+			err = violate(ctx, item)
 		case endKilled:
 			var pid int64
 			switch d {
@@ -165,6 +131,85 @@ func newTxEndServer(t *testing.T, f Fixture, d sqlstore.Dialect) *txEndServer {
 	s.Server = httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// deferredViolation creates a table whose constraint the database checks
+// only at COMMIT, and returns the function that writes, in the
+// transaction ctx carries, a row that violates it: each statement
+// succeeds, the COMMIT fails (Postgres: a DEFERRABLE INITIALLY DEFERRED
+// unique constraint; SQLite: a deferred foreign key). MySQL/MariaDB have no
+// such constraints: the function fails.
+func deferredViolation(t *testing.T, f Fixture, d sqlstore.Dialect) func(ctx context.Context, item string) error {
+	t.Helper()
+	table := "idem_d_" + Table()[len("idem_t_"):]
+	switch d {
+	case sqlstore.Postgres:
+		f.Admin(t, "CREATE TABLE "+table+" (name VARCHAR(100) NOT NULL, CONSTRAINT "+table+"_u UNIQUE (name) DEFERRABLE INITIALLY DEFERRED)")
+		t.Cleanup(func() { f.Admin(t, "DROP TABLE IF EXISTS "+table) })
+		return func(ctx context.Context, item string) error {
+			// Two rows of one name: each statement succeeds, the unique
+			// constraint fails at COMMIT.
+			err := f.Exec(ctx, "INSERT INTO "+table+" (name) VALUES ('"+item+"')")
+			if err == nil {
+				err = f.Exec(ctx, "INSERT INTO "+table+" (name) VALUES ('"+item+"')")
+			}
+			return err
+		}
+	case sqlstore.SQLite:
+		f.Admin(t, "CREATE TABLE "+table+"_p (id INTEGER PRIMARY KEY)")
+		f.Admin(t, "CREATE TABLE "+table+" (name VARCHAR(100) NOT NULL, parent INTEGER NOT NULL REFERENCES "+table+"_p(id) DEFERRABLE INITIALLY DEFERRED)")
+		t.Cleanup(func() {
+			f.Admin(t, "DROP TABLE IF EXISTS "+table)
+			f.Admin(t, "DROP TABLE IF EXISTS "+table+"_p")
+		})
+		return func(ctx context.Context, item string) error {
+			// A child of a parent that does not exist: the foreign key
+			// fails at COMMIT.
+			if on, err := f.QueryInt(ctx, "PRAGMA foreign_keys"); err != nil || on != 1 {
+				return fmt.Errorf("SQLite enforces no foreign keys on this connection (PRAGMA foreign_keys = %d, %v): open it with _pragma=foreign_keys(1)", on, err)
+			}
+			return f.Exec(ctx, "INSERT INTO "+table+" (name, parent) VALUES ('"+item+"', 42)")
+		}
+	}
+	return func(context.Context, string) error { return fmt.Errorf("%v has no constraints checked at COMMIT", d) }
+}
+
+// onceTransactionEnds: Engine.Once in a transaction of the engine's own,
+// whose fn marks an effect and writes a row that fails a constraint at
+// COMMIT: Once reports the outcome indeterminate, and a redelivery does
+// not run fn again (before: ErrStoreUnavailable, and the redelivery ran it).
+func (h *harness) onceTransactionEnds(t *testing.T) {
+	d := h.cfg.Dialect
+	if d == sqlstore.MySQL {
+		t.Log("MySQL/MariaDB check no constraint at COMMIT; the other ends are in TransactionEnds")
+		return
+	}
+	f, ctx := h.cfg.New(t), ctxT(t)
+	violate := deferredViolation(t, f, d)
+	e := quietEngine(t, f)
+	msg := core.Message{Consumer: "payments", ID: "deferred-" + Table()[len("idem_t_"):]}
+	runs := 0
+	fn := func(ctx context.Context) ([]byte, error) {
+		runs++
+		if err := core.MarkEffect(ctx); err != nil {
+			return nil, err
+		}
+		if err := f.Insert(ctx, msg.ID); err != nil {
+			return nil, err
+		}
+		return []byte("charged"), violate(ctx, msg.ID)
+	}
+	for i := range 2 {
+		if _, err := e.Once(ctx, msg, fn); !errors.Is(err, core.ErrIndeterminate) {
+			t.Fatalf("delivery %d: %v, want an error wrapping core.ErrIndeterminate", i+1, err)
+		}
+	}
+	if runs != 1 {
+		t.Fatalf("fn ran %d times, want 1", runs)
+	}
+	if n := f.Count(t, msg.ID); n != 0 {
+		t.Fatalf("%d business rows committed, want 0", n)
+	}
 }
 
 // problemType is the slug of a problem document's type: what follows its
