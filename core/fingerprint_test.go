@@ -67,7 +67,7 @@ func TestDefaultFingerprintFormat(t *testing.T) {
 		kind                    byte
 		form                    string
 	}{
-		{"ok, JSON hashed in canonical form", "application/json", `{ "b": 1.0, "a": "\u00e9" }`, 'j', `{"a":"é","b":1}`},
+		{"ok, JSON hashed in canonical form", "application/json", `{ "b": 1.0, "a": "\u00e9" }`, 'j', `{"a":"é","b":1.0}`},
 		{"ok, invalid JSON hashed raw", "application/json", `{"b":1,}`, 'r', `{"b":1,}`},
 		{"ok, form hashed in canonical form", "application/x-www-form-urlencoded", "b=2&a=x+y&a=%7e", 'f', "a=x+y&a=~&b=2"},
 		{"ok, text hashed raw", "text/plain", "hello", 'r', "hello"},
@@ -83,7 +83,7 @@ func TestDefaultFingerprintFormat(t *testing.T) {
 	// The format is persisted in stores: changing it turns every retry
 	// across an upgrade into a mismatch. This pins it.
 	got := fp(t, DefaultFingerprint, "application/json", "POST /orders", `{"amount":1.50,"currency":"eur"}`)
-	if want := "f1ec6442"; fmt.Sprintf("%x", got)[:8] != want {
+	if want := "0ffc16bf"; fmt.Sprintf("%x", got)[:8] != want {
 		t.Fatalf("fingerprint format changed: got %x, want prefix %s", got, want)
 	}
 }
@@ -91,7 +91,7 @@ func TestDefaultFingerprintFormat(t *testing.T) {
 func TestDefaultFingerprint(t *testing.T) {
 	const scope = "POST /orders/:id"
 	const json1 = `{"amount":1000,"currency":"eur","items":[{"sku":"a","qty":1},{"sku":"b","qty":2}]}`
-	const json2 = "{\n  \"items\": [ {\"qty\": 1.0, \"sku\": \"a\"}, {\"qty\": 2, \"sku\": \"\\u0062\"} ],\n  \"currency\": \"eur\",\n  \"amount\": 1e3\n}"
+	const json2 = "{\n  \"items\": [ {\"qty\": 1, \"sku\": \"a\"}, {\"qty\": 2, \"sku\": \"\\u0062\"} ],\n  \"currency\": \"eur\",\n  \"amount\": 1000\n}"
 	same := []struct {
 		name                   string
 		ctA, bodyA, ctB, bodyB string
@@ -131,6 +131,10 @@ func TestDefaultFingerprint(t *testing.T) {
 		{"nok, different scope", "application/json", json1, "application/json", json1, "POST /refunds/:id"},
 		{"nok, scope and body do not run together", "text/plain", "ab", "text/plain", "b", scope + "a"},
 		{"nok, different JSON value", "application/json", `{"amount":1000}`, "application/json", `{"amount":1000.5}`, ""},
+		{"nok, 1e3 is not 1000", "application/json", `{"amount":1000}`, "application/json", `{"amount":1e3}`, ""},
+		{"nok, 1 is not 1.0", "application/json", `{"amount":1}`, "application/json", `{"amount":1.0}`, ""},
+		{"nok, 1.0 is not 1e0", "application/json", `{"amount":1.0}`, "application/json", `{"amount":1e0}`, ""},
+		{"nok, 1e0 is not 1.00", "application/json", `{"amount":1e0}`, "application/json", `{"amount":1.00}`, ""},
 		{"nok, 12345678901234567890.5 vs neighbour", "application/json", `{"n":12345678901234567890.5}`, "application/json", `{"n":12345678901234567891}`, ""},
 		{"nok, JSON reformatted but sent as text", "text/plain", json1, "text/plain", json2, ""},
 		{"nok, invalid JSON differs from canonical of anything", "application/json", `{"a":1}`, "application/json", `{"a":1`, ""},
@@ -192,8 +196,8 @@ func TestFingerprintFields(t *testing.T) {
 	f := FingerprintFields("amount", "currency")
 	same := []struct{ name, ct, a, b string }{
 		{"ok, other fields ignored", "application/json", `{"amount":100,"currency":"eur","note":"x"}`, `{"currency":"eur","amount":100,"note":"y","extra":[1]}`},
-		{"ok, selected values canonical", "application/json", `{"amount":100,"currency":"eur"}`, `{"amount":1e2,"currency":"\u0065ur"}`},
-		{"ok, nested selected value canonical", "application/json", `{"amount":{"b":1,"a":2}}`, `{"amount":{"a":2.0,"b":1}}`},
+		{"ok, selected values canonical", "application/json", `{"amount":100,"currency":"eur"}`, `{ "currency":"\u0065ur", "amount":100}`},
+		{"ok, nested selected value canonical", "application/json", `{"amount":{"b":1,"a":2.0}}`, `{"amount":{"a":2.0,"b":1}}`},
 		{"ok, form other fields ignored", "application/x-www-form-urlencoded", "amount=100&currency=eur&note=x", "note=y&currency=eur&amount=100"},
 		{"ok, same as default on selected fields", "application/json", `{"amount":100,"currency":"eur"}`, `{"amount":100,"currency":"eur","x":1}`},
 	}
@@ -214,6 +218,7 @@ func TestFingerprintFields(t *testing.T) {
 	})
 	differ := []struct{ name, ct, a, b string }{
 		{"nok, selected field differs", "application/json", `{"amount":100,"currency":"eur"}`, `{"amount":101,"currency":"eur"}`},
+		{"nok, selected number spelt otherwise", "application/json", `{"amount":100,"currency":"eur"}`, `{"amount":1e2,"currency":"eur"}`},
 		{"nok, missing field differs from null", "application/json", `{"amount":100}`, `{"amount":100,"currency":null}`},
 		{"nok, form selected field differs", "application/x-www-form-urlencoded", "amount=100&note=x", "amount=200&note=x"},
 		{"nok, top-level array hashed raw", "application/json", `[1, 2]`, `[1,2]`},

@@ -19,7 +19,8 @@ var scenarios = []scenario{
 
 	// Fingerprint.
 	{"BodyMismatch", "A request under a used key with a different body gets a 422 key-reused problem document: nothing runs, nothing is replayed, and the record is unchanged.", both, testMismatch},
-	{"CanonicalBody", "Reformatted JSON, reordered keys, 1.0 for 1 and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
+	{"CanonicalBody", "Reformatted JSON, reordered keys, re-escaped strings and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
+	{"NumbersByText", "JSON numbers are compared by their text, as Go's decoders read them: {\"amount\":1000} after {\"amount\":1e3} under one key is a 422, and 1, 1.0, 1e0 and 1.00 are four different requests; the same text reformatted or reordered replays.", both, testNumbersByText},
 	{"RecordWithoutFingerprint", "A record stored without a fingerprint replays to any later request under its key, whatever its body.", both, testNoFingerprint},
 	{"OtherResource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments is a key reused for a different request: a 422, never order 1's answer; the handler runs once.", both, testOtherResource},
 	{"OtherQuery", "The same key sent with ?dry_run=true and then ?dry_run=false (or no query) gets a 422; parameters reordered or escaped differently are the same query and replay; repeated values reordered are not.", both, testOtherQuery},
