@@ -293,35 +293,6 @@ func testCanonicalBody(t *testing.T, x *harness) {
 	wantCalls(t, &n, 2)
 }
 
-func testNumbersByText(t *testing.T, x *harness) {
-	var n atomic.Int32
-	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&n)})
-
-	// An int64 field refuses 1e3 and accepts 1000: the corrected request
-	// is another request, never the first one's answer.
-	sci := `{"amount":1e3,"currency":"EUR"}`
-	first := x.do(post("/orders", sci, "k-sci"))
-	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", sci))
-	wantMismatch(t, x.do(post("/orders", `{"amount":1000,"currency":"EUR"}`, "k-sci")), "1000 after 1e3")
-	wantReplay(t, first, x.do(post("/orders", "{ \"currency\": \"EUR\",\n  \"amount\": 1e3 }", "k-sci")))
-
-	// 1, 1.0, 1e0 and 1.00: four requests; each replays only itself.
-	spellings := []string{"1", "1.0", "1e0", "1.00"}
-	for i, a := range spellings {
-		key := "k-" + a
-		body := `{"amount":` + a + `,"currency":"EUR"}`
-		res := x.do(post("/orders", body, key))
-		wantOriginal(t, res, http.StatusCreated, orderBody(2+i, "alice", body))
-		for _, b := range spellings {
-			if b != a {
-				wantMismatch(t, x.do(post("/orders", `{"amount":`+b+`,"currency":"EUR"}`, key)), b+" after "+a)
-			}
-		}
-		wantReplay(t, res, x.do(post("/orders", `{"currency":"EUR", "amount":`+a+`}`, key)))
-	}
-	wantCalls(t, &n, 1+len(spellings))
-}
-
 func testNoFingerprint(t *testing.T, x *harness) {
 	var n, fps atomic.Int32
 	fp := core.Fingerprint(func(r *http.Request, scope string, body []byte) ([]byte, error) {
