@@ -194,8 +194,11 @@ func WithMaxResponseBody(n int64) Option {
 }
 
 // WithRecordedHeaders replaces the allowlist of recorded response headers
-// (default DefaultRecordedHeaders). Set-Cookie, Authorization, hop-by-hop
-// headers and Content-Length are never recorded, even when listed.
+// (default DefaultRecordedHeaders). Names match case-insensitively: a
+// header the handler set under a spelling of its own (w.Header()["ETag"])
+// is recorded and replayed under that spelling. Set-Cookie, Authorization,
+// hop-by-hop headers and Content-Length are never recorded, in any
+// spelling, even when listed.
 func WithRecordedHeaders(names ...string) Option {
 	return engineOption(func(c *config) error {
 		c.recorded = c.recorded[:0]

@@ -9,6 +9,7 @@ var scenarios = []scenario{
 	{"ReplaysRecordedAnswer", "A duplicate (same caller, scope, key and body) gets the recorded status, body and recorded headers (Content-Type, Location, ETag, every value of a repeated header in order) plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
 	{"RecordedStatuses", "Every answer below 500 except 408 and 429 completes the record, and a duplicate replays it.", both, testRecordedStatuses},
 	{"SecretHeadersNeverReplayed", "Set-Cookie and Authorization reach the first client but are never recorded, even when WithRecordedHeaders lists them; other listed headers are replayed.", both, testNeverRecorded},
+	{"HeaderSpelling", "An allowlisted header the handler set under its own spelling (w.Header()[\"ETag\"], Go's way for a non-canonical name) is recorded and replayed, under that spelling; Set-Cookie and headers outside the allowlist are not, whatever their spelling.", both, testHeaderSpelling},
 	{"HeaderAllowlist", "Only allowlisted response headers are recorded; the others reach the first client only.", both, testAllowlist},
 
 	// Keys.

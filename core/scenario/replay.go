@@ -27,11 +27,6 @@ func testFirstRuns(t *testing.T, x *harness) {
 	wantCalls(t, &n, 1)
 }
 
-// BUG: ETag is never recorded: core.DefaultRecordedHeaders spells it "ETag"
-// (options.go:24), but http.Header keys are canonical ("Etag") and
-// recordedHeader (response.go) looks names up verbatim; only
-// WithRecordedHeaders canonicalises. Fails until core canonicalises the
-// default list (or recordedHeader canonicalises every name).
 func testReplay(t *testing.T, x *harness) {
 	var n atomic.Int32
 	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: func(w http.ResponseWriter, r *http.Request) {

@@ -3,13 +3,17 @@ package scenario
 import (
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/idemkit/idem/core"
 )
 
-// Scenarios of the request's wire form: what makes two requests that a
-// handler reads differently two requests (numbers as written, the
-// Content-Type with its parameters).
+// Scenarios of the wire form: what makes two requests that a handler
+// reads differently two requests (numbers as written, the Content-Type
+// with its parameters), and response headers in the handler's spelling.
 
 func testNumbersByText(t *testing.T, x *harness) {
 	var n atomic.Int32
@@ -93,4 +97,66 @@ func testContentType(t *testing.T, x *harness) {
 	wantOriginal(t, bare, http.StatusCreated, orderBody(4, "alice", ""))
 	wantReplay(t, bare, x.do(post("/orders", "", "k-none").set("Content-Type", "application/json")))
 	wantCalls(t, &n, 4)
+}
+
+// headerValues returns the values of every key of h that names name
+// (header names are case-insensitive), in the order of the keys' spelling.
+func headerValues(h http.Header, name string) []string {
+	var keys []string
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var vs []string
+	for _, k := range keys {
+		vs = append(vs, h[k]...)
+	}
+	return vs
+}
+
+func testHeaderSpelling(t *testing.T, x *harness) {
+	var n atomic.Int32
+	allow := append(append([]string(nil), core.DefaultRecordedHeaders...), "Set-Cookie")
+	x.start([]core.Option{core.WithRecordedHeaders(allow...)},
+		Route{Method: "POST", Pattern: "/orders", Handler: func(w http.ResponseWriter, r *http.Request) {
+			i := n.Add(1)
+			// Go's documented way to send a name in a spelling of one's
+			// own: assign to the map.
+			h := w.Header()
+			h["ETag"] = []string{fmt.Sprintf(`"v%d"`, i)}
+			h["content-language"] = []string{"en", "fr"}
+			h["set-cookie"] = []string{fmt.Sprintf("session=secret-%d", i)}
+			h["x-request-id"] = []string{fmt.Sprintf("req-%d", i)}
+			writeOrder(w, r, int(i))
+		}})
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	want := map[string][]string{"ETag": {`"v1"`}, "Content-Language": {"en", "fr"}}
+	for name, vs := range want {
+		if got := headerValues(first.Header, name); !slices.Equal(got, vs) {
+			t.Fatalf("the first answer's %s: %q, want %q", name, got, vs)
+		}
+	}
+	got := x.do(post("/orders", orderJSON, "k1"))
+	wantReplay(t, first, got)
+	for name, vs := range want {
+		if v := headerValues(got.Header, name); !slices.Equal(v, vs) {
+			t.Errorf("replay %s: %q, want %q (allowlisted, set by the handler under its own spelling)", name, v, vs)
+		}
+	}
+	// Under the spelling the first client got.
+	for _, k := range []string{"ETag", "content-language"} {
+		if _, ok := first.Header[k]; ok && !slices.Equal(got.Header[k], first.Header[k]) {
+			t.Errorf("replay %q: %q, want %q as the first answer spelt it", k, got.Header[k], first.Header[k])
+		}
+	}
+	for _, name := range []string{"Set-Cookie", "X-Request-Id"} {
+		if v := headerValues(got.Header, name); len(v) > 0 {
+			t.Errorf("replay carries %s: %q (never recorded, or not allowlisted)", name, v)
+		}
+	}
+	wantCalls(t, &n, 1)
 }
