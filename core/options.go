@@ -166,7 +166,9 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithMaxRequestBody sets how many bytes of a request body are read to
 // fingerprint it (default DefaultMaxRequestBody). A larger body is refused
-// with 413 (ErrBodyTooLarge), before the handler runs.
+// with 413 (ErrBodyTooLarge), before the handler runs. The memory a body
+// holds grows with the bytes received (about twice them at most), never
+// with its declared Content-Length.
 func WithMaxRequestBody(n int64) Option {
 	return engineOption(func(c *config) error {
 		if n < 0 {
