@@ -264,10 +264,14 @@ func WithObserver(o Observer) Option {
 	return engineOption(func(c *config) error { c.observer = o; return nil })
 }
 
-// WithLogger sets the logger (default slog.Default()). Routine decisions log
-// at debug level, in-flight rejections and mismatches at info,
-// indeterminate outcomes and lost leases at warn, store errors and
-// fail-open at error.
+// WithLogger sets the logger (default slog.Default()). Routine decisions
+// log at debug level: executions, replays, in-flight rejections (409),
+// mismatches (422), releases, resolutions and invalid requests (400, 413,
+// and 401 when the caller function names nobody), so a storm of
+// duplicates logs nothing at the default info level. What an operator must
+// act on logs at warn (indeterminate outcomes, lost leases, a caller,
+// fingerprint or resolver function that failed) or at error (store errors,
+// fail-open). Nothing logs at info.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {
