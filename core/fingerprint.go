@@ -99,10 +99,10 @@ func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, err
 // handler decoding into a struct reads them); a missing member differs
 // from a member that is null, and members whose names collide keep their
 // order (see canonjson.Append). For a form body, only the fields named
-// exactly. A JSON body whose top level is
-// not an object, or that cannot be canonicalised, is hashed as raw bytes,
-// like DefaultFingerprint does; so is any other body. With no fields, every
-// JSON object (and every form) has the same fingerprint.
+// exactly. A JSON body whose top level is not an object, or that cannot be
+// canonicalised, is hashed as raw bytes, like DefaultFingerprint does; so
+// is any other body. With no fields, every JSON object (and every form)
+// with one Content-Type has the same fingerprint.
 func FingerprintFields(fields ...string) Fingerprinter {
 	sel := append([]string{}, fields...) // not nil: the body is narrowed
 	return func(r *http.Request, scope string, body []byte) ([]byte, error) {

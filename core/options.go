@@ -270,8 +270,10 @@ func WithObserver(o Observer) Option {
 // and 401 when the caller function names nobody), so a storm of
 // duplicates logs nothing at the default info level. What an operator must
 // act on logs at warn (indeterminate outcomes, lost leases, a caller,
-// fingerprint or resolver function that failed) or at error (store errors,
-// fail-open). Nothing logs at info.
+// fingerprint or resolver function that failed, a lease extension that
+// failed) or at error (store errors, fail-open, releases and sweeps that
+// failed, wiring faults such as a body read before the middleware or a
+// request refused as not protected). Nothing logs at info.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {
