@@ -60,6 +60,13 @@ var (
 	// was refused (HTTP 409 with Retry-After, so the client fetches the
 	// new owner's answer).
 	ErrLeaseLost = errors.New("idem: lease lost to another attempt")
+	// ErrInternal: the request failed inside the engine in a way that is
+	// no client's fault and has no kind of its own (an answer past the
+	// recording cap that could not be spilled to its temporary file, a
+	// handler that panicked, a misused Route.Within) (HTTP 500, problem
+	// type internal). It is the Err of such a Problem; the cause (a
+	// temporary path, an OS error, a panic value) goes to the log only.
+	ErrInternal = errors.New("idem: internal error")
 	// ErrConfig: New or an adapter was given an invalid configuration.
 	ErrConfig = errors.New("idem: invalid configuration")
 

@@ -33,7 +33,8 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 //	"idem/fp/v2\n"
 //	part(scope) part(method) part(URL.Path) part(URL.RawPath)
 //	a one-byte query kind, part(query form)
-//	a one-byte body kind, the body in the form of that kind
+//	for an empty body: 'e'
+//	otherwise: n, part(ct₁) … part(ctₙ), a one-byte body kind, the body in the form of that kind
 //
 // where part(s) is len(s) as 8 bytes big endian followed by s, so no two
 // different requests run together into the same bytes (the body, last, needs
@@ -49,8 +50,24 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 //   - 'r' and URL.RawQuery when url.ParseQuery fails (a semicolon, a bad
 //     escape).
 //
+// A body comes with the Content-Type it was sent with: n (8 bytes big
+// endian) is the number of Content-Type field values, ct₁ … ctₙ the values
+// as sent (net/http trims the whitespace around a field value), byte for
+// byte. Its parameters count, because a multipart boundary or a charset
+// changes what the handler reads; so do the case of the media type and
+// the spelling of the parameters, because handlers compare them as text
+// (Echo's and Gin's binders match "application/json" case-sensitively, so
+// "Application/JSON" is a 415 there). A retry resends the same header, so
+// nothing a client does on purpose is lost. An empty body has no
+// Content-Type part: a request without a body has one fingerprint whatever
+// Content-Type it declares (and the one it had before the Content-Type
+// counted: v2's body-less preimages are unchanged, while every preimage of
+// a body starts its body part with n's zero byte, which no earlier v2
+// preimage had there).
+//
 // The body kind and form follow the media type of the Content-Type header
-// (parsed with mime.ParseMediaType, so case and parameters do not matter):
+// (parsed with mime.ParseMediaType, so case and parameters do not matter
+// to the kind):
 //
 //   - 'e' and nothing for an empty body, whatever its type;
 //   - 'j' and canonjson.Append(body) for application/json and any type with the
@@ -65,26 +82,27 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 // The scope (the route pattern) is covered as well, so one key on two routes
 // that share an explicit Scope never replays across them with a different
 // path. A nil r counts as a request without a method, path, query or
-// Content-Type. It never returns an error, and it does not retain body. Its
-// working memory is bounded by a small multiple of the body (see
-// canonjson.Append), never the canonical body itself: that is hashed as it is
-// written.
+// Content-Type (n = 0). It never returns an error, and it does not retain
+// body. Its working memory is bounded by a small multiple of the body (see
+// canonjson.Append), never the canonical body itself: that is hashed as it
+// is written.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
 	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
 }
 
 // FingerprintFields returns a Fingerprinter that works like
-// DefaultFingerprint (method, path, query included) on a body narrowed to
-// the named top-level fields. For a JSON body: the canonical form of the
-// top-level object with only the members whose names match one of fields
-// as encoding/json matches names to struct fields, case-insensitively (so
-// "amount" keeps "Amount" and "AMOUNT" too: a handler decoding into a struct
-// reads them); a missing member differs from a member that is null, and
-// members whose names collide keep their order (see canonjson.Append). For a
-// form body, only the fields named exactly. A JSON body whose top level is
-// not an object, or that cannot be canonicalised, is hashed as raw bytes,
-// like DefaultFingerprint does; so is any other body. With no fields, every
-// JSON object (and every form) has the same fingerprint.
+// DefaultFingerprint (method, path, query and Content-Type included) on a
+// body narrowed to the named top-level fields. For a JSON body: the
+// canonical form of the top-level object with only the members whose names
+// match one of fields as encoding/json matches names to struct fields,
+// case-insensitively (so "amount" keeps "Amount" and "AMOUNT" too: a
+// handler decoding into a struct reads them); a missing member differs
+// from a member that is null, and members whose names collide keep their
+// order (see canonjson.Append). For a form body, only the fields named
+// exactly. A JSON body whose top level is not an object, or that cannot be
+// canonicalised, is hashed as raw bytes, like DefaultFingerprint does; so
+// is any other body. With no fields, every JSON object (and every form)
+// with one Content-Type has the same fingerprint.
 func FingerprintFields(fields ...string) Fingerprinter {
 	sel := append([]string{}, fields...) // not nil: the body is narrowed
 	return func(r *http.Request, scope string, body []byte) ([]byte, error) {
@@ -195,6 +213,8 @@ func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
 		tag(fpEmpty)
 		return
 	}
+	s.buf = appendContentType(s.buf[:0], r)
+	s.h.Write(s.buf)
 	switch mediaKindOf(r) {
 	case mediaJSON:
 		s.buf = append(s.buf[:0], fpJSON)
@@ -213,6 +233,21 @@ func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
 	}
 	tag(fpRaw)
 	s.h.Write(body)
+}
+
+// appendContentType appends the Content-Type part of a body's preimage:
+// the number of Content-Type field values as 8 bytes big endian, then
+// each value framed by appendPart, as sent.
+func appendContentType(dst []byte, r *http.Request) []byte {
+	var cts []string
+	if r != nil {
+		cts = r.Header.Values("Content-Type")
+	}
+	dst = binary.BigEndian.AppendUint64(dst, uint64(len(cts)))
+	for _, ct := range cts {
+		dst = appendPart(dst, ct)
+	}
+	return dst
 }
 
 // scratch is the pooled working memory of the fingerprinters. It never

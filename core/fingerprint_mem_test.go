@@ -17,7 +17,7 @@ const maxFingerprintBytesPerByte = 3.0
 
 // hostileBodies are JSON documents of about size bytes shaped to make a
 // canonicaliser allocate: many objects out of order, deep nesting, many
-// tiny members, numbers whose canonical form is longer, empty containers,
+// tiny members, many numbers, empty containers,
 // escaped strings.
 func hostileBodies(size int) map[string][]byte {
 	fill := func(open, unit, close string) []byte {

@@ -614,8 +614,24 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b 
 type bodyReader struct {
 	buf []byte
 	off int
+	one [1]byte // the byte past the declared length or the limit, read aside
 }
 
+// firstBodyBuffer is the most load allocates before the body's bytes
+// arrive: a declared Content-Length is a claim, not bytes received.
+const firstBodyBuffer = 4 << 10
+
+// load reads the whole body, up to max bytes. Its buffer grows with the
+// bytes that arrive, never from the declared Content-Length alone: it
+// starts at the declared length or firstBodyBuffer, whichever is smaller
+// (512 bytes when the length is unknown), and doubles when full, up to the
+// declared length while the body keeps to it, and up to max. So a client
+// that declares 1 MiB and sends 5 bytes holds 4 KiB; a body holds at most
+// about twice what it sent, and is copied about once on its way. When the
+// buffer is full at the declared length or at max, the next byte is read
+// aside: a body of exactly that length ends without growing, and a byte
+// more means a body over max (413) or longer than declared (read on: a
+// middleware may have replaced the body without its length).
 func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		if r.ContentLength > 0 {
@@ -628,16 +644,29 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 	}
 	size := int64(512) // unknown length: grown as it comes
 	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1 // the extra byte reads the EOF without growing
+		size = min(r.ContentLength, firstBodyBuffer)
 	}
 	buf := make([]byte, 0, size)
 	defer func() { b.buf = buf }()
 	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+		p, aside := buf[len(buf):cap(buf)], false
+		if len(p) == 0 {
+			if n := int64(len(buf)); n < max && (r.ContentLength < 0 || n != r.ContentLength) {
+				buf = growBody(buf, r.ContentLength, max)
+				p = buf[len(buf):cap(buf)]
+			} else {
+				p, aside = b.one[:], true
+			}
 		}
-		n, err := r.Body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
+		n, err := r.Body.Read(p)
+		switch {
+		case aside && n > 0 && int64(len(buf)) >= max:
+			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
+		case aside && n > 0: // longer than declared
+			buf = append(growBody(buf, r.ContentLength, max), b.one[0])
+		default:
+			buf = buf[:len(buf)+n]
+		}
 		if int64(len(buf)) > max {
 			return nil, clientErrorf(ErrBodyTooLarge, "more than %d bytes, the limit is %d", max, max)
 		}
@@ -659,6 +688,21 @@ func (b *bodyReader) load(r *http.Request, max int64) ([]byte, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
+}
+
+// growBody returns buf (full) in a buffer of twice its capacity (512
+// bytes at least), but no larger than the declared length while buf is
+// shorter than it, nor than limit; always with room for a byte more.
+func growBody(buf []byte, declared, limit int64) []byte {
+	upTo := limit
+	if declared >= 0 && int64(len(buf)) < declared {
+		upTo = declared
+	}
+	n := min(max(2*int64(cap(buf)), 512), upTo)
+	n = max(n, int64(len(buf))+1)
+	grown := make([]byte, len(buf), n)
+	copy(grown, buf)
+	return grown
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {

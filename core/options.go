@@ -166,7 +166,9 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithMaxRequestBody sets how many bytes of a request body are read to
 // fingerprint it (default DefaultMaxRequestBody). A larger body is refused
-// with 413 (ErrBodyTooLarge), before the handler runs.
+// with 413 (ErrBodyTooLarge), before the handler runs. The memory a body
+// holds grows with the bytes received (about twice them at most), never
+// with its declared Content-Length.
 func WithMaxRequestBody(n int64) Option {
 	return engineOption(func(c *config) error {
 		if n < 0 {
@@ -194,8 +196,11 @@ func WithMaxResponseBody(n int64) Option {
 }
 
 // WithRecordedHeaders replaces the allowlist of recorded response headers
-// (default DefaultRecordedHeaders). Set-Cookie, Authorization, hop-by-hop
-// headers and Content-Length are never recorded, even when listed.
+// (default DefaultRecordedHeaders). Names match case-insensitively: a
+// header the handler set under a spelling of its own (w.Header()["ETag"])
+// is recorded and replayed under that spelling. Set-Cookie, Authorization,
+// hop-by-hop headers and Content-Length are never recorded, in any
+// spelling, even when listed.
 func WithRecordedHeaders(names ...string) Option {
 	return engineOption(func(c *config) error {
 		c.recorded = c.recorded[:0]
@@ -259,10 +264,16 @@ func WithObserver(o Observer) Option {
 	return engineOption(func(c *config) error { c.observer = o; return nil })
 }
 
-// WithLogger sets the logger (default slog.Default()). Routine decisions log
-// at debug level, in-flight rejections and mismatches at info,
-// indeterminate outcomes and lost leases at warn, store errors and
-// fail-open at error.
+// WithLogger sets the logger (default slog.Default()). Routine decisions
+// log at debug level: executions, replays, in-flight rejections (409),
+// mismatches (422), releases, resolutions and invalid requests (400, 413,
+// and 401 when the caller function names nobody), so a storm of
+// duplicates logs nothing at the default info level. What an operator must
+// act on logs at warn (indeterminate outcomes, lost leases, a caller,
+// fingerprint or resolver function that failed, a lease extension that
+// failed) or at error (store errors, fail-open, releases and sweeps that
+// failed, wiring faults such as a body read before the middleware or a
+// request refused as not protected). Nothing logs at info.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {

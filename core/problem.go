@@ -28,7 +28,11 @@ type Problem struct {
 	// log lines carry the same value as "id", so a client quoting it lets
 	// an operator find the internal error behind the problem.
 	RecordID string `json:"record_id,omitempty"`
-	// Err is the sentinel error (errors.Is) behind the problem.
+	// Err is the sentinel error behind the problem, one of core/errors.go
+	// (ErrMismatch, ErrInProgress, ...; ErrInternal for the internal type),
+	// to match with errors.Is. It is the sentinel itself and never carries
+	// the text of an internal error (a store's, a temporary file's, a
+	// panic's): that goes to the log, under RecordID.
 	Err error `json:"-"`
 	// RetryAfter, when positive, is sent as Retry-After (whole seconds,
 	// rounded up).
@@ -118,9 +122,11 @@ func clientErrorf(sentinel error, format string, args ...any) error {
 
 // problemFor builds the problem document for err (a wrapped sentinel). Its
 // detail is the kind's text for the client, followed by the engine's own
-// precision when err carries one (clientError); never err's text.
+// precision when err carries one (clientError); never err's text. Its Err
+// is the kind's sentinel, or ErrInternal: never err, which may hold an
+// internal error (the caller logs it).
 func (e *Engine) problemFor(err error) *Problem {
-	p := &Problem{Type: e.cfg.problemBase + "internal", Title: "Internal error", Detail: internalDetail, Status: http.StatusInternalServerError, Err: err}
+	p := &Problem{Type: e.cfg.problemBase + "internal", Title: "Internal error", Detail: internalDetail, Status: http.StatusInternalServerError, Err: ErrInternal}
 	for _, k := range problemKinds {
 		if errors.Is(err, k.err) {
 			p.Type, p.Title, p.Detail, p.Status, p.Err = e.cfg.problemBase+k.slug, k.title, k.detail, k.status, k.err

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 )
 
 // Response is a recorded response.
 type Response struct {
 	Status int
-	// Header holds the recorded headers only (the allowlist), values in order.
+	// Header holds the recorded headers only (the allowlist), values in
+	// order, under the spellings the handler used.
 	Header http.Header
 	// Body is the recorded body; nil when BodyKept is false.
 	Body []byte
@@ -30,7 +32,8 @@ var errCorrupt = errors.New("idem: corrupt recorded response")
 // encodeResponse appends the binary encoding of resp to dst: version,
 // flags, status (uint16), header count, then length-prefixed names and
 // values, then the length-prefixed body. With a non-nil allow, only the
-// listed headers (canonical names) of resp.Header are encoded.
+// listed headers (canonical names) of resp.Header are encoded, each under
+// every spelling it has there (see eachAllowed).
 func encodeResponse(dst []byte, resp *Response, allow []string) []byte {
 	var flags byte
 	if resp.BodyKept {
@@ -46,11 +49,7 @@ func encodeResponse(dst []byte, resp *Response, allow []string) []byte {
 			}
 			return
 		}
-		for _, name := range allow {
-			if vs := resp.Header[name]; len(vs) > 0 {
-				f(name, vs)
-			}
-		}
+		eachAllowed(resp.Header, allow, f)
 	}
 	each(func(_ string, vs []string) { n += len(vs) })
 	dst = binary.AppendUvarint(dst, uint64(n))
@@ -198,19 +197,68 @@ func seenName(r *recorded, name string, n int) bool {
 	return false
 }
 
-// recordedHeader copies the allowlisted headers of h.
-func recordedHeader(h http.Header, allow []string) http.Header {
-	var out http.Header
+// eachAllowed calls f with the spelling and values of every key of h that
+// names one of allow (canonical names), in the order of allow: the
+// canonical key first, then the other spellings of the name in byte order.
+// A handler may set a header under a spelling of its own by assigning to
+// the map (w.Header()["ETag"], Go's documented way for a non-canonical
+// name); net/http sends it so, and it is recorded and replayed so. A key
+// that is not a canonical name's spelling (say "Set-Cookie" spelt
+// "set-cookie" when Set-Cookie is never recorded) is never allowed.
+func eachAllowed(h http.Header, allow []string, f func(name string, vs []string)) {
 	for _, name := range allow {
-		vs, ok := h[name]
-		if !ok || len(vs) == 0 {
+		if vs := h[name]; len(vs) > 0 {
+			f(name, vs)
+		}
+		if len(h) == 0 {
 			continue
 		}
+		var buf [2]string
+		others := buf[:0]
+		for k, vs := range h {
+			if len(vs) > 0 && len(k) == len(name) && k != name && asciiEqualFold(k, name) {
+				others = append(others, k)
+			}
+		}
+		slices.Sort(others)
+		for _, k := range others {
+			f(k, h[k])
+		}
+	}
+}
+
+// asciiEqualFold reports whether a and b are equal under ASCII case
+// folding: header names are ASCII tokens, and a key with other bytes never
+// names an allowlisted header.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// recordedHeader copies the allowlisted headers of h, each under every
+// spelling it has there (see eachAllowed).
+func recordedHeader(h http.Header, allow []string) http.Header {
+	var out http.Header
+	eachAllowed(h, allow, func(name string, vs []string) {
 		if out == nil {
 			out = make(http.Header, len(allow))
 		}
 		out[name] = append([]string(nil), vs...)
-	}
+	})
 	return out
 }
 

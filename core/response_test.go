@@ -41,6 +41,42 @@ func TestResponseEncoding(t *testing.T) {
 	}
 }
 
+// An allowlisted header is recorded under every spelling the handler gave
+// it (w.Header()["ETag"]), canonical first, then in byte order, each with
+// its values in order; names that only look alike, and the never-recorded
+// headers in any spelling, are not.
+func TestRecordedHeaderSpellings(t *testing.T) {
+	var c config
+	if err := WithRecordedHeaders("ETag", "Content-Language", "Set-Cookie").applyEngine(&c); err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{
+		"ETag": {`"a"`}, "Etag": {`"b"`}, "etag": {`"c"`, `"d"`},
+		"content-language": {"fr"},
+		"set-cookie":       {"s=1"}, "SET-COOKIE": {"s=2"},
+		"E-tag": {"x"}, "Etags": {"y"}, "Kontent-Language": {"z"},
+	}
+	b := encodeResponse(nil, &Response{Status: 200, Header: h, BodyKept: true}, c.recorded)
+	rec, err := parseResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got [][2]string
+	rec.eachHeader(func(name, value []byte) { got = append(got, [2]string{string(name), string(value)}) })
+	want := [][2]string{{"Etag", `"b"`}, {"ETag", `"a"`}, {"etag", `"c"`}, {"etag", `"d"`}, {"content-language", "fr"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("recorded %q, want %q", got, want)
+	}
+	replay := http.Header{}
+	rec.writeHeader(replay, HeaderReplayed)
+	if wantH := (http.Header{"Etag": {`"b"`}, "ETag": {`"a"`}, "etag": {`"c"`, `"d"`}, "content-language": {"fr"}, HeaderReplayed: {"true"}}); !reflect.DeepEqual(replay, wantH) {
+		t.Fatalf("replayed %v, want %v", replay, wantH)
+	}
+	if got, want := recordedHeader(h, c.recorded), (http.Header{"Etag": {`"b"`}, "ETag": {`"a"`}, "etag": {`"c"`, `"d"`}, "content-language": {"fr"}}); !reflect.DeepEqual(got, want) {
+		t.Fatalf("recordedHeader %v, want %v", got, want)
+	}
+}
+
 func TestRecordedHeaderNeverRecordsCredentials(t *testing.T) {
 	var c config
 	if err := WithRecordedHeaders("Set-Cookie", "authorization", "Connection", "X-Request-Id", "content-type").applyEngine(&c); err != nil {

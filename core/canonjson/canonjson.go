@@ -2,8 +2,9 @@
 // that two documents share exactly when they denote the same JSON value as
 // a decoder reads it (see Append). idem's DefaultFingerprint and
 // FingerprintFields hash a JSON body in this form, so that whitespace,
-// member order and number spelling do not make a retry a different
-// request.
+// member order and string escapes do not make a retry a different
+// request, while a number's spelling does (Go's decoders read 1, 1.0 and
+// 1e0 differently).
 package canonjson
 
 import (
@@ -13,7 +14,6 @@ import (
 	"fmt"
 	"hash"
 	"slices"
-	"strconv"
 	"sync"
 	"unicode"
 	"unicode/utf16"
@@ -34,12 +34,11 @@ var ErrInvalid = errors.New("idem: JSON cannot be canonicalised")
 
 // Reasons wrapped, with ErrInvalid, by the errors of Append.
 var (
-	errJSONSyntax        = errors.New("syntax error")
-	errJSONTooDeep       = errors.New("nesting deeper than MaxDepth")
-	errJSONInvalidUTF8   = errors.New("invalid UTF-8 in a string")
-	errJSONSurrogate     = errors.New("lone surrogate escape in a string")
-	errJSONExponentRange = errors.New("number exponent out of range")
-	errJSONTooLarge      = errors.New("document larger than 256 MiB")
+	errJSONSyntax      = errors.New("syntax error")
+	errJSONTooDeep     = errors.New("nesting deeper than MaxDepth")
+	errJSONInvalidUTF8 = errors.New("invalid UTF-8 in a string")
+	errJSONSurrogate   = errors.New("lone surrogate escape in a string")
+	errJSONTooLarge    = errors.New("document larger than 256 MiB")
 )
 
 type jsonError struct {
@@ -53,18 +52,12 @@ func (e *jsonError) Error() string {
 
 func (e *jsonError) Unwrap() []error { return []error{ErrInvalid, e.reason} }
 
-// maxNumberExponent bounds the exponent of a canonical number in scientific
-// form (d.ddd × 10^x, |x| <= maxNumberExponent). Exact arithmetic on larger
-// exponents is possible but pointless for request bodies; such numbers are
-// refused rather than rounded.
-const maxNumberExponent = 1_000_000_000
-
 // Append appends the canonical form of the JSON document src to dst.
 // Two documents have the same canonical form when they denote the same JSON
 // value as a decoder reads it: same structure, same member names and strings
-// (after unescaping), same numbers (as exact decimal values), and, where a
-// decoder's reading depends on the order of an object's members, the same
-// order. The form is:
+// (after unescaping), same numbers (as written), and, where a decoder's
+// reading depends on the order of an object's members, the same order. The
+// form is:
 //
 //   - no insignificant whitespace;
 //   - object members sorted by name, case-insensitively: the unescaped names
@@ -79,15 +72,14 @@ const maxNumberExponent = 1_000_000_000
 //     control characters below U+0020 are escaped (\b \f \n \r \t, otherwise
 //     \u00xx with lowercase hex); everything else is raw UTF-8. Invalid UTF-8
 //     and lone surrogate escapes are refused;
-//   - numbers as exact decimal values, never through float64. With the
-//     significant digits d (no leading or trailing zeros, k of them) and p the
-//     position of the decimal point relative to the first of them (value =
-//     0.d × 10^p), the text is the one ECMAScript's Number::toString chooses:
-//     an integer when the value is an integer and p <= 21 (100, not 1e2);
-//     d with a point inside when 0 < p <= 21 (123.45); 0.000ddd when
-//     -6 < p <= 0 (0.001); otherwise d₁.d₂…dₖe±(p-1) (1.5e+21, 1e-7). Zero is
-//     always 0 (so -0, 0.0 and 0e5 are 0), a negative value has a leading '-'.
-//     A nonzero number whose exponent p-1 is beyond ±1e9 is refused;
+//   - numbers as they are written: the text is the canonical form, so 1,
+//     1.0, 1.00, 1e0, 1E0 and 1e+0 are six different documents, and so are
+//     1e3 and 1000, -0 and 0. Go's decoders read them differently (an
+//     integer field accepts only an integer literal: 1e3 and 1.0 are
+//     errors there; a json.Number or a decimal type keeps the text), so
+//     treating them as one value would replay one request's answer to
+//     another. The text is checked against the RFC 8259 grammar only: no
+//     digit count or exponent is too large;
 //   - true, false and null as they are; arrays in order.
 //
 // The document must be exactly one JSON value, with optional whitespace
@@ -194,7 +186,7 @@ type canonicaliser struct {
 	// Output of emitDocument: out, flushed to h when h is set.
 	out []byte
 	h   hash.Hash
-	tmp [24]byte // an escape or an exponent on its way to out
+	tmp [24]byte // an escape on its way to out
 	one [1]byte  // a byte on its way to a full out
 }
 
@@ -580,12 +572,6 @@ func (c *canonicaliser) writeByteFull(b byte) {
 	c.writeFull(c.one[:])
 }
 
-func (c *canonicaliser) writeString(s string) {
-	for i := 0; i < len(s); i++ {
-		c.writeByte(s[i])
-	}
-}
-
 // emitDocument runs the second pass over the document parse accepted. With
 // h nil it appends the canonical form to dst and returns it; otherwise it
 // writes the form to h, using dst (empty, with room) as the buffer.
@@ -819,34 +805,14 @@ func appendEscapedRune(dst []byte, r rune) []byte {
 func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 
 // number reads the number at c.i (strictly by the RFC 8259 grammar) and
-// writes it in canonical form; see Append.
+// writes it as it is: a number's text is its canonical form (see Append).
 func (c *canonicaliser) number() error {
 	src := c.src
-	// The common case first: an integer of at most 21 digits without a
-	// leading zero (and not -0) is its own canonical form.
-	d0 := c.i
-	if d0 < len(src) && src[d0] == '-' {
-		d0++
-	}
-	d1 := d0
-	for d1 < len(src) && isDigit(src[d1]) {
-		d1++
-	}
-	if n := d1 - d0; n > 0 && n <= 21 && (src[d0] != '0' || n == 1 && d0 == c.i) &&
-		(d1 == len(src) || src[d1] != '.' && src[d1] != 'e' && src[d1] != 'E') {
-		c.write(src[c.i:d1])
-		c.i = d1
-		return nil
-	}
-
 	i := c.i
-	neg := false
 	if i < len(src) && src[i] == '-' {
-		neg = true
 		i++
 	}
-	// Integer part.
-	intStart := i
+	// Integer part: 0, or a digit 1-9 and more digits.
 	switch {
 	case i < len(src) && src[i] == '0':
 		i++
@@ -858,129 +824,32 @@ func (c *canonicaliser) number() error {
 		c.i = i
 		return c.fail(errJSONSyntax)
 	}
-	intPart := src[intStart:i]
-	// Fraction.
-	var frac []byte
+	// Fraction: a point and one digit or more.
 	if i < len(src) && src[i] == '.' {
 		i++
-		fracStart := i
-		for i < len(src) && isDigit(src[i]) {
-			i++
-		}
-		if i == fracStart {
+		if i >= len(src) || !isDigit(src[i]) {
 			c.i = i
 			return c.fail(errJSONSyntax)
 		}
-		frac = src[fracStart:i]
+		for i < len(src) && isDigit(src[i]) {
+			i++
+		}
 	}
-	// Exponent: at most 15 significant digits are kept; more is out of
-	// range (unless the value is zero).
-	var exp int64
-	expBig := false
+	// Exponent: e or E, an optional sign, one digit or more.
 	if i < len(src) && (src[i] == 'e' || src[i] == 'E') {
 		i++
-		expNeg := false
 		if i < len(src) && (src[i] == '+' || src[i] == '-') {
-			expNeg = src[i] == '-'
 			i++
 		}
-		expStart := i
-		for i < len(src) && src[i] == '0' {
-			i++
-		}
-		sigStart := i
-		for i < len(src) && isDigit(src[i]) {
-			if i-sigStart < 15 {
-				exp = exp*10 + int64(src[i]-'0')
-			} else {
-				expBig = true
-			}
-			i++
-		}
-		if i == expStart {
+		if i >= len(src) || !isDigit(src[i]) {
 			c.i = i
 			return c.fail(errJSONSyntax)
 		}
-		if expNeg {
-			exp = -exp
+		for i < len(src) && isDigit(src[i]) {
+			i++
 		}
 	}
-	numEnd := i
-
-	// The digits are s = intPart ++ frac, value = s × 10^(exp-len(frac)).
-	n := len(intPart) + len(frac)
-	at := func(j int) byte {
-		if j < len(intPart) {
-			return intPart[j]
-		}
-		return frac[j-len(intPart)]
-	}
-	first := 0
-	for first < n && at(first) == '0' {
-		first++
-	}
-	if first == n {
-		c.i = numEnd
-		c.writeByte('0')
-		return nil
-	}
-	last := n - 1
-	for at(last) == '0' {
-		last--
-	}
-	if expBig {
-		c.i = numEnd
-		return c.fail(errJSONExponentRange)
-	}
-	// d = s[first:last+1], k digits; value = 0.d × 10^p.
-	k := int64(last + 1 - first)
-	p := exp + int64(len(intPart)) - int64(first)
-	if p-1 > maxNumberExponent || p-1 < -maxNumberExponent {
-		c.i = numEnd
-		return c.fail(errJSONExponentRange)
-	}
-	c.i = numEnd
-
-	if neg {
-		c.writeByte('-')
-	}
-	digits := func(a, b int) { // s[a:b]
-		if a < len(intPart) {
-			c.write(intPart[a:min(b, len(intPart))])
-		}
-		if b > len(intPart) {
-			c.write(frac[max(a, len(intPart))-len(intPart) : b-len(intPart)])
-		}
-	}
-	zeros := func(n int64) {
-		for range n {
-			c.writeByte('0')
-		}
-	}
-	d0, d1 = first, last+1
-	switch {
-	case k <= p && p <= 21: // integer
-		digits(d0, d1)
-		zeros(p - k)
-	case 0 < p && p <= 21: // point inside the digits
-		digits(d0, d0+int(p))
-		c.writeByte('.')
-		digits(d0+int(p), d1)
-	case -6 < p && p <= 0: // 0.000ddd
-		c.writeString("0.")
-		zeros(-p)
-		digits(d0, d1)
-	default: // d.ddde±x
-		digits(d0, d0+1)
-		if k > 1 {
-			c.writeByte('.')
-			digits(d0+1, d1)
-		}
-		c.writeByte('e')
-		if p-1 >= 0 {
-			c.writeByte('+')
-		}
-		c.write(strconv.AppendInt(c.tmp[:0], p-1, 10))
-	}
+	c.write(src[c.i:i])
+	c.i = i
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -37,7 +36,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{"ok, empty containers", `[ { } , [ ] , {"a" : { } } ]`, `[{},[],{"a":{}}]`},
 		{"ok, literals", `[true,false,null]`, `[true,false,null]`},
 		{"ok, top-level string", ` "x" `, `"x"`},
-		{"ok, top-level number", `1.0`, `1`},
+		{"ok, top-level number", ` 1.0 `, `1.0`},
 		{"ok, keys compared after unescaping", `{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},
 		{"ok, quote key sorts before letters", `{"A":1,"\"":2}`, `{"\"":2,"A":1}`},
 		{"ok, names compared case-insensitively", `{"a":1,"\\":2,"Z":3}`, `{"a":1,"Z":3,"\\":2}`},
@@ -74,53 +73,26 @@ func TestCanonicalJSON(t *testing.T) {
 		{"ok, replacement character escape", `"\ufffd"`, "\"\ufffd\""},
 		{"ok, noncharacters kept", `"\uffff\ufffe"`, "\"\uffff\ufffe\""},
 
-		// Numbers.
+		// Numbers: as written (Go's decoders read 1, 1.0 and 1e0
+		// differently: an integer field accepts only the first).
 		{"ok, 1", `1`, `1`},
-		{"ok, 1.0 and 1 agree", `1.0`, `1`},
-		{"ok, 1.00 and 1 agree", `1.00`, `1`},
-		{"ok, 1e0 and 1 agree", `1e0`, `1`},
-		{"ok, 10e-1 and 1 agree", `10e-1`, `1`},
-		{"ok, 0.1e1 and 1 agree", `0.1e1`, `1`},
-		{"ok, 1E+0 and 1 agree", `1E+0`, `1`},
-		{"ok, exponent with leading zeros", `1e00000000000000000000000000`, `1`},
-		{"ok, -0 is 0", `-0`, `0`},
-		{"ok, 0.0 is 0", `0.0`, `0`},
-		{"ok, 0e5 is 0", `0e5`, `0`},
-		{"ok, -0.000e-7 is 0", `-0.000e-7`, `0`},
-		{"ok, zero with huge exponent is 0", `0e99999999999999999999999`, `0`},
-		{"ok, 100", `100`, `100`},
-		{"ok, 1E+2 and 100 agree", `1E+2`, `100`},
-		{"ok, 1e+02 and 100 agree", `1e+02`, `100`},
-		{"ok, 0.01e4 and 100 agree", `0.01e4`, `100`},
-		{"ok, 100.000 and 100 agree", `100.000`, `100`},
-		{"ok, negative", `-1.50`, `-1.5`},
-		{"ok, fraction", `123.4500`, `123.45`},
-		{"ok, 0.5", `0.5`, `0.5`},
-		{"ok, 5e-1 and 0.5 agree", `5e-1`, `0.5`},
-		{"ok, small fixed", `-0.000123`, `-0.000123`},
-		{"ok, 1e-6 fixed", `1e-6`, `0.000001`},
-		{"ok, 1e-7 scientific", `0.0000001`, `1e-7`},
-		{"ok, 1.5e-7", `15e-8`, `1.5e-7`},
+		{"ok, 1.0 kept", `1.0`, `1.0`},
+		{"ok, 1.00 kept", `1.00`, `1.00`},
+		{"ok, 1e0 kept", `1e0`, `1e0`},
+		{"ok, 1E+0 kept", `1E+0`, `1E+0`},
+		{"ok, 1e3 kept", `{"amount" : 1e3}`, `{"amount":1e3}`},
+		{"ok, -0 kept", `-0`, `-0`},
+		{"ok, 0.0 kept", `0.0`, `0.0`},
+		{"ok, negative fraction kept", `-1.50`, `-1.50`},
+		{"ok, exponent with leading zeros kept", `1e00000000000000000000000000`, `1e00000000000000000000000000`},
 		{"ok, 20 digits integer", `12345678901234567890`, `12345678901234567890`},
 		{"ok, 12345678901234567890.5 kept exactly", `12345678901234567890.5`, `12345678901234567890.5`},
-		{"ok, 12345678901234567891", `12345678901234567891`, `12345678901234567891`},
-		{"ok, 1e20 integer", `1e20`, `100000000000000000000`},
-		{"ok, 21 digits integer", `123456789012345678901`, `123456789012345678901`},
-		{"ok, 1e21 scientific", `1e21`, `1e+21`},
-		{"ok, 22 digits scientific", `1234567890123456789012`, `1.234567890123456789012e+21`},
-		{"ok, 22 digits with fraction", `1234567890123456789012.5`, `1.2345678901234567890125e+21`},
-		{"ok, 21 digits with fraction", `123456789012345678901.5`, `123456789012345678901.5`},
-		{"ok, 1e400 exact", `1e400`, `1e+400`},
-		{"ok, 1e-400 exact", `1e-400`, `1e-400`},
-		{"ok, 10e399 is 1e400", `10e399`, `1e+400`},
-		{"ok, largest exponent", `1e1000000000`, `1e+1000000000`},
-		{"ok, largest exponent via digits", `10e999999999`, `1e+1000000000`},
-		{"ok, smallest exponent", `-1.5e-1000000000`, `-1.5e-1000000000`},
-		{"ok, smallest exponent via fraction", `0.1e-999999999`, `1e-1000000000`},
-		{"ok, long integer", long, long[:1] + "." + strings.TrimRight(long[1:], "0") + "e+4999"},
-		{"ok, long fraction", "0." + long, "0." + strings.TrimRight(long, "0")},
-		{"ok, long trailing zeros", "1" + strings.Repeat("0", 5000) + "e-5000", "1"},
-		{"ok, long leading zeros", "0." + strings.Repeat("0", 5000) + "1e5001", "1"},
+		{"ok, 22 digits", `1234567890123456789012`, `1234567890123456789012`},
+		{"ok, huge exponent kept", `1e999999999999`, `1e999999999999`},
+		{"ok, exponent overflowing int64 kept", `-1.5e-99999999999999999999999999`, `-1.5e-99999999999999999999999999`},
+		{"ok, numbers in arrays and objects", ` [ 1.0 , {"b":2e0,"a":-0.10} , 3 ] `, `[1.0,{"a":-0.10,"b":2e0},3]`},
+		{"ok, long integer", long, long},
+		{"ok, long fraction", "0." + long, "0." + long},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,6 +149,10 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{"nok, minus space", `- 1`, errJSONSyntax},
 		{"nok, exponent without digits", `1e`, errJSONSyntax},
 		{"nok, exponent sign without digits", `1e+`, errJSONSyntax},
+		{"nok, two exponent signs", `1e+-5`, errJSONSyntax},
+		{"nok, minus then point", `-.5`, errJSONSyntax},
+		{"nok, point in the exponent", `1e5.0`, errJSONSyntax},
+		{"nok, leading zero then digits with fraction", `00.5`, errJSONSyntax},
 		{"nok, hex", `0x10`, errJSONSyntax},
 		{"nok, two points", `1.2.3`, errJSONSyntax},
 		{"nok, NaN", `NaN`, errJSONSyntax},
@@ -228,13 +204,6 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{"nok, depth 129 arrays", deep(MaxDepth + 1), errJSONTooDeep},
 		{"nok, depth 129 objects", deepObj(MaxDepth + 1), errJSONTooDeep},
 		{"nok, depth 100000", deep(100000), errJSONTooDeep},
-
-		{"nok, exponent beyond range", `1e1000000001`, errJSONExponentRange},
-		{"nok, exponent beyond range via digits", `100e999999999`, errJSONExponentRange},
-		{"nok, negative exponent beyond range", `1e-1000000001`, errJSONExponentRange},
-		{"nok, negative exponent beyond range via fraction", `0.01e-999999999`, errJSONExponentRange},
-		{"nok, huge exponent", `1e999999999999`, errJSONExponentRange},
-		{"nok, exponent overflowing int64", `1e99999999999999999999999999`, errJSONExponentRange},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -284,15 +253,8 @@ func TestCanonicalJSONEquivalence(t *testing.T) {
 		{"ok, key order", `{"a":1,"b":[1,2],"c":{"x":null,"y":true}}`, `{"c":{"y":true,"x":null},"b":[1,2],"a":1}`},
 		{"ok, whitespace", `{"a":[1,2]}`, "{\n  \"a\": [\n    1,\n    2\n  ]\n}\n"},
 		{"ok, escapes and raw", `{"\u00e9\/":"\u003ctag\u003e"}`, `{"é/":"<tag>"}`},
-		{"ok, 1.0 and 1", `{"n":1.0}`, `{"n":1}`},
-		{"ok, 1.00 and 1e0", `[1.00]`, `[1e0]`},
-		{"ok, 10e-1 and 0.1e1", `10e-1`, `0.1e1`},
-		{"ok, -0 and 0", `-0`, `0`},
-		{"ok, 1E+2 and 100", `1E+2`, `100`},
-		{"ok, 1e400 and 1e400", `1e400`, `1e400`},
-		{"ok, 1e400 and 10e399", `1e400`, `10e399`},
-		{"ok, 1e-400 and 0.1e-399", `1e-400`, `0.1e-399`},
-		{"ok, 12345678901234567890.5 and 1234567890123456789050e-2", `12345678901234567890.5`, `1234567890123456789050e-2`},
+		{"ok, one number text, other whitespace and order", `{"n":1.0,"m":1e3}`, ` { "m" : 1e3 , "n" : 1.0 } `},
+		{"ok, 12345678901234567890.5 twice", `[12345678901234567890.5]`, `[ 12345678901234567890.5 ]`},
 	}
 	for _, tt := range same {
 		t.Run(tt.name, func(t *testing.T) {
@@ -307,6 +269,17 @@ func TestCanonicalJSONEquivalence(t *testing.T) {
 		})
 	}
 	differ := []struct{ name, a, b string }{
+		{"nok, 1e3 and 1000", `{"amount":1e3}`, `{"amount":1000}`},
+		{"nok, 1 and 1.0", `1`, `1.0`},
+		{"nok, 1 and 1e0", `1`, `1e0`},
+		{"nok, 1 and 1.00", `1`, `1.00`},
+		{"nok, 1.0 and 1e0", `1.0`, `1e0`},
+		{"nok, 1.0 and 1.00", `1.0`, `1.00`},
+		{"nok, 1e0 and 1.00", `1e0`, `1.00`},
+		{"nok, 1e0 and 1E0", `1e0`, `1E0`},
+		{"nok, 1e2 and 1e+2", `1e2`, `1e+2`},
+		{"nok, -0 and 0", `-0`, `0`},
+		{"nok, 0.5 and 5e-1", `0.5`, `5e-1`},
 		{"nok, 12345678901234567890.5 and 12345678901234567890", `12345678901234567890.5`, `12345678901234567890`},
 		{"nok, 12345678901234567890.5 and 12345678901234567891", `12345678901234567890.5`, `12345678901234567891`},
 		{"nok, 9007199254740993 and 9007199254740992", `9007199254740993`, `9007199254740992`},
@@ -355,7 +328,7 @@ func TestCanonicalJSONAgainstEncodingJSON(t *testing.T) {
 
 // checkCanonical checks the properties of c, the canonical form of src:
 // Append(c) == c; c is valid JSON; c decodes to the same structure as
-// src, numbers compared as exact decimals; and encoding/json's own
+// src, numbers compared by their text; and encoding/json's own
 // re-serialisation of src (indented, keys re-ordered, <>& escaped) has the
 // same canonical form.
 func checkCanonical(t *testing.T, src, c []byte) {
@@ -400,7 +373,7 @@ func checkCanonical(t *testing.T, src, c []byte) {
 
 // checkAgainstEncodingJSON checks that Append accepts src exactly when
 // encoding/json does, except for what it refuses on purpose: nesting beyond MaxDepth, invalid UTF-8 and lone surrogates in strings
-// (which encoding/json replaces with U+FFFD), exponents out of range. Each
+// (which encoding/json replaces with U+FFFD). Each
 // such refusal is confirmed independently.
 func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
 	t.Helper()
@@ -423,10 +396,6 @@ func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
 			if !surrogateEscape.Match(src) {
 				why = "no surrogate escape in the input"
 			}
-		case errors.Is(err, errJSONExponentRange):
-			if !bigExponent.Match(src) {
-				why = "no large exponent in the input"
-			}
 		default:
 			why = "not one of the deliberate refusals"
 		}
@@ -436,10 +405,7 @@ func checkAgainstEncodingJSON(t *testing.T, src, c []byte, err error) {
 	}
 }
 
-var (
-	surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
-	bigExponent     = regexp.MustCompile(`[eE][-+]?0*[1-9][0-9]{8}`)
-)
+var surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
 
 // hasCollision walks src with encoding/json's tokenizer and reports
 // whether an object has two members whose (decoded) names are equal under
@@ -526,8 +492,9 @@ func TestCanonicalJSONEdgeInputsAgainstEncodingJSON(t *testing.T) {
 }
 
 // TestCanonicalJSONRandomDocuments writes random JSON values twice, each
-// time with its own member order, whitespace, string escapes and number
-// spelling, and checks that both texts have the same canonical form.
+// time with its own member order, whitespace and string escapes (numbers
+// keep their text: it is part of the value), and checks that both texts
+// have the same canonical form.
 func TestCanonicalJSONRandomDocuments(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 3000 {
@@ -590,56 +557,38 @@ func fuzzDigits(b []byte) string {
 	return string(d)
 }
 
-func ratOf(t *testing.T, s string) *big.Rat {
-	t.Helper()
-	r, ok := new(big.Rat).SetString(s)
-	if !ok {
-		t.Fatalf("big.Rat cannot read %q", s)
-	}
-	return r
-}
-
-func FuzzNumberEquivalence(f *testing.F) {
-	f.Add([]byte{1}, int16(0), false, uint32(0), uint32(1<<6|1<<3), []byte{1}, int16(1))
-	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5}, int16(-1), false, uint32(0), uint32(5<<6|3<<3|2), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0}, int16(0))
-	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, int16(0), true, uint32(1<<14), uint32(1<<15|1<<16|2<<17), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5}, int16(-1))
-	f.Add([]byte{0}, int16(7), true, uint32(7), uint32(2<<6), []byte{0}, int16(-3))
-	f.Add([]byte{1}, int16(400), false, uint32(0), uint32(3<<3|2<<6), []byte{1}, int16(-400))
-	f.Add([]byte{9, 9, 9}, int16(18), false, uint32(1<<6), uint32(3<<6|7), []byte{1}, int16(21))
-	f.Add([]byte{1, 5}, int16(-8), true, uint32(0), uint32(2<<6|5), []byte{1, 5}, int16(-7))
-	f.Fuzz(func(t *testing.T, d1 []byte, e1 int16, neg bool, formA, formB uint32, d2 []byte, e2 int16) {
-		digits, exp := fuzzDigits(d1), int(e1)%500
+// FuzzNumberText: a number's canonical form is its text, whatever its
+// value: two spellings of one value (1 and 1.0, 1e3 and 1000) are two
+// documents, because Go's decoders read them differently (an integer field
+// accepts only an integer literal), and one spelling always agrees with
+// itself.
+func FuzzNumberText(f *testing.F) {
+	f.Add([]byte{1}, int16(0), false, uint32(0), uint32(1<<6|1<<3))
+	f.Add([]byte{1}, int16(3), false, uint32(0), uint32(1<<14))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5}, int16(-1), false, uint32(0), uint32(5<<6|3<<3|2))
+	f.Add([]byte{0}, int16(7), true, uint32(7), uint32(2<<6))
+	f.Add([]byte{1}, int16(400), false, uint32(0), uint32(3<<3|2<<6))
+	f.Add([]byte{1, 5}, int16(-8), true, uint32(0), uint32(2<<6|5))
+	f.Fuzz(func(t *testing.T, d []byte, e int16, neg bool, formA, formB uint32) {
+		digits, exp := fuzzDigits(d), int(e)%500
 		a := jsontest.NumberText(neg, digits, exp, formA)
 		b := jsontest.NumberText(neg, digits, exp, formB)
-		ca, err := canonical(a)
-		if err != nil {
-			t.Fatalf("Append(%s): %v", a, err)
+		for _, n := range []string{a, b} {
+			if !json.Valid([]byte(n)) {
+				t.Fatalf("NumberText wrote %q, not JSON", n)
+			}
+			c, err := canonical(" " + n + "\n")
+			if err != nil {
+				t.Fatalf("Append(%s): %v", n, err)
+			}
+			if c != n {
+				t.Fatalf("Append(%s) = %s, want the number as written", n, c)
+			}
 		}
-		cb, err := canonical(b)
-		if err != nil {
-			t.Fatalf("Append(%s): %v", b, err)
-		}
-		if ca != cb {
-			t.Fatalf("%s -> %s, %s -> %s: the same value, different forms", a, ca, b, cb)
-		}
-		want := ratOf(t, a)
-		if got := ratOf(t, ca); got.Cmp(want) != 0 {
-			t.Fatalf("%s -> %s: value changed", a, ca)
-		}
-		if cc, err := canonical(ca); err != nil || cc != ca {
-			t.Fatalf("%s -> %s -> %s, %v: not idempotent", a, ca, cc, err)
-		}
-		if !json.Valid([]byte(ca)) {
-			t.Fatalf("%s -> %s: not valid JSON", a, ca)
-		}
-		// Another value, in yet another form.
-		c := jsontest.NumberText(!neg == (e2&1 == 1), fuzzDigits(d2), int(e2)%500, formA^formB)
-		cc, err := canonical(c)
-		if err != nil {
-			t.Fatalf("Append(%s): %v", c, err)
-		}
-		if equal := ratOf(t, c).Cmp(want) == 0; equal != (cc == ca) {
-			t.Fatalf("%s -> %s, %s -> %s: values equal %v, forms equal %v", a, ca, c, cc, equal, cc == ca)
+		ca, _ := canonical(`{"n":` + a + `}`)
+		cb, _ := canonical(`{"n":` + b + `}`)
+		if (ca == cb) != (a == b) {
+			t.Fatalf("%s -> %s, %s -> %s: forms equal %v, texts equal %v", a, ca, b, cb, ca == cb, a == b)
 		}
 	})
 }

@@ -9,6 +9,7 @@ var scenarios = []scenario{
 	{"ReplaysRecordedAnswer", "A duplicate (same caller, scope, key and body) gets the recorded status, body and recorded headers (Content-Type, Location, ETag, every value of a repeated header in order) plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
 	{"RecordedStatuses", "Every answer below 500 except 400, 408, 422 and 429 before an effect completes the record, and a duplicate replays it.", both, testRecordedStatuses},
 	{"SecretHeadersNeverReplayed", "Set-Cookie and Authorization reach the first client but are never recorded, even when WithRecordedHeaders lists them; other listed headers are replayed.", both, testNeverRecorded},
+	{"HeaderSpelling", "An allowlisted header the handler set under its own spelling (w.Header()[\"ETag\"], Go's way for a non-canonical name) is recorded and replayed, under that spelling; Set-Cookie and headers outside the allowlist are not, whatever their spelling.", both, testHeaderSpelling},
 	{"HeaderAllowlist", "Only allowlisted response headers are recorded; the others reach the first client only.", both, testAllowlist},
 
 	// Keys.
@@ -19,7 +20,9 @@ var scenarios = []scenario{
 
 	// Fingerprint.
 	{"BodyMismatch", "A request under a used key with a different body gets a 422 key-reused problem document: nothing runs, nothing is replayed, and the record is unchanged.", both, testMismatch},
-	{"CanonicalBody", "Reformatted JSON, reordered keys, 1.0 for 1 and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
+	{"CanonicalBody", "Reformatted JSON, reordered keys, re-escaped strings and reordered form fields have the same fingerprint: the duplicate is a replay.", both, testCanonicalBody},
+	{"NumbersByText", "JSON numbers are compared by their text, as Go's decoders read them: {\"amount\":1000} after {\"amount\":1e3} under one key is a 422, and 1, 1.0, 1e0 and 1.00 are four different requests; the same text reformatted or reordered replays.", both, testNumbersByText},
+	{"ContentTypeCounts", "The Content-Type with its parameters is part of the fingerprint when there is a body: one multipart body under two boundaries, or the same bytes in two charsets, are two requests (the second gets a 422); a request without a body is the same request with or without a Content-Type.", both, testContentType},
 	{"RecordWithoutFingerprint", "A record stored without a fingerprint replays to any later request under its key, whatever its body.", both, testNoFingerprint},
 	{"OtherResource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments is a key reused for a different request: a 422, never order 1's answer; the handler runs once.", both, testOtherResource},
 	{"OtherQuery", "The same key sent with ?dry_run=true and then ?dry_run=false (or no query) gets a 422; parameters reordered or escaped differently are the same query and replay; repeated values reordered are not.", both, testOtherQuery},
