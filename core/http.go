@@ -326,6 +326,8 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// transaction rolls back; indeterminate after MarkEffect) and the
 		// client gets the engine's 500.
 		p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err)) // internal: not shown
+		e.cfg.logger.ErrorContext(c.ctx, "idempotency: the answer past the recording cap could not be spilled to its temporary file; the attempt ends as a panic would and the client gets 500",
+			slog.String("id", c.ev.ID.String()), slog.String("error", err.Error()))
 		p.RecordID = ev.ID.String()
 		ferr := att.end(ev, problemResponse(p), true)
 		ev.Err = errors.Join(err, ferr)

@@ -154,6 +154,8 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 			// The answer past the cap could not be spilled: it is
 			// incomplete, so the attempt ends as a panic would.
 			p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err))
+			e.cfg.logger.ErrorContext(c.ctx, "idempotency: the answer past the recording cap could not be spilled to its temporary file; the attempt ends as a panic would and the client gets 500",
+				slog.String("id", c.ev.ID.String()), slog.String("error", err.Error()))
 			p.RecordID = ev.ID.String()
 			spilled = true
 			endErr = errors.Join(err, att.end(ev, problemResponse(p), true))
