@@ -39,13 +39,14 @@ const (
 // transaction hidden), or on another database (another *sql.DB) run as
 // they would without the plugin.
 //
-// A transaction the application opens itself (db.WithContext(ctx).
-// Transaction(...), db.Begin(), or GORM for CreateInBatches of more rows
-// than one batch) is not joined (GORM begins it before any
-// callback runs): its writes fail with ErrOutsideTx on Postgres and
-// MySQL/MariaDB; on SQLite its BEGIN waits for the request's write lock
-// (busy_timeout) first. Use DB(ctx).Transaction(...) (a savepoint in the
-// request's transaction) instead.
+// A transaction the application opens itself with such a context
+// (db.WithContext(ctx).Transaction(...), db.WithContext(ctx).Begin(), GORM
+// for CreateInBatches of more rows than one batch) joins the request's as
+// GORM joins a nested transaction: a savepoint in it. Its commit releases
+// the savepoint, its rollback rolls back to it (its writes alone; on
+// Postgres a failed statement in it no longer aborts the request's
+// transaction), and the claim and the completion are untouched. A
+// repository that manages its own transactions needs no change.
 //
 // The transaction is one connection: statements with its context must not
 // run concurrently (goroutines of one handler); see the README.
@@ -61,7 +62,17 @@ type plugin struct{}
 
 func (plugin) Name() string { return pluginName }
 
-func (plugin) Initialize(db *gorm.DB) error { return register(db) }
+func (plugin) Initialize(db *gorm.DB) error {
+	if _, ok := db.ConnPool.(joiningPool); !ok {
+		// A repository's own transaction joins the request's (join.go).
+		// gorm.Open copied the pool into the root statement too.
+		db.ConnPool = joiningPool{db.ConnPool}
+		if db.Statement != nil && db.Statement.ConnPool == db.ConnPool.(joiningPool).ConnPool {
+			db.Statement.ConnPool = db.ConnPool
+		}
+	}
+	return register(db)
+}
 
 // register adds the callback that joins (Plugin installed) or guards (not
 // installed) the transaction of a statement's context to every processor
@@ -124,10 +135,16 @@ func sameConn(a, b gorm.ConnPool) bool {
 }
 
 func unwrapConn(p gorm.ConnPool) gorm.ConnPool {
-	if ps, ok := p.(*gorm.PreparedStmtTX); ok {
-		return ps.Tx
+	for {
+		switch v := p.(type) {
+		case *gorm.PreparedStmtTX:
+			p = v.Tx
+		case *savepointPool:
+			p = v.ConnPool // a repository's transaction joined to the request's
+		default:
+			return p
+		}
 	}
-	return p
 }
 
 // sameDB reports whether the statement db and the transaction tx run on

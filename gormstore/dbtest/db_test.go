@@ -142,6 +142,10 @@ func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm
 	return s, db, c, twin
 }
 
+// errRepoRollback is a repository transaction's own failure: GORM rolls it
+// back (Fixture.RepoTx with commit false).
+var errRepoRollback = errors.New("the repository rolls its transaction back")
+
 // order is the business row of the atomic-mode tests.
 type order struct {
 	ID   uint   `gorm:"primaryKey"`
@@ -186,6 +190,26 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Migrator().DropTable(unique) })
+	var repoTx func(ctx context.Context, name string, commit bool) error
+	if plugin {
+		// A repository that knows nothing of idem opens its own GORM
+		// transaction with the request's context; the plugin joins it.
+		repoTx = func(ctx context.Context, name string, commit bool) error {
+			err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if err := tx.Table(orders).Create(&order{Name: name}).Error; err != nil {
+					return err
+				}
+				if !commit {
+					return errRepoRollback
+				}
+				return nil
+			})
+			if !commit && errors.Is(err, errRepoRollback) {
+				return nil // rolled back, as the repository meant
+			}
+			return err
+		}
+	}
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
@@ -251,6 +275,7 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 				t.Fatalf("%s: %v", stmt, err)
 			}
 		},
+		RepoTx: repoTx,
 		EndTx: func(ctx context.Context, commit bool) error {
 			tx := gormstore.DB(ctx)
 			if commit {

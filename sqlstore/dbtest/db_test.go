@@ -204,6 +204,23 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqls
 				t.Fatalf("%s: %v", stmt, err)
 			}
 		},
+		RepoTx: func(ctx context.Context, name string, commit bool) error {
+			// A repository written against sqlstore.Beginner, knowing
+			// nothing of idem.
+			var repo sqlstore.Beginner = sqlstore.Joining(db)
+			tx, err := repo.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name); err != nil {
+				return err
+			}
+			if !commit {
+				return tx.Rollback()
+			}
+			return tx.Commit()
+		},
 		EndTx: func(ctx context.Context, commit bool) error {
 			tx, err := sqlstore.Tx(ctx)
 			if err != nil {

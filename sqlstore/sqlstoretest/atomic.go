@@ -71,6 +71,13 @@ type Fixture struct {
 	// pgxstore.Tx(ctx).Commit(ctx)), and returns its error (a store that
 	// refuses the call returns one wrapping core.ErrConfig).
 	EndTx func(ctx context.Context, commit bool) error
+	// RepoTx is a repository that knows nothing of idem: it opens its own
+	// transaction with ctx (GORM's db.WithContext(ctx).Transaction with the
+	// plugin installed, database/sql's BeginTx through sqlstore.Joining),
+	// writes one business row named name, and commits (commit true) or
+	// rolls back. nil: the store offers no such join (the cases that need
+	// it are not run).
+	RepoTx func(ctx context.Context, name string, commit bool) error
 }
 
 // Config describes the store under test.
@@ -125,6 +132,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, however the transaction ends, a marked effect never runs again and a released key is told the truth", h.transactionEnds},
 		{"ok, a COMMIT whose answer was lost but which happened gives the handler's answer, replayed to retries", h.commitOutcomeUnknown},
 		{"ok, Once: a constraint checked at COMMIT after MarkEffect leaves the outcome indeterminate; the redelivery does not run", h.onceTransactionEnds},
+		{"ok, a repository's own transaction joins the request's as a savepoint: its commit and its rollback are its own", h.repositoryTransaction},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
