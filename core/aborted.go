@@ -185,8 +185,9 @@ func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (Decision, er
 		return DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	case errors.Is(err, ErrNotFound):
 		if a.ctx.Err() != nil && v != vIndeterminate && resp.Status < 400 && !a.effect() {
-			// The client went away and the transaction, bound to its
-			// context, rolled back: routine, a release.
+			// The transaction's context ended (MaxAttempt passed, or a
+			// caller's context) and the database rolled it back: nothing
+			// happened, a release.
 			return DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
 		}
 		return a.afterAbort(v, resp, cause)
@@ -235,4 +236,81 @@ func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (Decision
 		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
+}
+
+// afterLocalEnd settles a leased attempt whose transaction of local writes
+// (withLocalTx) ended other than by the engine's commit of it with the
+// completion: the completion failed in it (the handler committed or
+// rolled it back itself, a statement of the handler failed and Postgres
+// aborted it, its session was killed), or its COMMIT failed (a constraint
+// checked at COMMIT) or its outcome is unknown. cause is the error;
+// committing reports that the completion ran and the COMMIT was the
+// engine's (so the handler did not end the transaction itself).
+//
+// The record is on its own connection, committed in progress since the
+// claim, so it tells whether the transaction committed: completed with the
+// attempt's token, it did (the handler's answer stands). Still in progress
+// with the token, it did not, and the outcome is recorded now on the
+// record's own connection, fenced, as in atomic mode (afterAbort):
+// indeterminate after MarkEffect (a success becomes the 500 outcome-unknown
+// problem: its writes are gone); a 4xx recorded; a success without an
+// effect released, the client told 503 with Retry-After. When the handler
+// may have committed the transaction itself (the completion failed, not
+// the engine's COMMIT), its writes may be durable: nothing is released,
+// and a success is recorded indeterminate. Another attempt's record: the
+// lease was lost.
+func (a *attempt) afterLocalEnd(v verdict, resp *Response, cause error, committing bool) (Decision, error) {
+	e := a.e
+	ctx := a.storeCtx()
+	e.cfg.logger.WarnContext(ctx, "idempotency: the leased attempt's transaction of local writes ended before the engine committed it; settling from the record",
+		slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.Bool("effect", a.effect()), slog.String("error", cause.Error()))
+	rec, err := e.store.Get(ctx, a.id, e.cfg.clock())
+	switch {
+	case err == nil && rec.Token == a.token && rec.State != StateInProgress:
+		return a.committed(rec)
+	case err == nil && rec.Token != a.token, errors.Is(err, ErrNotFound):
+		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+	case err != nil:
+		if v == vIndeterminate || a.effect() || !committing {
+			return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+		}
+		return DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+	}
+	// In progress with our token: nothing of the transaction committed,
+	// unless the handler committed it itself.
+	allow := a.recordAllow
+	var replaced error
+	switch { // (a release never gets here: its transaction is rolled back unused)
+	case v == vIndeterminate || resp.Status >= 400:
+	case a.effect() || !committing:
+		replaced = fmt.Errorf("%w: the attempt's transaction of local writes did not commit with its answer", ErrIndeterminate)
+		v, allow = vIndeterminate, nil
+		p := e.problemFor(replaced)
+		p.RecordID = a.id.String()
+		resp = problemResponse(p)
+	}
+	if v == vComplete && replaced == nil && resp.Status < 400 {
+		// Nothing happened that lasts: the key is free, and the client is
+		// told so.
+		if err := e.store.Release(ctx, a.id, a.token); err != nil && !errors.Is(err, ErrFenced) {
+			e.cfg.logger.ErrorContext(ctx, "idempotency: releasing a record failed; it stays in progress until its lease lapses", slog.String("id", a.id.String()), slog.String("error", err.Error()))
+		}
+		return DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
+	}
+	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: a.completionExpiry()}
+	decision := DecisionExecuted
+	if v == vIndeterminate {
+		c.State, decision = StateIndeterminate, DecisionIndeterminate
+	}
+	c.Response, err = e.sealInto(nil, a.id, resp, allow)
+	if err == nil {
+		err = e.store.Complete(ctx, a.id, a.token, c)
+	}
+	switch {
+	case errors.Is(err, ErrFenced):
+		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+	case err != nil:
+		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+	}
+	return decision, replaced
 }

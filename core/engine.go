@@ -132,7 +132,13 @@ type attempt struct {
 	// writes, lctx the context carrying it (withLocalTx).
 	ltx  Tx
 	lctx context.Context
-	fp   []byte // the request's fingerprint (to claim again: afterAbort)
+	// localUsed: the handler's local writes began in ltx, so the handler's
+	// answer is true only once they committed (see Route.run).
+	localUsed bool
+	// panicked: the handler panicked (or its answer could not be spilled):
+	// its writes are half done, so none of them commit (record).
+	panicked bool
+	fp       []byte // the request's fingerprint (to claim again: afterAbort)
 	// expires is the claim's ExpiresAt. In atomic mode the completion
 	// keeps it (expiry counts from the claim, as in leased mode until the
 	// completion): the completion then changes no indexed column, which
@@ -316,6 +322,16 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			e.markIndeterminate(sctx, rec)
 			continue
 		}
+		if rt.abandonedClaim(rec, now) {
+			// A committed atomic claim that no attempt can still hold: a
+			// handler committed the shared transaction itself and its
+			// process died before the engine recorded the answer (or a
+			// caller committed its transaction after Once failed). Its
+			// writes are durable and may include an effect: indeterminate,
+			// never run again blindly, never locked until expiry.
+			e.markIndeterminate(sctx, rec)
+			continue
+		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
 			retry := e.cfg.retryAfter
 			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: DecisionRejectedBusy}
@@ -467,8 +483,20 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 	return a, false
 }
 
+// abandonedClaim reports whether rec is an atomic-mode claim (in progress,
+// no lease) that was committed, so its row is visible (a store's probe of
+// an uncommitted claim returns neither token nor creation time), and
+// older than the route's MaxAttempt: every attempt ends by then (its
+// context does, and with it its transaction), so nothing can still be
+// completing it. With MaxAttempt turned off nothing is assumed.
+func (rt *Route) abandonedClaim(rec Record, now time.Time) bool {
+	return rec.LeaseUntil.IsZero() && rec.Token != 0 && !rec.CreatedAt.IsZero() &&
+		rt.p.maxAttempt > 0 && !now.Before(rec.CreatedAt.Add(rt.p.maxAttempt))
+}
+
 // markIndeterminate turns an in-progress record whose lease lapsed into an
-// indeterminate one (WithoutTakeover()).
+// indeterminate one (WithoutTakeover()), or an abandoned atomic claim
+// (Route.abandonedClaim).
 func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
 	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
 	p.RecordID = rec.ID.String()
@@ -521,6 +549,7 @@ func (a *attempt) run(ctx context.Context, ev *Event, start time.Time, settles f
 // ev. It returns finish's error.
 func (a *attempt) end(ev *Event, resp *Response, panicked bool) error {
 	var err error
+	a.panicked = panicked
 	ev.Decision, err = a.finish(a.classify(resp.Status, panicked), resp)
 	ev.Err, ev.Complete = err, a.complete
 	return err
@@ -653,6 +682,14 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		}
 		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	}
+	if a.panicked && a.tx != nil {
+		// Middleware-managed atomic mode, a panic after MarkEffect: the
+		// handler's writes are half done (a debit without its credit), so
+		// none of them commit; the indeterminate outcome is recorded in a
+		// transaction of the engine's own (all or nothing, as a crash).
+		_ = a.tx.Rollback()
+		return a.afterAbort(v, resp, errPanicked)
+	}
 	c := Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: a.completionExpiry()}
 	decision := DecisionExecuted
 	if v == vIndeterminate {
@@ -681,10 +718,16 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		err = a.tx.Commit()
 	}
 	if local != nil {
-		if err == nil {
+		committing := err == nil
+		if committing {
 			err = local.Commit()
 		} else {
 			_ = local.Rollback() // fenced (a takeover owns the record) or failing: none of it commits
+		}
+		if err != nil && !errors.Is(err, ErrFenced) {
+			// The local transaction ended other than by our commit: the
+			// record (on its own connection) tells what happened.
+			return a.afterLocalEnd(v, resp, err, committing)
 		}
 	}
 	if err != nil {
@@ -739,6 +782,10 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 	return decision, nil
 }
 
+// errPanicked is the cause afterAbort is given for a handler that panicked
+// after MarkEffect (its transaction is rolled back by the engine).
+var errPanicked = errors.New("idem: the handler panicked after MarkEffect; its writes were rolled back")
+
 // withLocalTx gives the handler of a leased attempt on a TxStore, when
 // hctx carries no transaction of the store (no transaction-per-request
 // middleware's), a transaction of the store for its local writes, reached
@@ -778,6 +825,14 @@ func (a *attempt) localTx(discard bool) Tx {
 	}
 	a.ltx = nil
 	if b, ok := tx.(interface{ Begun() bool }); discard || (ok && !b.Begun()) {
+		_ = tx.Rollback()
+		return nil
+	}
+	a.localUsed = true
+	if a.panicked {
+		// A panic leaves the handler's writes half done (a debit without
+		// its credit): none of them commit; the completion runs on the
+		// record's own connection.
 		_ = tx.Rollback()
 		return nil
 	}
@@ -954,6 +1009,9 @@ func Release(ctx context.Context) error {
 	a := attemptFrom(ctx)
 	if a == nil {
 		return noAttempt("core.Release")
+	}
+	if m := a.mark.Load(); m == markSettled || m == markSettledEffect {
+		return fmt.Errorf("%w: core.Release: the attempt was already settled (the handler answered, or ran on after its timeout): it changes nothing", ErrNoAttempt)
 	}
 	if a.effect() {
 		return fmt.Errorf("%w: core.Release after core.MarkEffect: the effect may have happened, so the record is kept (recorded, or indeterminate for a 5xx); release only before the external call", ErrConfig)

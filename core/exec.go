@@ -178,7 +178,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		}
 		return rt.execAnswer(ctx, ev, start, ans, reject)
 	}
-	if err != nil && (rt.atomic || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
+	if err != nil && (rt.atomic || att.localUsed || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
 		// Not durable (atomic mode), or the new owner's answer is the one
 		// to give (lost lease): fn's answer must not reach the client.
 		return reject(err)

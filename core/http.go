@@ -239,7 +239,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 			}
 		}
 	}
-	if rt.atomic && e.tx.InTx(c.base) && (around == nil || !around.att.rt.atomic) {
+	if rt.atomic && e.tx.InTx(c.base) && (around == nil || (!around.att.rt.atomic && around.att.lctx == nil)) {
 		// The request carries a transaction the engine did not begin (a
 		// transaction-per-request middleware's, sqlstore.WithTx): joined,
 		// the answer would reach the client before that transaction
@@ -363,12 +363,13 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		} else {
 			ev.Status = rt.writeReplay(w, rc, &ans.resp)
 		}
-	} else if err != nil && !rec.through && (rt.atomic || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
-		// Atomic mode: the outcome is not durable (rolled back), so the
-		// handler's answer must not reach the client. Lost lease: the new
-		// owner's answer is the one to give. (Leased mode with a failing
-		// store: the effect happened, so the handler's answer is delivered
-		// and the failure logged; the record's lease will lapse.)
+	} else if err != nil && !rec.through && (rt.atomic || att.localUsed || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
+		// Atomic mode, or leased with local writes: the outcome is not
+		// durable (rolled back), so the handler's answer must not reach
+		// the client. Lost lease: the new owner's answer is the one to
+		// give. (Leased mode without local writes and without MarkEffect,
+		// with a failing store: the handler's answer is delivered and the
+		// failure logged; the record's lease will lapse.)
 		clear(w.Header())
 		p := e.problemFor(err)
 		p.RecordID = ev.ID.String()

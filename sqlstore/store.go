@@ -806,6 +806,12 @@ func (p pinnedTx) Commit() error {
 
 func (p pinnedTx) Rollback() error {
 	err := p.tx.Rollback()
+	if err != nil {
+		// Ended before (the handler's own Commit, which SQLite may have
+		// refused, leaving the transaction open): roll back on the
+		// connection itself before it goes back to the pool.
+		_, _ = p.conn.ExecContext(context.Background(), "ROLLBACK")
+	}
 	_ = p.conn.Close()
 	return err
 }

@@ -133,6 +133,9 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, a COMMIT whose answer was lost but which happened gives the handler's answer, replayed to retries", h.commitOutcomeUnknown},
 		{"ok, Once: a constraint checked at COMMIT after MarkEffect leaves the outcome indeterminate; the redelivery does not run", h.onceTransactionEnds},
 		{"ok, a repository's own transaction joins the request's as a savepoint: its commit and its rollback are its own", h.repositoryTransaction},
+		{"ok, SQLite: the handler's own COMMIT that SQLite refuses does not leave its transaction open on a pooled connection", func(t *testing.T) { atomicHandlerCommitRefused(t, h.cfg) }},
+		{"ok, a claim the handler committed itself before its process died is settled indeterminate after MaxAttempt, never locked until expiry", func(t *testing.T) { atomicHandlerCommitThenCrash(t, h.cfg) }},
+		{"ok, a panic after MarkEffect commits none of the handler's half-done writes; the record is indeterminate", func(t *testing.T) { panicAfterEffectCommitsPartialWrites(t, h.cfg) }},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
