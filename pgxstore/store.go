@@ -143,6 +143,94 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// resend says when a statement run outside a transaction goes again to
+// another connection of the pool after its own failed.
+type resend int
+
+const (
+	// ifUnsent: only when pgconn.SafeToRetry says that nothing reached the
+	// server. For statements that commit on their own (autocommit writes):
+	// one whose connection was lost after it was sent may have committed.
+	ifUnsent resend = iota
+	// ifLost: whenever the connection turns out to be lost (lost). For
+	// statements that commit nothing: reads, and BEGIN with the first
+	// statement of a transaction, which the server rolls back when it
+	// loses the connection.
+	ifLost
+)
+
+// lost reports whether a statement that failed with err on conn lost its
+// connection before it could answer (ask before the connection goes back
+// to the pool): pgx closes a connection on a network error and
+// on a FATAL error (a server that restarts or terminates the session
+// answers 57P01 to the next statement), and a pool hands out, until it
+// pings them (pgxpool: after a second of idleness), the idle connections
+// that the server or the network has closed. An error the server answered
+// with on a live connection is not a lost connection.
+func lost(conn *pgx.Conn, err error) bool {
+	return err != nil && (conn.IsClosed() || pgconn.SafeToRetry(err))
+}
+
+// retry reports whether a statement that failed with err after try
+// attempts, and lost its connection (lost), may go again to another
+// connection under policy r, ctx (and the transaction's context tctx)
+// still live: at most the pool's size plus one attempts in all, as
+// pgxpool's Acquire replaces idle connections whose ping fails, so that a
+// pool whose every connection died still reaches a fresh one;
+// database/sql retries a bad connection so.
+func (s *Store) retry(ctx, tctx context.Context, r resend, lost bool, err error, try int) bool {
+	switch {
+	case !lost || ctx.Err() != nil || tctx.Err() != nil:
+		return false
+	case r == ifUnsent && !pgconn.SafeToRetry(err):
+		return false
+	}
+	return try <= int(s.pool.Stat().MaxConns())
+}
+
+// acquire takes a connection of the pool. One that could not be opened
+// (refused, or cut while connecting) is tried once more, as before any
+// statement was sent; a server that is down fails both.
+func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := s.pool.Acquire(ctx)
+	var ce *pgconn.ConnectError
+	if err != nil && errors.As(err, &ce) && ctx.Err() == nil {
+		conn, err = s.pool.Acquire(ctx)
+	}
+	return conn, err
+}
+
+// run runs fn on what statements of ctx run on: once in the transaction
+// ctx carries; outside one on a connection of the pool, and again on
+// another while the connection turns out to be lost and r allows it.
+func (s *Store) run(ctx context.Context, r resend, fn func(c querier) error) error {
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if inTx {
+		return fn(c)
+	}
+	return s.onPool(ctx, ctx, r, fn)
+}
+
+// onPool runs fn on a connection of the pool acquired with actx (outside
+// any transaction), and again on another while retry allows it.
+func (s *Store) onPool(ctx, actx context.Context, r resend, fn func(c querier) error) error {
+	for try := 1; ; try++ {
+		conn, err := s.acquire(actx)
+		if err != nil {
+			return unavailable("acquire", err)
+		}
+		err = fn(conn)
+		gone := lost(conn.Conn(), err)
+		conn.Release() // a lost connection is closed: the pool destroys it
+		if err == nil || !s.retry(ctx, actx, r, gone, err, try) {
+			return err
+		}
+	}
+}
+
 // inShortTx runs fn in ctx's transaction, or in a short transaction of its
 // own that commits when fn returns nil.
 func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
@@ -237,11 +325,21 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 			if cerr != nil {
 				return core.ClaimResult{}, cerr
 			}
-			q := s.q.Claim
-			if !inTx {
-				q = s.q.ClaimLeased
+			claim := func(c querier) (err error) {
+				q := s.q.Claim
+				if !inTx {
+					q = s.q.ClaimLeased
+				}
+				found, err = scanRecord(c.QueryRow(ctx, q, args...), &rec, &ok, &inserted)
+				return err
 			}
-			found, err = scanRecord(c.QueryRow(ctx, q, args...), &rec, &ok, &inserted)
+			if inTx {
+				err = claim(c)
+			} else {
+				// Autocommit: a claim that reached the server may have
+				// committed, so it goes again only if it was not sent.
+				err = s.onPool(ctx, ctx, ifUnsent, claim)
+			}
 		}
 		if err != nil {
 			return core.ClaimResult{}, s.failure(ctx, "claim", err)
@@ -278,12 +376,12 @@ const maxClaimTries = 3
 
 // Extend implements core.Store.
 func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
-	c, _, err := s.conn(ctx)
-	if err != nil {
-		return err
-	}
 	lu := timeArg(leaseUntil)
-	tag, err := c.Exec(ctx, s.q.Extend, lu, lu, id[:], token)
+	var tag pgconn.CommandTag
+	err := s.run(ctx, ifUnsent, func(c querier) (err error) {
+		tag, err = c.Exec(ctx, s.q.Extend, lu, lu, id[:], token)
+		return err
+	})
 	if err != nil {
 		return s.failure(ctx, "extend", err)
 	}
@@ -314,11 +412,11 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 			return nil
 		}
 	}
-	c, _, err := s.conn(ctx)
-	if err != nil {
+	var tag pgconn.CommandTag
+	err := s.run(ctx, ifUnsent, func(c querier) (err error) {
+		tag, err = c.Exec(ctx, s.q.Complete, args...)
 		return err
-	}
-	tag, err := c.Exec(ctx, s.q.Complete, args...)
+	})
 	if err != nil {
 		return s.failure(ctx, "complete", err)
 	}
@@ -330,38 +428,43 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 
 // Release implements core.Store.
 func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
-	c, _, err := s.conn(ctx)
+	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
 	if l, ok := ctx.Value(ctxKey{}).(*lazyTx); ok {
 		l.unclaimed(id)
 	}
-	tag, err := c.Exec(ctx, s.q.Release, id[:], token)
-	if err != nil {
-		return s.failure(ctx, "release", err)
+	release := func(c querier) error {
+		tag, err := c.Exec(ctx, s.q.Release, id[:], token)
+		if err != nil {
+			return s.failure(ctx, "release", err)
+		}
+		if tag.RowsAffected() > 0 {
+			return nil
+		}
+		var one int
+		switch err := c.QueryRow(ctx, s.q.Exists, id[:]).Scan(&one); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil // missing: nothing to release
+		case err != nil:
+			return s.failure(ctx, "release check", err)
+		}
+		return core.ErrFenced
 	}
-	if tag.RowsAffected() > 0 {
-		return nil
+	if inTx {
+		return release(c)
 	}
-	var one int
-	switch err := c.QueryRow(ctx, s.q.Exists, id[:]).Scan(&one); {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil // missing: nothing to release
-	case err != nil:
-		return s.failure(ctx, "release check", err)
-	}
-	return core.ErrFenced
+	return s.onPool(ctx, ctx, ifUnsent, release)
 }
 
 // Get implements core.Store.
 func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
-	c, _, err := s.conn(ctx)
-	if err != nil {
-		return core.Record{}, err
-	}
 	var rec core.Record
-	_, err = scanRecord(c.QueryRow(ctx, s.q.Get, id[:], timeArg(now)), &rec)
+	err := s.run(ctx, ifLost, func(c querier) (err error) {
+		_, err = scanRecord(c.QueryRow(ctx, s.q.Get, id[:], timeArg(now)), &rec)
+		return err
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return core.Record{}, core.ErrNotFound
@@ -378,11 +481,11 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	if limit <= 0 {
 		return 0, nil
 	}
-	c, _, err := s.conn(ctx)
-	if err != nil {
-		return 0, err
-	}
-	tag, err := c.Exec(ctx, s.q.DeleteExpired, timeArg(now), limit)
+	var tag pgconn.CommandTag
+	err := s.run(ctx, ifUnsent, func(c querier) (err error) {
+		tag, err = c.Exec(ctx, s.q.DeleteExpired, timeArg(now), limit)
+		return err
+	})
 	if err != nil {
 		return 0, s.failure(ctx, "delete expired", err)
 	}
@@ -393,12 +496,8 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // wall clocks drift agree on leases and expiry: pass it to
 // syncclock.New and the synced clock to core.WithClock.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
-	c, _, err := s.conn(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
 	var us int64
-	if err := c.QueryRow(ctx, s.q.Now).Scan(&us); err != nil {
+	if err := s.run(ctx, ifLost, func(c querier) error { return c.QueryRow(ctx, s.q.Now).Scan(&us) }); err != nil {
 		return time.Time{}, unavailable("now", err)
 	}
 	return time.UnixMicro(us).UTC(), nil
@@ -476,19 +575,21 @@ func takeable(rec core.Record, req core.ClaimRequest) bool {
 // inflight.ClaimWait; otherwise the pool opens one (not bounded: opening
 // a connection on a busy machine takes longer than ClaimWait, and is no
 // turn behind anyone). A plain read of a snapshot waits for no lock.
+//
+// A read commits nothing: when its connection turns out to be lost, it
+// runs again on another (retry).
 func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, error) {
-	cctx, cancel := ctx, context.CancelFunc(func() {})
-	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
-		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
+	var (
+		rec  core.Record
+		err  error
+		gone bool
+	)
+	for try := 1; ; try++ {
+		gone, err = s.peekOnce(ctx, req, &rec)
+		if err == nil || !s.retry(ctx, ctx, ifLost, gone, err, try) {
+			break
+		}
 	}
-	conn, err := s.pool.Acquire(cctx)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Release()
-	var rec core.Record
-	_, err = scanRecord(conn.QueryRow(ctx, s.q.Read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
@@ -498,6 +599,23 @@ func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, 
 		return &rec, nil
 	}
 	return nil, nil
+}
+
+// peekOnce reads the row of req.ID into rec on one connection of the
+// pool; gone reports that the read lost the connection (lost).
+func (s *Store) peekOnce(ctx context.Context, req core.ClaimRequest, rec *core.Record) (gone bool, err error) {
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
+	}
+	conn, err := s.acquire(cctx)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	defer conn.Release()
+	_, err = scanRecord(conn.QueryRow(ctx, s.q.Read, req.ID[:]), rec)
+	return lost(conn.Conn(), err), err
 }
 
 // inProgressElsewhere is the answer when another transaction holds the

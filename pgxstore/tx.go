@@ -175,41 +175,47 @@ func (l *lazyTx) beginWith(ctx context.Context, q string, args []any, scan func(
 		}
 		return scan(l.conn.QueryRow(ctx, q, args...))
 	}
-	// A connection that fails before BEGIN succeeded (a new connection cut
-	// while connecting, an idle one the server closed) is tried once more
-	// on another, as database/sql retries a bad connection: nothing of the
-	// transaction can have committed.
-	var (
-		conn *pgxpool.Conn
-		br   pgx.BatchResults
-		err  error
-	)
-	for try := 0; ; try++ {
-		conn, err = l.s.pool.Acquire(l.ctx)
-		if err == nil {
-			b := &pgx.Batch{}
-			b.Queue("BEGIN")
-			b.Queue(q, args...)
-			br = conn.SendBatch(ctx, b)
-			if _, err = br.Exec(); err != nil {
-				_ = br.Close()
-				conn.Release()
-			}
-		}
-		if err == nil {
-			break
-		}
-		if try == 1 || l.ctx.Err() != nil || ctx.Err() != nil {
+	// BEGIN and q go to a connection of the pool in one round trip. When
+	// that connection turns out to be lost (the pool handed out an idle one
+	// that the server or the network had closed: after a restart or a
+	// failover, every idle one), the batch goes again to another (Store.retry),
+	// whether or not it reached the server: a transaction that has not
+	// committed commits nothing, and the server rolls back the one of a
+	// lost connection (a server that has not yet noticed the loss holds
+	// its locks until it does: the new claim then answers in progress).
+	// Any other failure is the transaction's: BEGIN's ends it, q's leaves
+	// it begun and aborted.
+	for try := 1; ; try++ {
+		conn, err := l.s.acquire(l.ctx)
+		if err != nil {
 			l.err = err
 			return false, err
 		}
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(q, args...)
+		br := conn.SendBatch(ctx, b)
+		_, err = br.Exec()
+		begun := err == nil
+		var found bool
+		if begun {
+			found, err = scan(br.QueryRow())
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if l.s.retry(ctx, l.ctx, ifLost, lost(conn.Conn(), err), err, try) {
+			conn.Release() // closed, or in a transaction: the pool destroys it
+			continue
+		}
+		if !begun {
+			conn.Release()
+			l.err = err
+			return false, err
+		}
+		l.conn = conn
+		return found, err
 	}
-	l.conn = conn
-	found, err := scan(br.QueryRow())
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return found, err
 }
 
 // connection begins the transaction if it has not begun, sends a pending
@@ -223,17 +229,25 @@ func (l *lazyTx) connection() (*pgx.Conn, error) {
 	case l.err != nil:
 		return nil, l.err
 	case l.conn == nil:
-		conn, err := l.s.pool.Acquire(l.ctx)
-		if err != nil {
-			l.err = err
-			return nil, err
-		}
-		if _, err := conn.Exec(l.ctx, "BEGIN"); err != nil {
+		// BEGIN alone commits nothing: it goes again to another
+		// connection while its own turns out to be lost (beginWith).
+		for try := 1; ; try++ {
+			conn, err := l.s.acquire(l.ctx)
+			if err != nil {
+				l.err = err
+				return nil, err
+			}
+			if _, err = conn.Exec(l.ctx, "BEGIN"); err == nil {
+				l.conn = conn
+				break
+			}
+			gone := lost(conn.Conn(), err)
 			conn.Release()
-			l.err = err
-			return nil, err
+			if !l.s.retry(l.ctx, l.ctx, ifLost, gone, err, try) {
+				l.err = err
+				return nil, err
+			}
 		}
-		l.conn = conn
 	}
 	if err := l.flush(l.ctx); err != nil {
 		return nil, err

@@ -217,7 +217,7 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	if *long {
 		run = *duration
 	}
-	t.Logf("seed %d, hammering for %v", seed, run)
+	t.Logf("seed %d, hammering for %v (rerun with -run '^%s$' -reliability.seed=%d)", seed, run, t.Name(), seed)
 	// Half the requests reuse a few hot keys (duplicates, often
 	// concurrent), half use fresh keys (first executions all along).
 	const hot, workers = 20, 8
@@ -323,7 +323,7 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 		}
 		answers = append(answers, a)
 		if !leased && a.status != http.StatusCreated {
-			t.Errorf("atomic mode, after the faults: %s got %d %s, want 201 (replayed or executed now)", a.key, a.status, a.body)
+			t.Errorf("atomic mode, after the faults: %s got %d %s, want 201 (replayed or executed now; seed %d)", a.key, a.status, a.body, seed)
 		}
 	}
 
