@@ -266,6 +266,12 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 			g.Statement.ConnPool = pinned
 		}
 		tx := g.Begin(s.inner.TxOptions())
+		for try := 1; tx.Error != nil && pinned == nil && ctx.Err() == nil && try < maxBeginTries; try++ {
+			// BEGIN commits nothing: sent again on another connection when
+			// it met a pooled connection the server closed (sqlstore's
+			// beginTx says why database/sql does not).
+			tx = g.Begin(s.inner.TxOptions())
+		}
 		if tx.Error != nil {
 			if pinned != nil {
 				_ = pinned.Close()
@@ -280,6 +286,10 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 	}
 	return context.WithValue(ctx, txKey{}, d), tx, nil
 }
+
+// maxBeginTries bounds how often Begin sends BEGIN (see sqlstore's
+// beginTx).
+const maxBeginTries = 16
 
 // deferred is the GORM transaction of a context from Begin, once begun.
 type deferred struct {

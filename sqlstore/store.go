@@ -352,7 +352,7 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 		if s.d == SQLite {
 			return beginPinned(ctx, s.db, s.txOpts)
 		}
-		tx, err := s.db.BeginTx(ctx, s.txOpts)
+		tx, err := beginTx(ctx, s.db, s.txOpts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -396,7 +396,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 		}
 		return fn(c)
 	}
-	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	tx, err := beginTx(ctx, s.db, s.txOpts)
 	if err != nil {
 		return unavailable("begin", err)
 	}
@@ -814,4 +814,34 @@ func (p pinnedTx) Rollback() error {
 	}
 	_ = p.conn.Close()
 	return err
+}
+
+// beginTx is db.BeginTx, sent again on another connection when it fails
+// for any reason but ctx's end, up to maxBeginTries times. BEGIN commits
+// nothing, so sending it again is always safe; and it is what meets a
+// pooled connection the server closed (a restart, a failover, an idle
+// timeout): database/sql sends a statement again on another connection
+// only when the driver says the connection was bad before anything was
+// sent, which pgx's database/sql driver does for queries but not for
+// BEGIN, so after a restart every dead pooled connection was one 503
+// (reliability TestDatabaseFaults, sqlstore/postgres/atomic, seed
+// 5818398709639288509). A failed BEGIN's connection is discarded.
+func beginTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error) {
+	var err error
+	for range maxBeginTries(db) {
+		var tx *sql.Tx
+		if tx, err = db.BeginTx(ctx, opts); err == nil || ctx.Err() != nil {
+			return tx, err
+		}
+	}
+	return nil, err
+}
+
+// maxBeginTries bounds beginTx: every connection of the pool once, and one
+// new one (at most 16 when the pool is unbounded).
+func maxBeginTries(db *sql.DB) int {
+	if n := db.Stats().MaxOpenConnections; n > 0 && n < 16 {
+		return n + 1
+	}
+	return 16
 }
