@@ -52,3 +52,20 @@ func TestScenariosNested(t *testing.T) {
 		return r
 	})
 }
+
+// TestScenariosWithinRoute serves every route with core.Route.Within
+// called from a Gin handler, in a transaction the service opens
+// (scenario.StoreTx).
+func TestScenariosWithinRoute(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.Handle(rt.Method, ginPattern(rt.Pattern), func(c *gin.Context) {
+				route.Within(c.Writer, c.Request, inTx, rt.Handler)
+			})
+		}
+		return r
+	})
+}

@@ -79,3 +79,8 @@ func TestNetHTTPWithin(t *testing.T) {
 		return mux
 	})
 }
+
+// TestNetHTTPAcross runs the cross-router scenarios with two ServeMux
+// replicas on one store (the renamed-parameter scenario spells the route
+// two ways).
+func TestNetHTTPAcross(t *testing.T) { scenario.RunAcross(t, netHTTP, netHTTP) }

@@ -1,6 +1,6 @@
 // Package adaptertest holds what the tests of the Gin, Echo and chi
-// adapters share: an engine that logs nothing and reports the scope of
-// every decision, and a one-line request helper. It is a test helper of
+// adapters share: an engine that logs nothing and reports every decision
+// (its scope, its route label), and a one-line request helper. It is a test helper of
 // this repository, not part of idem's API: internal, so only modules under
 // github.com/idemkit/idem (the adapters) can import it, from their tests.
 //
@@ -25,32 +25,45 @@ import (
 // Body is the JSON body every request of Do carries.
 const Body = `{"amount":10}`
 
-// Events records the scope of every decision of an engine.
+// Events records the decisions of an engine.
 type Events struct {
 	mu     sync.Mutex
-	scopes []string
+	events []core.Event
 }
 
 // Observe is the engine's observer (core.WithObserver).
 func (ev *Events) Observe(_ context.Context, e core.Event) {
 	ev.mu.Lock()
-	ev.scopes = append(ev.scopes, e.Scope)
+	ev.events = append(ev.events, e)
 	ev.mu.Unlock()
 }
 
 // Last returns the scope of the latest decision, "" if there was none.
-func (ev *Events) Last() string {
+func (ev *Events) Last() string { return ev.last().Scope }
+
+// Route returns the route label (core.Event.Route) of the latest
+// decision, "" if there was none.
+func (ev *Events) Route() string { return ev.last().Route }
+
+// Len returns how many decisions there were.
+func (ev *Events) Len() int {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if len(ev.scopes) == 0 {
-		return ""
+	return len(ev.events)
+}
+
+func (ev *Events) last() core.Event {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.events) == 0 {
+		return core.Event{}
 	}
-	return ev.scopes[len(ev.scopes)-1]
+	return ev.events[len(ev.events)-1]
 }
 
 // NewEngine returns an engine over st (a leased memstore when nil) for a
-// single caller, that logs nothing and reports scopes to the returned
-// Events; opts come after those defaults and may override them.
+// single caller, that logs nothing and reports its decisions to the
+// returned Events; opts come after those defaults and may override them.
 func NewEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *Events) {
 	t.Helper()
 	if st == nil {
