@@ -12,6 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/adaptertest"
 )
@@ -243,8 +244,10 @@ func TestCaller(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNoCaller) {
-		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNoCaller", err)
+	// Outside the middleware (and ginidem.Within) there is no Gin context:
+	// a wiring fault of the server, refused as not-protected.
+	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNotProtected) {
+		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNotProtected", err)
 	}
 }
 
@@ -319,4 +322,44 @@ func TestNilEngine(t *testing.T) {
 		}
 	}()
 	ginidem.New(nil)
+}
+
+// TestCallerUnderWithin: ginidem.Caller reads the Gin context, which
+// core.Route.Within called by hand from a Gin handler cannot reach: the
+// request is refused with a 500 not-protected problem and a WARN that
+// names the fix (ginidem.Within), never answered 401 with the reason at
+// DEBUG; the handler does not run. Through ginidem.Within the caller is
+// found: each caller runs once, and its retry replays.
+func TestCallerUnderWithin(t *testing.T) {
+	logs := &adaptertest.Logs{}
+	e, err := core.New(memstore.New().Atomic(), core.WithLogger(slog.New(logs)),
+		core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) { return c.GetString("account"), nil })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, route := scenario.StoreTx(e), e.Route()
+	n := 0
+	r := gin.New()
+	r.Use(func(c *gin.Context) { c.Set("account", c.GetHeader("X-Account")) }) // the application's auth
+	created := func(w http.ResponseWriter, r *http.Request) { n++; w.WriteHeader(http.StatusCreated) }
+	r.POST("/by-hand", func(c *gin.Context) { route.Within(c.Writer, c.Request, inTx, created) })
+	w := adaptertest.Do(r, "POST", "/by-hand", "k1", "X-Account", "alice")
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") || n != 0 {
+		t.Errorf("Route.Within by hand with ginidem.Caller: %d %q, runs %d; want a 500 not-protected problem and no run", w.Code, w.Body, n)
+	}
+	if lvl, ok := logs.Find("ginidem.Within"); !ok || lvl < slog.LevelWarn {
+		t.Errorf("the log names the fix at %v (found %v), want WARN or above", lvl, ok)
+	}
+
+	r.POST("/within", func(c *gin.Context) { ginidem.Within(c, route, inTx, counter(&n)) })
+	for _, tt := range []struct {
+		account  string
+		replayed bool
+		runs     int
+	}{{"alice", false, 1}, {"alice", true, 1}, {"bob", false, 2}} {
+		w := adaptertest.Do(r, "POST", "/within", "k2", "X-Account", tt.account)
+		if w.Code != http.StatusCreated || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+			t.Errorf("ginidem.Within as %s: %d %q replayed=%v, runs %d; want 201 replayed=%v, runs %d", tt.account, w.Code, w.Body, adaptertest.Replayed(w), n, tt.replayed, tt.runs)
+		}
+	}
 }

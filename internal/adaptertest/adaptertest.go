@@ -99,3 +99,45 @@ func Do(h http.Handler, method, path, key string, header ...string) *httptest.Re
 func Replayed(w *httptest.ResponseRecorder) bool {
 	return w.Header().Get(core.HeaderReplayed) == "true"
 }
+
+// Logs is a slog.Handler that keeps every record an engine logs
+// (core.WithLogger(slog.New(logs))).
+type Logs struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+// Enabled implements slog.Handler: every level.
+func (l *Logs) Enabled(context.Context, slog.Level) bool { return true }
+
+// Handle implements slog.Handler.
+func (l *Logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.records = append(l.records, r.Clone())
+	l.mu.Unlock()
+	return nil
+}
+
+// WithAttrs implements slog.Handler (the engine adds none).
+func (l *Logs) WithAttrs([]slog.Attr) slog.Handler { return l }
+
+// WithGroup implements slog.Handler (the engine opens none).
+func (l *Logs) WithGroup(string) slog.Handler { return l }
+
+// Find returns the level of the first record whose message or attribute
+// values contain s, and whether there is one.
+func (l *Logs) Find(s string) (slog.Level, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.records {
+		found := strings.Contains(r.Message, s)
+		r.Attrs(func(a slog.Attr) bool {
+			found = found || strings.Contains(a.Value.String(), s)
+			return !found
+		})
+		if found {
+			return r.Level, true
+		}
+	}
+	return 0, false
+}
