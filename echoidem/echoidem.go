@@ -29,8 +29,13 @@ type Config struct {
 // routing and refuses every request of a covered method (500
 // not-protected, logged with the fix).
 //
-// The scope defaults to the method and c.Path(), the route pattern
-// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
+// A record is (caller, scope, key), the scope empty unless a core.Scope
+// option names one: the route is never part of it, so the same key on
+// another route (or another order's path) is a key reused for another
+// request, 422, and a request keeps its identity under another router or
+// a renamed path parameter. c.Path(), the route pattern
+// ("/orders/:id/refunds"), labels the decisions for observability
+// (core.Event.Route). Requests
 // Echo answers itself pass through untouched: no route (404, also through
 // a group's RouteNotFound catch-alls) or another method (405). Installed
 // both globally and on a route, the two run as one layer with the route's

@@ -14,9 +14,14 @@ import (
 // the route options opts (core.Scope, core.Retention, core.Leased, ...).
 // Install it globally (r.Use(ginidem.New(e))), on a group, or on one route.
 //
-// The scope defaults to the method and c.FullPath(), the route pattern
-// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
-// that matched no route (404, 405) pass through untouched. When the engine
+// A record is (caller, scope, key), the scope empty unless a core.Scope
+// option names one: the route is never part of it, so the same key on
+// another route (or another order's path) is a key reused for another
+// request, 422, and a request keeps its identity under another router or
+// a renamed path parameter. c.FullPath(), the route pattern
+// ("/orders/:id/refunds"), labels the decisions for observability
+// (core.Event.Route). Requests that matched no route (404, 405) pass
+// through untouched. When the engine
 // answers without running the handlers (replay, 409, 422, 400, ...), the
 // chain is stopped with c.Abort. While the rest of the chain runs,
 // c.Request carries the engine's context (in atomic mode the transaction:
