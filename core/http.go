@@ -130,8 +130,8 @@ func NativeFrom(ctx context.Context) any {
 // alone, with its own options; the outer layer then records nothing. A
 // protected request that only carries the context of another one (an
 // in-process sub-request) is protected on its own, unless it has the
-// same identity: then it is the same request nested behind a writer
-// without Unwrap, and is taken over too.
+// same identity and fingerprint: then it is the same request nested behind
+// a writer without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
 	if c := rt.prepare(w, r, pattern, native, next); c != nil {
 		rt.run(w, c, next)
@@ -231,7 +231,15 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	}
 	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = c.ident.ID()
-	if around != nil && around.att.id == ev.ID && bytes.Equal(around.fingerprint, c.fingerprint) {
+	if around != nil && around.att.id == ev.ID && (bytes.Equal(around.fingerprint, c.fingerprint) || rt.p.fingerprint != nil || around.att.rt.p.fingerprint != nil) {
+		// The same request nested behind a writer without Unwrap: the same
+		// identity and fingerprint (with a Fingerprint option on either
+		// layer the two cannot be compared: taken over, and refused by
+		// nestable, as behind a writer that unwraps). An in-process
+		// sub-request to another route that forwards the client's key has
+		// the identity (the scope is empty by default) but not the
+		// fingerprint: it is protected on its own, and meets the outer's
+		// record as a key reused for another request (422).
 		if ctx, ok := around.supersede(c.base); ok {
 			c.base = ctx
 			c.ctx = context.WithValue(ctx, attemptKey{}, c)
