@@ -21,21 +21,25 @@ import (
 // inner layer takes the request over). To leave requests out of a global
 // install, use NewWithConfig with a Skipper.
 //
-// The scope defaults to the method and chi's route pattern
-// ("POST /orders/{id}/refunds"), so every order shares one scope. A
-// middleware installed with Use runs before its router routes the
-// request, so the pattern is looked up in advance in that router's tree
-// (chi.Routes.Find on the path it will route, after the path rewriting of
-// the middleware before it: middleware.StripSlashes, URLFormat,
-// CleanPath); the scope is the same whether the middleware is installed
-// globally, in a sub-router or per route. A non-chi handler mounted with
-// Mount is protected under the mount's pattern ("POST /legacy/*").
-// Requests that match no route (404, 405) pass through untouched. A
-// request that one of chi's rewriting middlewares installed AFTER this one
-// would route to a handler is refused with a 500 problem (fail closed,
-// logged with the fix: install chiidem after it), never passed through.
-// Outside a chi router the scope falls back to Request.Pattern, then the
-// path. Handlers reach the engine's context (in atomic mode the
+// A record is (caller, scope, key), the scope empty unless a core.Scope
+// option names one: the route is never part of it, so the same key on
+// another route (or another order's path) is a key reused for another
+// request, 422, and a request keeps its identity when the service moves
+// to another router or renames a path parameter. Requests that match no
+// route (404, 405) pass through untouched: a middleware installed with
+// Use runs before its router routes the request, so it asks that router's
+// tree in advance whether the request reaches a route (chi.Routes.Find on
+// the path it will route, after the path rewriting of the middleware
+// before it: middleware.StripSlashes, URLFormat, CleanPath). A request
+// that one of chi's rewriting middlewares installed AFTER this one would
+// route to a handler is refused with a 500 problem (fail closed, logged
+// with the fix: install chiidem after it), never passed through. The
+// route pattern found ("/orders/{id}/refunds", the same whether the
+// middleware is installed globally, in a sub-router or per route; a
+// non-chi handler mounted with Mount: "/legacy/*"; outside a chi router,
+// Request.Pattern's) labels the decisions for observability
+// (core.Event.Route); it is never the concrete path and never part of the
+// identity. Handlers reach the engine's context (in atomic mode the
 // transaction: sqlstore.Tx(r.Context()), gormstore.DB(r.Context()))
 // from their request; callers are named with core.WithCaller reading
 // r.Context().
@@ -111,14 +115,18 @@ func (config Config) ToMiddleware() (func(http.Handler) http.Handler, error) {
 type result int
 
 const (
-	routed         result = iota // the pattern is known (or not under chi)
+	routed         result = iota // the request reaches a route (or is not under chi)
 	notRouted                    // no route matches: the router answers itself
 	rewrittenLater               // a route matches only after a rewriting middleware that runs later
 )
 
 var searches = sync.Pool{New: func() any { return chi.NewRouteContext() }}
 
-// routePattern returns the pattern of the route that serves r.
+// routePattern returns the pattern of the route that serves r, and
+// whether chi routes r to a handler at all (notRouted: chi answers 404 or
+// 405 itself, which passes through untouched) or only after a rewriting
+// middleware installed later (refused). The pattern labels the decisions
+// (core.Event.Route); it is not part of the identity.
 //
 // chi's route context says where routing stands: RoutePatterns holds the
 // patterns matched so far (the mounts the request went through, and the
@@ -131,7 +139,7 @@ var searches = sync.Pool{New: func() any { return chi.NewRouteContext() }}
 func routePattern(r *http.Request) (string, result) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
-		return "", routed // not under chi: core uses Request.Pattern or the path
+		return "", routed // not under chi: core labels with Request.Pattern
 	}
 	routes := rctx.Routes
 	prefix := ""

@@ -16,9 +16,10 @@ import (
 type exampleAccount struct{}
 
 // One line protects every POST and PATCH route of a chi router, even
-// installed with r.Use before chi has routed the request: the scope is the
-// route pattern, so /orders/1/refunds and /orders/2/refunds share it. The
-// caller comes from the request context, where your auth middleware put it.
+// installed with r.Use before chi has routed the request: a key is unique
+// within its caller, so a retry replays, and the same key sent for another
+// order (or to another route) is a 422. The caller comes from the request
+// context, where your auth middleware put it.
 func Example() {
 	e, err := core.New(memstore.New(), core.WithCaller(func(r *http.Request) (string, error) {
 		account, _ := r.Context().Value(exampleAccount{}).(string)

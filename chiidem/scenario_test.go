@@ -43,3 +43,20 @@ func TestScenariosNested(t *testing.T) {
 		return r
 	})
 }
+
+// TestScenariosWithinRoute serves every route with core.Route.Within
+// called from a chi handler, in a transaction the service opens
+// (scenario.StoreTx).
+func TestScenariosWithinRoute(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := chi.NewRouter()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.MethodFunc(rt.Method, rt.Pattern, func(w http.ResponseWriter, r *http.Request) {
+				route.Within(w, r, inTx, rt.Handler)
+			})
+		}
+		return r
+	})
+}

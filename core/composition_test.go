@@ -112,6 +112,52 @@ func TestSubRequestKeepsTheOuterProtection(t *testing.T) {
 	}
 }
 
+// TestSubRequestWithTheClientsKey: an in-process sub-request to another
+// protected route (no Scope option) that forwards the client's key has the
+// outer request's identity (the scope is empty by default) but another
+// fingerprint: it is not taken for the outer request nested behind a
+// writer (which would leave the outer unprotected, its answer unrecorded),
+// it is a key reused for a different request (422: the mismatch comes
+// before the in-progress state), and the outer request stays protected.
+func TestSubRequestWithTheClientsKey(t *testing.T) {
+	for _, mode := range []string{"leased", "atomic"} {
+		t.Run(mode, func(t *testing.T) {
+			var store core.Store = memstore.New()
+			if mode == "atomic" {
+				store = store.(*memstore.Store).Atomic()
+			}
+			e := compositionEngine(t, store)
+			var audits, orders int
+			audit := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				audits++
+				w.WriteHeader(http.StatusCreated)
+			}))
+			mux := http.NewServeMux()
+			mux.Handle("POST /orders", e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				orders++
+				sub, _ := http.NewRequestWithContext(r.Context(), "POST", "/audit", strings.NewReader(`{}`))
+				sub.Header.Set(core.HeaderKey, r.Header.Get(core.HeaderKey))
+				rec := httptest.NewRecorder()
+				audit.ServeHTTP(rec, sub)
+				w.WriteHeader(http.StatusCreated)
+				_, _ = io.WriteString(w, "order, audit "+http.StatusText(rec.Code))
+			})))
+
+			first := send(mux, "/orders", "k1")
+			if first.Code != http.StatusCreated || first.Body.String() != "order, audit Unprocessable Entity" {
+				t.Fatalf("first: %d %q, want the order and the audit's 422", first.Code, first.Body)
+			}
+			again := send(mux, "/orders", "k1")
+			if again.Header().Get(core.HeaderReplayed) != "true" || again.Body.String() != first.Body.String() {
+				t.Errorf("retry: %d %q, want the replay of the first answer (the outer request must stay protected)", again.Code, again.Body)
+			}
+			if orders != 1 || audits != 0 {
+				t.Errorf("orders ran %d times and audits %d, want 1 and 0", orders, audits)
+			}
+		})
+	}
+}
+
 // TestBodyConsumedUpstream: a middleware before the engine's handler that
 // read the body (or replaced it with http.NoBody) leaves a request that
 // announced a body with nothing to read: refused with a 500 body-consumed

@@ -7,13 +7,18 @@
 // # The contract in one paragraph
 //
 // A record is identified by (caller, scope, key): the caller comes from a
-// CallerFunc (or WithSingleCaller says there is only one), the scope is the
-// method and route pattern (or a name given with Scope), the key is the
-// client's Idempotency-Key header in raw or RFC 8941 quoted form. The first
-// request runs the handler and records its response; a duplicate gets the
-// recorded status, body and allowlisted headers with Idempotent-Replayed:
-// true; a different body under the same key gets 422; a duplicate of a
-// request still running gets 409 with Retry-After (or waits, WaitInFlight).
+// CallerFunc (or WithSingleCaller says there is only one), the scope is
+// empty unless a route names one with Scope (it never comes from the
+// router: not the route pattern, not the path, not the method), the key is
+// the client's Idempotency-Key header in raw or RFC 8941 quoted form. So a
+// key is unique within its caller, whatever the route or the router. The
+// first request runs the handler and records its response; a duplicate
+// gets the recorded status, body and allowlisted headers with
+// Idempotent-Replayed: true; a different request under the same key (a
+// different body, query, method or concrete path: another route too) gets
+// 422; a duplicate of a request still running gets 409 with Retry-After
+// (or waits, WaitInFlight). The route pattern the adapter knows labels the
+// decisions (Event.Route) and is never part of the identity.
 // 408, 429, Release, panics and 5xx release the record; a 5xx or a panic
 // after MarkEffect leaves it indeterminate: the 5xx is replayed until a
 // Resolver settles it. Records expire after the retention window
@@ -36,7 +41,7 @@
 //	indeterminate  request, no Resolver, OutcomeUnresolved  indeterminate  the recorded 5xx, replayed
 //	indeterminate  request, Resolver: OutcomeApplied        completed      the resolver's response, replayed
 //	indeterminate  request, Resolver: OutcomeNotApplied     absent         claimed again: the handler runs
-//	any but absent request, other fingerprint               unchanged      422
+//	any but absent request, other fingerprint (other route) unchanged      422
 //	in progress    handler answers 2xx-4xx (not 408, 429)   completed      the handler's answer
 //	in progress    handler answers 408 or 429, or Release   absent         the handler's answer
 //	in progress    handler: 5xx or panic before MarkEffect  absent         the handler's answer (a panic: 500)
@@ -80,8 +85,9 @@
 //	}))
 //	mux.Handle("POST /orders", e.Handler(createOrder))
 //
-// Adapters for Gin, Echo and chi call Route.Serve; adapters of other
-// transports (grpcidem) call Route.Exec. Message consumers call
+// Adapters for Gin, Echo and chi call Route.Serve (and Route.ServeWithin
+// for their Within); adapters of other transports (grpcidem) call
+// Route.Exec. Message consumers call
 // Engine.Once. A service that opens the transaction itself calls
 // Route.Within from its handler with a TxFunc (its own BeginTx/Commit,
 // GORM's db.Transaction, a service layer's InTx): the claim, the handler

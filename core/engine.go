@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -77,8 +76,6 @@ type Route struct {
 	e      *Engine
 	p      policy
 	atomic bool
-	mu     sync.Mutex
-	scopes map[scopeKey]string // see joinScope
 }
 
 // Route compiles route options over the engine's defaults. Invalid route
@@ -99,8 +96,9 @@ func (rt *Route) Atomic() bool { return rt.atomic }
 // Protects reports whether Serve would run r through the state machine:
 // false when r's method is not covered, or when the route takes requests
 // without a key (KeyOptional) and r has none; Serve then calls next with r
-// untouched. Adapters that must work to find a route's pattern ask first,
-// so requests that pass through cost nothing.
+// untouched. Adapters that must work to find out whether the router
+// routes a request (its own 404 and 405 pass through) ask first, so
+// requests that pass through cost nothing.
 func (rt *Route) Protects(r *http.Request) bool {
 	if !rt.covers(r.Method) {
 		return false

@@ -20,9 +20,12 @@ type Request struct {
 	// shares one key space, so the adapter must make that an explicit
 	// choice of its user (as WithSingleCaller is over HTTP).
 	Caller func(ctx context.Context) (string, error)
-	// Scope is the unit of work (gRPC: the full method name); a Scope route
-	// option replaces it.
-	Scope string
+	// Route labels the request's decisions for observability (Event.Route;
+	// gRPC: the full method name). It is not part of the identity: the
+	// scope is the route's Scope option, empty by default, so the
+	// fingerprint must tell requests to different routes apart (gRPC's
+	// covers the method).
+	Route string
 	// Fingerprint computes the request's fingerprint (nil: none), after the
 	// key and the caller were accepted; an error refuses the request with
 	// ErrInvalidRequest. Route options of HTTP requests (Fingerprint,
@@ -70,10 +73,7 @@ type Request struct {
 func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Context) *Response) (resp *Response, replayed bool, err error) {
 	e := rt.e
 	start := e.cfg.clock()
-	ev := Event{Scope: req.Scope}
-	if rt.p.scope != "" {
-		ev.Scope = rt.p.scope
-	}
+	ev := Event{Scope: rt.p.scope, Route: req.Route}
 	// reject reports a request that does not run and returns its error.
 	reject := func(err error) (*Response, bool, error) {
 		p := e.problemFor(err)

@@ -40,7 +40,7 @@ func TestExec(t *testing.T) {
 	caller := func(context.Context) (string, error) { return "acct_1", nil }
 	fp := func(b string) func() ([]byte, error) { return func() ([]byte, error) { return []byte(b), nil } }
 	rt := e.Route()
-	req := core.Request{Key: []string{"k1"}, Caller: caller, Scope: "/s.S/M", Fingerprint: fp("a")}
+	req := core.Request{Key: []string{"k1"}, Caller: caller, Route: "/s.S/M", Fingerprint: fp("a")}
 
 	resp, replayed, err := rt.Exec(ctx, req, fn)
 	if err != nil || replayed || resp.Status != 201 || runs != 1 {
@@ -60,10 +60,10 @@ func TestExec(t *testing.T) {
 		req  core.Request
 		want error
 	}{
-		"MissingKey": {core.Request{Caller: caller, Scope: "/s.S/M"}, core.ErrMissingKey},
-		"KeyTwice":   {core.Request{Key: []string{"a", "b"}, Caller: caller, Scope: "/s.S/M"}, core.ErrInvalidKey},
-		"NoCaller":   {core.Request{Key: []string{"k"}, Caller: func(context.Context) (string, error) { return "", nil }, Scope: "/s.S/M"}, core.ErrNoCaller},
-		"BadFingerprint": {core.Request{Key: []string{"k"}, Caller: caller, Scope: "/s.S/M",
+		"MissingKey": {core.Request{Caller: caller, Route: "/s.S/M"}, core.ErrMissingKey},
+		"KeyTwice":   {core.Request{Key: []string{"a", "b"}, Caller: caller, Route: "/s.S/M"}, core.ErrInvalidKey},
+		"NoCaller":   {core.Request{Key: []string{"k"}, Caller: func(context.Context) (string, error) { return "", nil }, Route: "/s.S/M"}, core.ErrNoCaller},
+		"BadFingerprint": {core.Request{Key: []string{"k"}, Caller: caller, Route: "/s.S/M",
 			Fingerprint: func() ([]byte, error) { return nil, errors.New("not a message") }}, core.ErrInvalidRequest},
 	} {
 		if _, _, err := rt.Exec(ctx, tc.req, fn); !errors.Is(err, tc.want) {
@@ -97,7 +97,7 @@ func TestExec(t *testing.T) {
 	if protected != runs {
 		t.Fatalf("fn ran %d times, %d of them with its attempt in the context", runs, protected)
 	}
-	if _, _, err := down.Route(core.KeyOptional()).Exec(ctx, core.Request{Scope: "/s.S/M"}, fn); err != nil || runs != 4 || protected != 3 {
+	if _, _, err := down.Route(core.KeyOptional()).Exec(ctx, core.Request{Route: "/s.S/M"}, fn); err != nil || runs != 4 || protected != 3 {
 		t.Fatalf("KeyOptional without a key: %v (runs %d, protected %d), want an unprotected run", err, runs, protected)
 	}
 }

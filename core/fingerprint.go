@@ -17,13 +17,15 @@ import (
 )
 
 // Fingerprinter computes the fingerprint of a request for scope (the
-// operation, e.g. "POST /orders/:id"). body is the full request body (already
+// route's Scope name, "" by default). body is the full request body (already
 // read; a Fingerprinter must not read r.Body). Returning (nil, nil) means "no
 // fingerprint": a record without a fingerprint cannot be contradicted.
 //
 // A configured Fingerprinter replaces DefaultFingerprint entirely: what it
 // leaves out (the method, the path, the query, parts of the body) is what
-// two requests under one key may differ in and still replay each other.
+// two requests under one key may differ in and still replay each other;
+// with the scope empty by default, a Fingerprinter without the method and
+// the path lets a key replay across routes.
 type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, error)
 
 // DefaultFingerprint is the Fingerprinter used when none is configured. It
@@ -79,7 +81,7 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 //     by url.Values.Encode; 'r' and the raw bytes when url.ParseQuery fails;
 //   - 'r' and the raw bytes for anything else (multipart, text, no type).
 //
-// The scope (the route pattern) is covered as well, so one key on two routes
+// The scope (the route's Scope name, "" by default) is covered as well, so one key on two routes
 // that share an explicit Scope never replays across them with a different
 // path. A nil r counts as a request without a method, path, query or
 // Content-Type (n = 0). It never returns an error, and it does not retain

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -21,15 +22,17 @@ import (
 // HeaderReplayed marks a replayed response.
 const HeaderReplayed = "Idempotent-Replayed"
 
-// Handler protects next with the engine's defaults and opts. The scope
-// defaults to the method and the net/http ServeMux pattern that matched
-// (Request.Pattern), so register the wrapped handler on a ServeMux
-// ("POST /orders"), or name the scope with Scope.
+// Handler protects next with the engine's defaults and opts. A record is
+// (caller, scope, key), the scope empty unless opts name one (Scope): the
+// route never is part of it, and the fingerprint (method, concrete path,
+// query, body) tells a key reused on another route apart (422). The
+// net/http ServeMux pattern that matched (Request.Pattern) labels the
+// decisions for observability (Event.Route).
 //
 // next may also be a whole *http.ServeMux (protecting every route): the
-// pattern is then asked of the mux (ServeMux.Handler) before it routes,
-// and the requests the mux answers itself (404, 405, redirects) pass
-// through untouched.
+// mux is asked (ServeMux.Handler) before it routes whether it would
+// answer the request itself (404, 405, redirects), and those requests
+// pass through untouched.
 func (e *Engine) Handler(next http.Handler, opts ...RouteOption) http.Handler {
 	rt := e.Route(opts...)
 	if mux, ok := next.(*http.ServeMux); ok {
@@ -110,8 +113,10 @@ func NativeFrom(ctx context.Context) any {
 
 // Serve runs one HTTP request through the state machine. Adapters call it:
 // pattern is the router's route pattern without the method ("/orders/:id",
-// "" when unknown: then Request.Pattern, then the path is used), native the
-// framework's context (or nil), and next runs the rest of the chain with the
+// "" when unknown: then Request.Pattern's, if any), a label for
+// observability only (Event.Route; never part of the identity, never the
+// concrete path), native the framework's context (or nil: NativeFrom
+// returns it to caller functions), and next runs the rest of the chain with the
 // writer and request it is given (the request carries the engine's context:
 // transaction, MarkEffect, Release, DownstreamKey). When the request is not
 // protected (method not covered, KeyOptional without a key, fail-open),
@@ -125,8 +130,8 @@ func NativeFrom(ctx context.Context) any {
 // alone, with its own options; the outer layer then records nothing. A
 // protected request that only carries the context of another one (an
 // in-process sub-request) is protected on its own, unless it has the
-// same identity: then it is the same request nested behind a writer
-// without Unwrap, and is taken over too.
+// same identity and fingerprint: then it is the same request nested behind
+// a writer without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
 	if c := rt.prepare(w, r, pattern, native, next); c != nil {
 		rt.run(w, c, next)
@@ -165,9 +170,9 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		err = ErrMissingKey
 	}
 	start := e.cfg.clock()
-	scope := rt.scopeFor(r, pattern)
+	scope, route := rt.p.scope, routeLabel(r, pattern)
 	if err != nil {
-		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: scope, Err: err}, start)
+		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: scope, Route: route, Err: err}, start)
 		return nil
 	}
 	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
@@ -182,7 +187,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		c.rc = r.WithContext(c.ctx)
 	}
 	rc := c.rc
-	c.ev = Event{Scope: scope, Key: key}
+	c.ev = Event{Scope: scope, Route: route, Key: key}
 	ev := &c.ev
 	caller := ""
 	if e.cfg.caller != nil {
@@ -226,7 +231,15 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	}
 	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = c.ident.ID()
-	if around != nil && around.att.id == ev.ID {
+	if around != nil && around.att.id == ev.ID && (bytes.Equal(around.fingerprint, c.fingerprint) || rt.p.fingerprint != nil || around.att.rt.p.fingerprint != nil) {
+		// The same request nested behind a writer without Unwrap: the same
+		// identity and fingerprint (with a Fingerprint option on either
+		// layer the two cannot be compared: taken over, and refused by
+		// nestable, as behind a writer that unwraps). An in-process
+		// sub-request to another route that forwards the client's key has
+		// the identity (the scope is empty by default) but not the
+		// fingerprint: it is protected on its own, and meets the outer's
+		// record as a key reused for another request (422).
 		if ctx, ok := around.supersede(c.base); ok {
 			c.base = ctx
 			c.ctx = context.WithValue(ctx, attemptKey{}, c)
@@ -420,7 +433,7 @@ func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
 	}
 	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
-	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: r.Method + " " + r.URL.Path, Err: err}, rt.e.cfg.clock())
+	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, ""), Err: err}, rt.e.cfg.clock())
 }
 
 // Phases of a claimed call.
@@ -514,43 +527,15 @@ func (c *call) writesTo(w http.ResponseWriter) bool {
 // (HTTP 400).
 var ErrInvalidRequest = errors.New("idem: request body could not be read")
 
-func (rt *Route) scopeFor(r *http.Request, pattern string) string {
-	if rt.p.scope != "" {
-		return rt.p.scope
+// routeLabel is the label of r's route for observability (Event.Route):
+// the adapter's pattern, else the ServeMux pattern that matched r without
+// its method, else "". Never the concrete path, and never part of the
+// identity.
+func routeLabel(r *http.Request, pattern string) string {
+	if pattern != "" {
+		return pattern
 	}
-	if pattern == "" {
-		pattern = trimMuxPattern(r.Pattern) // maybe with a host
-	}
-	if pattern == "" {
-		return r.Method + " " + r.URL.Path // concrete paths are not cached
-	}
-	return rt.joinScope(r.Method, pattern)
-}
-
-// scopeKey is a (method, route pattern) pair whose scope a Route caches.
-type scopeKey struct{ method, pattern string }
-
-// maxCachedScopes bounds a Route's scopes: a middleware installed on one
-// route sees one pattern, a global one as many as the router has.
-const maxCachedScopes = 256
-
-// joinScope returns method + " " + pattern, kept per pair (up to
-// maxCachedScopes), so a request does not build its route's scope again.
-func (rt *Route) joinScope(method, pattern string) string {
-	k := scopeKey{method, pattern}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if s, ok := rt.scopes[k]; ok {
-		return s
-	}
-	s := method + " " + pattern
-	if len(rt.scopes) < maxCachedScopes {
-		if rt.scopes == nil {
-			rt.scopes = make(map[scopeKey]string)
-		}
-		rt.scopes[k] = s
-	}
-	return s
+	return trimMuxPattern(r.Pattern) // maybe with a host
 }
 
 func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {

@@ -31,7 +31,15 @@ type Event struct {
 	Decision Decision
 	ID       ID
 	Caller   string
-	Scope    string
+	// Scope is the record's scope: the route's Scope option (or Once's
+	// consumer), "" by default.
+	Scope string
+	// Route labels the decision with the route the request reached, for
+	// observability only: the router's route pattern ("/orders/:id",
+	// "/orders/{id}"; gRPC: the full method name), "" when the adapter
+	// does not know it. It is never the concrete path, so it stays
+	// bounded, and never part of the identity.
+	Route string
 	// Key is the idempotency key, or the first 16 hex digits of its SHA-256
 	// unless WithRawKeysInLogs is set.
 	Key      string
@@ -96,13 +104,16 @@ func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
 	if !logging {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 9)
+	attrs := make([]slog.Attr, 0, 10)
 	attrs = append(attrs,
 		slog.String("decision", string(ev.Decision)),
 		slog.String("caller", ev.Caller),
 		slog.String("scope", ev.Scope),
 		slog.String("key", ev.Key),
 		slog.Duration("duration", ev.Duration))
+	if ev.Route != "" {
+		attrs = append(attrs, slog.String("route", ev.Route))
+	}
 	if ev.ID != (ID{}) {
 		attrs = append(attrs, slog.String("id", ev.ID.String())) // a problem's record_id
 	}

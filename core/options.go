@@ -87,7 +87,7 @@ type config struct {
 
 // policy is what a route may override.
 type policy struct {
-	scope       string // explicit scope name; "" = method + route pattern
+	scope       string // explicit scope name; "" by default
 	retention   time.Duration
 	wait        time.Duration // 0 = reject in-flight duplicates at once
 	leased      bool          // force leased mode on a TxStore
@@ -290,12 +290,17 @@ func WithRawKeysInLogs() Option {
 	return engineOption(func(c *config) error { c.logRawKeys = true; return nil })
 }
 
-// Scope names the unit of work explicitly (default: the request method and
-// the router's route pattern, such as "POST /orders/:id/refunds"). A
-// hand-written name survives refactoring of routes: routes that share it
-// share records. The default fingerprint still covers the method and the
-// concrete path, so a key used on one of them and then on another path is a
-// 422 (bound to its first request), not a replay.
+// Scope names a namespace of keys explicitly (default: none, the empty
+// scope). A record is identified by (caller, scope, key): by default a key
+// is unique within its caller, whatever the route, as Stripe's keys are
+// within an account, and a key sent to another route is a key reused for
+// a different request (the default fingerprint covers the method and the
+// concrete path): 422. The scope never comes from the router (not its
+// route pattern, not the path), so a request keeps its identity when the
+// service moves to another router or renames a route parameter. A route
+// that names a scope gets keys of its own: the same key on a route
+// outside it is another record. A hand-written name survives refactoring
+// of routes; routes that share it share records.
 func Scope(name string) RouteOption {
 	if strings.TrimSpace(name) == "" {
 		panic("idem: Scope with an empty name")

@@ -87,11 +87,23 @@ var errReleased = errors.New("idem: the handler's answer releases the record (5x
 // returned. Within needs an atomic route (a TxStore: sqlstore,
 // gormstore, without Leased); in the transaction, a duplicate of a
 // request in flight is answered 409 at once (WaitInFlight does not wait
-// inside a transaction). The scope is the route's Scope option, else
-// r.Pattern (net/http's ServeMux), else the path. The attempt outlives
+// inside a transaction). The identity is Route.Serve's: (caller, scope,
+// key), the scope the route's Scope option, empty by default; r.Pattern
+// (net/http's ServeMux) labels the decisions (Event.Route). Caller
+// functions that read a framework's context (NativeFrom: ginidem.Caller,
+// echoidem.Caller) find none here: call the adapter's Within
+// (ginidem.Within, echoidem.Within), which passes it (ServeWithin). The attempt outlives
 // its client: inTx's context keeps r's values but not its cancellation,
 // and ends at MaxAttempt.
 func (rt *Route) Within(w http.ResponseWriter, r *http.Request, inTx TxFunc, handler http.HandlerFunc) {
+	rt.ServeWithin(w, r, "", nil, inTx, handler)
+}
+
+// ServeWithin is Within for adapters, as Serve is for their middleware:
+// pattern is the router's route pattern (a label for observability only,
+// Event.Route; "" when unknown) and native the framework's context, which
+// NativeFrom returns to caller functions (nil: none).
+func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern string, native any, inTx TxFunc, handler http.HandlerFunc) {
 	switch {
 	case inTx == nil || handler == nil:
 		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs a TxFunc and a handler", ErrConfig))
@@ -100,7 +112,7 @@ func (rt *Route) Within(w http.ResponseWriter, r *http.Request, inTx TxFunc, han
 		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs an atomic route: an engine over a TxStore (sqlstore, gormstore) and a route without Leased", ErrConfig))
 		return
 	}
-	c := rt.prepare(w, r, "", nil, func(w http.ResponseWriter, r *http.Request) { rt.withinUnprotected(w, r, inTx, handler) })
+	c := rt.prepare(w, r, pattern, native, func(w http.ResponseWriter, r *http.Request) { rt.withinUnprotected(w, r, inTx, handler) })
 	if c != nil {
 		rt.within(w, c, inTx, handler)
 	}

@@ -8,7 +8,10 @@
 //	})))
 //	e.Use(echo5idem.New(eng))
 //
-// The scope is the method and c.Path(). Errors returned by handlers are
+// A record is (caller, scope, key), the scope empty unless core.Scope
+// names one: the same key on another route is a 422. c.Path() labels the
+// decisions (core.Event.Route). A service that opens its own transaction
+// calls Within from its handler. Errors returned by handlers are
 // answered by Echo's HTTPErrorHandler inside the capture, so a replay
 // equals the first answer. In atomic mode handlers reach the transaction
 // through c.Request().Context() (sqlstore.Tx, gormstore.DB).

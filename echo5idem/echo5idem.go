@@ -28,8 +28,13 @@ var _ echo.MiddlewareConfigurator = Config{}
 // the route options opts. Install it globally (e.Use(echo5idem.New(eng))),
 // on a group, or on one route.
 //
-// The scope defaults to the method and c.Path(), the route pattern
-// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
+// A record is (caller, scope, key), the scope empty unless a core.Scope
+// option names one: the route is never part of it, so the same key on
+// another route (or another order's path) is a key reused for another
+// request, 422, and a request keeps its identity under another router or
+// a renamed path parameter. c.Path(), the route pattern
+// ("/orders/:id/refunds"), labels the decisions for observability
+// (core.Event.Route). Requests
 // Echo answers itself pass through untouched: no route (404, also through
 // a group's RouteNotFound catch-alls) or another method (405). Installed
 // both globally and on a route, the two run as one layer with the route's
@@ -95,24 +100,58 @@ func (config Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 			var err error
 			res := c.Response()
 			rt.Serve(res, c.Request(), c.Path(), c, func(w http.ResponseWriter, r *http.Request) {
-				req := c.Request()
-				defer c.SetRequest(req)
-				c.SetRequest(r)
 				if w == res { // passed through unprotected
+					req := c.Request()
+					defer c.SetRequest(req)
+					c.SetRequest(r)
 					err = next(c)
 					return
 				}
-				inner := echo.NewResponse(w, c.Logger())
-				inner.Status = http.StatusOK // as Echo's own response before a write
-				c.SetResponse(inner)
-				defer c.SetResponse(res)
-				if herr := next(c); herr != nil {
-					c.Echo().HTTPErrorHandler(c, herr) // the answer Echo would send, captured
-				}
+				captured(c, w, r, next)
 			})
 			return err
 		}
 	}, nil
+}
+
+// captured runs h with c's request r and a response writing into the
+// engine's capture w, and restores c's own afterwards. An error h returns
+// is sent through Echo's HTTPErrorHandler inside the capture, so it is
+// the answer recorded.
+func captured(c *echo.Context, w http.ResponseWriter, r *http.Request, h echo.HandlerFunc) {
+	req, res := c.Request(), c.Response()
+	defer func() { c.SetRequest(req); c.SetResponse(res) }()
+	c.SetRequest(r)
+	inner := echo.NewResponse(w, c.Logger())
+	inner.Status = http.StatusOK // as Echo's own response before a write
+	c.SetResponse(inner)
+	if herr := h(c); herr != nil {
+		c.Echo().HTTPErrorHandler(c, herr) // the answer Echo would send, captured
+	}
+}
+
+// Within serves c's request for a service that owns its transaction, as
+// core.Route.Within does (rt an atomic route: a TxStore, not Leased),
+// and passes the Echo context on, which core.Route.Within called by hand
+// cannot: Caller finds it, and the decisions are labelled with c.Path().
+// handler is an Echo handler; it runs with c, whose Request() carries the
+// transaction and the attempt (sqlstore.Tx(c.Request().Context()),
+// core.MarkEffect) and whose Response() writes into the engine's capture
+// (both are restored afterwards); an error it returns goes through Echo's
+// HTTPErrorHandler inside the capture, as under the middleware. The client
+// gets the answer after inTx returned (the commit); Within returns nil:
+//
+//	route := eng.Route()
+//	e.POST("/payments", func(c *echo.Context) error {
+//		return echo5idem.Within(c, route, svc.InTx, createPayment)
+//	})
+func Within(c *echo.Context, rt *core.Route, inTx core.TxFunc, handler echo.HandlerFunc) error {
+	var h http.HandlerFunc
+	if handler != nil {
+		h = func(w http.ResponseWriter, r *http.Request) { captured(c, w, r, handler) }
+	}
+	rt.ServeWithin(c.Response(), c.Request(), c.Path(), c, inTx, h)
+	return nil
 }
 
 // matched reports whether Echo's router matched c's request to a route
@@ -143,17 +182,24 @@ func routed(c *echo.Context) bool {
 //		return account, nil
 //	}))
 //
-// Outside a request served by an echo5idem middleware it answers
-// core.ErrNoCaller.
+// It needs the Echo context, which the echo5idem middleware and Within
+// pass to the engine. Anywhere else (core.Route.Within or Route.Serve
+// called by hand, net/http's Handler) it fails with an error wrapping
+// core.ErrNotProtected that names the fix: the request is refused with a
+// 500 not-protected problem (a wiring fault of the server, not the
+// client's: never a 401), logged at WARN.
 func Caller(f func(*echo.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*echo.Context)
 		if !ok {
-			return "", fmt.Errorf("%w: echo5idem.Caller used outside an echo5idem middleware", core.ErrNoCaller)
+			return "", errNoContext
 		}
 		return f(c)
 	}
 }
+
+var errNoContext = fmt.Errorf("%w: echo5idem.Caller found no Echo context: the request is served neither by an echo5idem middleware nor by echo5idem.Within "+
+	"(core.Route.Within called by hand from an Echo handler? return echo5idem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
 // DownstreamKey is core.DownstreamKey for an Echo handler: the
 // deterministic key of step (such as "charge") of the protected request c

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
@@ -32,7 +33,11 @@ func same(first, replay *httptest.ResponseRecorder) bool {
 		first.Header().Get("Content-Type") == replay.Header().Get("Content-Type")
 }
 
-func TestScopeIsTheRoutePattern(t *testing.T) {
+// TestRouteIsALabel: the identity never depends on the route (the scope is
+// empty): two ids of one route with one key address one record, and the
+// second, another request, gets a 422. The route pattern, wherever the
+// middleware is installed, labels the decisions (core.Event.Route).
+func TestRouteIsALabel(t *testing.T) {
 	install := map[string]func(e *core.Engine, h echo.HandlerFunc) *echo.Echo{
 		"global": func(e *core.Engine, h echo.HandlerFunc) *echo.Echo {
 			r := echo.New()
@@ -53,7 +58,7 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 		},
 	}
 	for name, build := range install {
-		t.Run("ok, "+name+": two ids with the same key and body share the scope (the second is a 422)", func(t *testing.T) {
+		t.Run("ok, "+name+": two ids with the same key and body share one record (the second is a 422)", func(t *testing.T) {
 			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := build(e, counter(&n))
@@ -63,8 +68,8 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
 					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n)
 			}
-			if got := ev.Last(); got != "POST /api/orders/:id/refunds" {
-				t.Fatalf("scope %q, want the route pattern", got)
+			if got := ev.Route(); got != "/api/orders/:id/refunds" || ev.Last() != "" {
+				t.Fatalf("route %q scope %q, want the route pattern and the empty scope", got, ev.Last())
 			}
 		})
 	}
@@ -302,8 +307,10 @@ func TestCaller(t *testing.T) {
 			}
 		})
 	}
-	if _, err := echo5idem.Caller(func(*echo.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNoCaller) {
-		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNoCaller", err)
+	// Outside the middleware (and echo5idem.Within) there is no Echo context:
+	// a wiring fault of the server, refused as not-protected.
+	if _, err := echo5idem.Caller(func(*echo.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNotProtected) {
+		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNotProtected", err)
 	}
 }
 
@@ -368,8 +375,8 @@ func TestPassThrough(t *testing.T) {
 			}
 		})
 	}
-	if n != 2 || ev.Last() != "" {
-		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.Last())
+	if n != 2 || ev.Len() != 0 {
+		t.Fatalf("runs %d, %d decisions (the last labelled %q); want 2 runs and no decision", n, ev.Len(), ev.Route())
 	}
 }
 
@@ -383,4 +390,55 @@ func TestConfig(t *testing.T) {
 		}
 	}()
 	echo5idem.New(nil)
+}
+
+// TestCallerUnderWithin: echo5idem.Caller reads the Echo context, which
+// core.Route.Within called by hand from an Echo handler cannot reach: the
+// request is refused with a 500 not-protected problem and a WARN that
+// names the fix (echo5idem.Within), never answered 401 with the reason at
+// DEBUG; the handler does not run. Through echo5idem.Within the caller is
+// found: each caller runs once, and its retry replays.
+func TestCallerUnderWithin(t *testing.T) {
+	logs := &adaptertest.Logs{}
+	e, err := core.New(memstore.New().Atomic(), core.WithLogger(slog.New(logs)),
+		core.WithCaller(echo5idem.Caller(func(c *echo.Context) (string, error) {
+			account, _ := c.Get("account").(string)
+			return account, nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, route := scenario.StoreTx(e), e.Route()
+	n := 0
+	r := echo.New()
+	r.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // the application's auth
+		return func(c *echo.Context) error {
+			c.Set("account", c.Request().Header.Get("X-Account"))
+			return next(c)
+		}
+	})
+	created := func(w http.ResponseWriter, r *http.Request) { n++; w.WriteHeader(http.StatusCreated) }
+	r.POST("/by-hand", func(c *echo.Context) error {
+		route.Within(c.Response(), c.Request(), inTx, created)
+		return nil
+	})
+	w := adaptertest.Do(r, "POST", "/by-hand", "k1", "X-Account", "alice")
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") || n != 0 {
+		t.Errorf("Route.Within by hand with echo5idem.Caller: %d %q, runs %d; want a 500 not-protected problem and no run", w.Code, w.Body, n)
+	}
+	if lvl, ok := logs.Find("echo5idem.Within"); !ok || lvl < slog.LevelWarn {
+		t.Errorf("the log names the fix at %v (found %v), want WARN or above", lvl, ok)
+	}
+
+	r.POST("/within", func(c *echo.Context) error { return echo5idem.Within(c, route, inTx, counter(&n)) })
+	for _, tt := range []struct {
+		account  string
+		replayed bool
+		runs     int
+	}{{"alice", false, 1}, {"alice", true, 1}, {"bob", false, 2}} {
+		w := adaptertest.Do(r, "POST", "/within", "k2", "X-Account", tt.account)
+		if w.Code != http.StatusCreated || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+			t.Errorf("echo5idem.Within as %s: %d %q replayed=%v, runs %d; want 201 replayed=%v, runs %d", tt.account, w.Code, w.Body, adaptertest.Replayed(w), n, tt.replayed, tt.runs)
+		}
+	}
 }

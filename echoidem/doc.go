@@ -7,10 +7,13 @@
 //	})))
 //	e.Use(echoidem.New(eng))
 //
-// The scope is the method and c.Path(). Errors returned by handlers are
+// A record is (caller, scope, key), the scope empty unless core.Scope
+// names one: the same key on another route is a 422. c.Path() labels the
+// decisions (core.Event.Route). A service that opens its own transaction
+// calls Within from its handler. Errors returned by handlers are
 // answered by Echo's HTTPErrorHandler inside the capture, so a replay
 // equals the first answer. In atomic mode handlers reach the transaction
-// through c.Request().Context() (sqlstore.TxFrom, gormstore.DB).
+// through c.Request().Context() (sqlstore.Tx, gormstore.DB).
 //
 // Installed globally and again on a route, the two run as one protection
 // with the route's options; Config.Skipper leaves routes out of a global

@@ -48,3 +48,37 @@ func TestScenariosNested(t *testing.T) {
 		return r
 	})
 }
+
+// TestScenariosWithinRoute serves every route with core.Route.Within
+// called from an Echo handler, in a transaction the service opens
+// (scenario.StoreTx).
+func TestScenariosWithinRoute(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.Add(rt.Method, echoPattern(rt.Pattern), func(c echo.Context) error {
+				route.Within(c.Response(), c.Request(), inTx, rt.Handler)
+				return nil
+			})
+		}
+		return r
+	})
+}
+
+// TestScenariosWithin serves every route with echoidem.Within, in a
+// transaction the service opens (scenario.StoreTx).
+func TestScenariosWithin(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := echo.New()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.Add(rt.Method, echoPattern(rt.Pattern), func(c echo.Context) error {
+				return echoidem.Within(c, route, inTx, echo.WrapHandler(rt.Handler))
+			})
+		}
+		return r
+	})
+}

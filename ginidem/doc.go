@@ -6,9 +6,12 @@
 //	})))
 //	r.Use(ginidem.New(e))
 //
-// The scope is the method and c.FullPath(); a replay or rejection aborts
-// the chain with c.Abort. In atomic mode handlers reach the transaction
-// through c.Request.Context() (sqlstore.TxFrom, gormstore.DB).
+// A record is (caller, scope, key), the scope empty unless core.Scope
+// names one: the same key on another route is a 422. c.FullPath() labels
+// the decisions (core.Event.Route). A replay or rejection aborts the chain
+// with c.Abort. In atomic mode handlers reach the transaction through
+// c.Request.Context() (sqlstore.Tx, gormstore.DB). A service that opens
+// its own transaction calls Within from its handler.
 //
 // Installed globally and again on a route, the two run as one protection
 // with the route's options; Config.Skipper leaves routes out of a global

@@ -47,7 +47,9 @@ func Example() {
 	// orders created: 1
 }
 
-// Per route, with a scope name that survives renaming the path.
+// Per route, with a scope: the route's keys are a namespace of their own
+// (the same key on another route is another record, not a 422), under a
+// name that survives renaming the path.
 func ExampleNew() {
 	e, _ := core.New(memstore.New(), core.WithSingleCaller())
 	r := gin.New()

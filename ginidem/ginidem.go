@@ -14,9 +14,14 @@ import (
 // the route options opts (core.Scope, core.Retention, core.Leased, ...).
 // Install it globally (r.Use(ginidem.New(e))), on a group, or on one route.
 //
-// The scope defaults to the method and c.FullPath(), the route pattern
-// ("POST /orders/:id/refunds"), so every order shares one scope. Requests
-// that matched no route (404, 405) pass through untouched. When the engine
+// A record is (caller, scope, key), the scope empty unless a core.Scope
+// option names one: the route is never part of it, so the same key on
+// another route (or another order's path) is a key reused for another
+// request, 422, and a request keeps its identity under another router or
+// a renamed path parameter. c.FullPath(), the route pattern
+// ("/orders/:id/refunds"), labels the decisions for observability
+// (core.Event.Route). Requests that matched no route (404, 405) pass
+// through untouched. When the engine
 // answers without running the handlers (replay, 409, 422, 400, ...), the
 // chain is stopped with c.Abort. While the rest of the chain runs,
 // c.Request carries the engine's context (in atomic mode the transaction:
@@ -109,19 +114,50 @@ func useCachedBody(c *gin.Context) {
 
 // next runs the rest of the chain with the writer and request of the engine.
 func next(c *gin.Context, w http.ResponseWriter, r *http.Request) {
-	req, gw := c.Request, c.Writer
-	defer func() { c.Request, c.Writer = req, gw }()
-	c.Request = r
-	if w == http.ResponseWriter(gw) { // passed through unprotected
+	if w == http.ResponseWriter(c.Writer) { // passed through unprotected
+		req := c.Request
+		defer func() { c.Request = req }()
+		c.Request = r
 		c.Next()
 		return
 	}
+	captured(c, w, r, c.Next)
+}
+
+// captured runs fn with c's request r and a writer into the engine's
+// capture w, and restores c's own afterwards.
+func captured(c *gin.Context, w http.ResponseWriter, r *http.Request, fn func()) {
+	req, gw := c.Request, c.Writer
+	defer func() { c.Request, c.Writer = req, gw }()
+	c.Request = r
 	cw := &writer{w: w, ctx: r.Context(), status: gw.Status(), size: -1}
 	c.Writer = cw
-	c.Next()
+	fn()
 	// Gin writes a status set without a body (c.Status(204)) after the
 	// chain returns; the engine must see it before it records the response.
 	cw.WriteHeaderNow()
+}
+
+// Within serves c's request for a service that owns its transaction, as
+// core.Route.Within does (rt an atomic route: a TxStore, not Leased),
+// and passes the Gin context on, which core.Route.Within called by hand
+// cannot: Caller finds it, and the decisions are labelled with
+// c.FullPath(). handler is a Gin handler; it runs with c, whose Request
+// carries the transaction and the attempt (sqlstore.Tx(c.Request.Context()),
+// core.MarkEffect) and whose Writer writes into the engine's capture
+// (both are restored afterwards). The client gets the answer after inTx
+// returned (the commit):
+//
+//	route := e.Route()
+//	r.POST("/payments", func(c *gin.Context) {
+//		ginidem.Within(c, route, svc.InTx, createPayment)
+//	})
+func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.HandlerFunc) {
+	var h http.HandlerFunc
+	if handler != nil {
+		h = func(w http.ResponseWriter, r *http.Request) { captured(c, w, r, func() { handler(c) }) }
+	}
+	rt.ServeWithin(c.Writer, c.Request, c.FullPath(), c, inTx, h)
 }
 
 // Caller adapts a function reading the caller from the Gin context (typically
@@ -132,17 +168,24 @@ func next(c *gin.Context, w http.ResponseWriter, r *http.Request) {
 //		return c.GetString("account"), nil
 //	}))
 //
-// Outside a request served by a ginidem middleware it answers
-// core.ErrNoCaller.
+// It needs the Gin context, which the ginidem middleware and Within pass
+// to the engine. Anywhere else (core.Route.Within or Route.Serve called by
+// hand, net/http's Handler) it fails with an error wrapping
+// core.ErrNotProtected that names the fix: the request is refused with a
+// 500 not-protected problem (a wiring fault of the server, not the
+// client's: never a 401), logged at WARN.
 func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*gin.Context)
 		if !ok {
-			return "", fmt.Errorf("%w: ginidem.Caller used outside a ginidem middleware", core.ErrNoCaller)
+			return "", errNoContext
 		}
 		return f(c)
 	}
 }
+
+var errNoContext = fmt.Errorf("%w: ginidem.Caller found no Gin context: the request is served neither by a ginidem middleware nor by ginidem.Within "+
+	"(core.Route.Within called by hand from a Gin handler? call ginidem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
 // DownstreamKey is core.DownstreamKey for a Gin handler: the deterministic
 // key of step (such as "charge") of the protected request c runs, to pass

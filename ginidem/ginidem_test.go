@@ -12,6 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/adaptertest"
 )
@@ -24,7 +25,11 @@ func counter(n *int) gin.HandlerFunc {
 	}
 }
 
-func TestScopeIsTheRoutePattern(t *testing.T) {
+// TestRouteIsALabel: the identity never depends on the route (the scope is
+// empty): two ids of one route with one key address one record, and the
+// second, another request, gets a 422. The route pattern, wherever the
+// middleware is installed, labels the decisions (core.Event.Route).
+func TestRouteIsALabel(t *testing.T) {
 	install := map[string]func(e *core.Engine, h gin.HandlerFunc) *gin.Engine{
 		"global": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
 			r := gin.New()
@@ -45,7 +50,7 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 		},
 	}
 	for name, build := range install {
-		t.Run("ok, "+name+": two ids with the same key and body share the scope (the second is a 422)", func(t *testing.T) {
+		t.Run("ok, "+name+": two ids with the same key and body share one record (the second is a 422)", func(t *testing.T) {
 			e, ev := adaptertest.NewEngine(t, nil)
 			n := 0
 			r := build(e, counter(&n))
@@ -55,8 +60,8 @@ func TestScopeIsTheRoutePattern(t *testing.T) {
 				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
 					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n)
 			}
-			if got := ev.Last(); got != "POST /api/orders/:id/refunds" {
-				t.Fatalf("scope %q, want the route pattern", got)
+			if got := ev.Route(); got != "/api/orders/:id/refunds" || ev.Last() != "" {
+				t.Fatalf("route %q scope %q, want the route pattern and the empty scope", got, ev.Last())
 			}
 		})
 	}
@@ -239,8 +244,10 @@ func TestCaller(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNoCaller) {
-		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNoCaller", err)
+	// Outside the middleware (and ginidem.Within) there is no Gin context:
+	// a wiring fault of the server, refused as not-protected.
+	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNotProtected) {
+		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNotProtected", err)
 	}
 }
 
@@ -303,8 +310,8 @@ func TestPassThrough(t *testing.T) {
 			}
 		})
 	}
-	if n != 2 || ev.Last() != "" {
-		t.Fatalf("runs %d, decisions for scope %q; want 2 runs and no decision", n, ev.Last())
+	if n != 2 || ev.Len() != 0 {
+		t.Fatalf("runs %d, %d decisions (the last labelled %q); want 2 runs and no decision", n, ev.Len(), ev.Route())
 	}
 }
 
@@ -315,4 +322,44 @@ func TestNilEngine(t *testing.T) {
 		}
 	}()
 	ginidem.New(nil)
+}
+
+// TestCallerUnderWithin: ginidem.Caller reads the Gin context, which
+// core.Route.Within called by hand from a Gin handler cannot reach: the
+// request is refused with a 500 not-protected problem and a WARN that
+// names the fix (ginidem.Within), never answered 401 with the reason at
+// DEBUG; the handler does not run. Through ginidem.Within the caller is
+// found: each caller runs once, and its retry replays.
+func TestCallerUnderWithin(t *testing.T) {
+	logs := &adaptertest.Logs{}
+	e, err := core.New(memstore.New().Atomic(), core.WithLogger(slog.New(logs)),
+		core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) { return c.GetString("account"), nil })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, route := scenario.StoreTx(e), e.Route()
+	n := 0
+	r := gin.New()
+	r.Use(func(c *gin.Context) { c.Set("account", c.GetHeader("X-Account")) }) // the application's auth
+	created := func(w http.ResponseWriter, r *http.Request) { n++; w.WriteHeader(http.StatusCreated) }
+	r.POST("/by-hand", func(c *gin.Context) { route.Within(c.Writer, c.Request, inTx, created) })
+	w := adaptertest.Do(r, "POST", "/by-hand", "k1", "X-Account", "alice")
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "not-protected") || n != 0 {
+		t.Errorf("Route.Within by hand with ginidem.Caller: %d %q, runs %d; want a 500 not-protected problem and no run", w.Code, w.Body, n)
+	}
+	if lvl, ok := logs.Find("ginidem.Within"); !ok || lvl < slog.LevelWarn {
+		t.Errorf("the log names the fix at %v (found %v), want WARN or above", lvl, ok)
+	}
+
+	r.POST("/within", func(c *gin.Context) { ginidem.Within(c, route, inTx, counter(&n)) })
+	for _, tt := range []struct {
+		account  string
+		replayed bool
+		runs     int
+	}{{"alice", false, 1}, {"alice", true, 1}, {"bob", false, 2}} {
+		w := adaptertest.Do(r, "POST", "/within", "k2", "X-Account", tt.account)
+		if w.Code != http.StatusCreated || adaptertest.Replayed(w) != tt.replayed || n != tt.runs {
+			t.Errorf("ginidem.Within as %s: %d %q replayed=%v, runs %d; want 201 replayed=%v, runs %d", tt.account, w.Code, w.Body, adaptertest.Replayed(w), n, tt.replayed, tt.runs)
+		}
+	}
 }

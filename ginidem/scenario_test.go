@@ -52,3 +52,36 @@ func TestScenariosNested(t *testing.T) {
 		return r
 	})
 }
+
+// TestScenariosWithinRoute serves every route with core.Route.Within
+// called from a Gin handler, in a transaction the service opens
+// (scenario.StoreTx).
+func TestScenariosWithinRoute(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.Handle(rt.Method, ginPattern(rt.Pattern), func(c *gin.Context) {
+				route.Within(c.Writer, c.Request, inTx, rt.Handler)
+			})
+		}
+		return r
+	})
+}
+
+// TestScenariosWithin serves every route with ginidem.Within, in a
+// transaction the service opens (scenario.StoreTx).
+func TestScenariosWithin(t *testing.T) {
+	scenario.RunWithin(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		r := gin.New()
+		inTx := scenario.StoreTx(e)
+		for _, rt := range routes {
+			route := e.Route(rt.Options...)
+			r.Handle(rt.Method, ginPattern(rt.Pattern), func(c *gin.Context) {
+				ginidem.Within(c, route, inTx, gin.WrapF(rt.Handler))
+			})
+		}
+		return r
+	})
+}

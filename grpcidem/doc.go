@@ -4,10 +4,12 @@
 //
 // The key comes from the idempotency-key metadata (MetadataKey), the caller
 // from a function over the call's context (WithCaller, or WithSingleCaller),
-// the scope is the full method name ("/pkg.Service/Method") unless a
-// core.Scope route option names it, and the fingerprint is the
-// deterministic serialisation of the request message with the method
-// (Fingerprint). The interceptor runs the call through the engine's state
+// the scope is empty unless a core.Scope route option names one (as over
+// HTTP: a key is unique within its caller, whatever the method), and the
+// fingerprint is the deterministic serialisation of the request message
+// with the full method name (Fingerprint), so the same key on another
+// method is a key reused (KEY_REUSED). The full method name labels the
+// decisions (core.Event.Route). The interceptor runs the call through the engine's state
 // machine (core.Route.Exec) with the same rules as an HTTP request: the
 // handler's gRPC code decides the record as its HTTP equivalent does
 // (HTTPStatus), rejections are gRPC status errors with an

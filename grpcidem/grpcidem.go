@@ -36,8 +36,11 @@ const (
 // unary call (except those WithSkipper leaves out) at most once per
 // (caller, scope, key) on e. The key comes from the MetadataKey metadata,
 // the caller from the function given WithCaller (or WithSingleCaller), the
-// scope is the full method name ("/pkg.Service/Method") unless a
-// core.Scope route option names it. It fails with core.ErrConfig when
+// scope is empty unless a core.Scope route option names one: a key is
+// unique within its caller, and the same key on another method is a key
+// reused for another call (the fingerprint covers the full method name),
+// answered FailedPrecondition (KEY_REUSED). The full method name labels
+// the decisions (core.Event.Route). It fails with core.ErrConfig when
 // neither WithCaller nor WithSingleCaller is given.
 //
 //	in, err := grpcidem.UnaryServerInterceptor(e, grpcidem.WithCaller(accountFrom))
@@ -88,7 +91,7 @@ func (in *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	resp, replayed, err := rt.Exec(ctx, core.Request{
 		Key:         md.Get(MetadataKey),
 		Caller:      in.cfg.caller,
-		Scope:       info.FullMethod,
+		Route:       info.FullMethod,
 		Fingerprint: func() ([]byte, error) { return Fingerprint(info.FullMethod, req) },
 	}, func(hctx context.Context) *core.Response {
 		capt = &capture{}

@@ -112,9 +112,10 @@ func TestFirstExecutionAndReplay(t *testing.T) {
 
 func TestMismatch(t *testing.T) {
 	// Rule: the same key with another request message, or on another
-	// method sharing the scope, is FailedPrecondition (KEY_REUSED), never
-	// a replay; nothing runs.
-	h := newOrders(t, nil, grpcidem.WithRouteOptions(core.Scope("orders")))
+	// method (the scope is empty by default: a key is unique within its
+	// caller, whatever the method), is FailedPrecondition (KEY_REUSED),
+	// never a replay; nothing runs.
+	h := newOrders(t, nil)
 	ctx := ctxT(t)
 	if r := h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea", "quantity": 2}); r.Err != nil {
 		t.Fatal(r)
@@ -497,14 +498,15 @@ func TestNotKept(t *testing.T) {
 
 func TestObserverSeesDecisions(t *testing.T) {
 	// Rule: gRPC calls report their decisions to the engine's observer as
-	// HTTP requests do, with the full method as scope.
+	// HTTP requests do, labelled with the full method (Event.Route); the
+	// scope is empty (no core.Scope option).
 	var mu sync.Mutex
 	var got []core.Decision
 	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithObserver(func(_ context.Context, ev core.Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		if ev.Scope != create {
-			t.Errorf("scope %q, want %q", ev.Scope, create)
+		if ev.Scope != "" || ev.Route != create {
+			t.Errorf("scope %q, route %q, want \"\" and %q", ev.Scope, ev.Route, create)
 		}
 		got = append(got, ev.Decision)
 	}))

@@ -26,7 +26,8 @@ const (
 // Attribute keys.
 const (
 	AttrDecision = attribute.Key("idem.decision") // executed, replayed, in_progress, mismatch, ...
-	AttrScope    = attribute.Key("idem.scope")    // the unit of work: "POST /orders", "/pkg.Service/Method"
+	AttrScope    = attribute.Key("idem.scope")    // the record's scope: a core.Scope name, "consumer mailer" (Engine.Once), "" by default
+	AttrRoute    = attribute.Key("idem.route")    // the route pattern (core.Event.Route): "/orders/:id", "/pkg.Service/Method"; absent when unknown
 	// Span events only:
 	AttrRecordID = attribute.Key("idem.record_id") // the record's ID, as in problem documents and logs
 	AttrKey      = attribute.Key("idem.key")       // the key, hashed unless core.WithRawKeysInLogs
@@ -50,8 +51,7 @@ type option func(*config)
 func (f option) apply(c *config) { f(c) }
 
 type config struct {
-	mp    metric.MeterProvider
-	scope bool
+	mp metric.MeterProvider
 }
 
 // WithMeterProvider sets the meter provider (default
@@ -60,21 +60,13 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return option(func(c *config) { c.mp = mp })
 }
 
-// WithScopeAttribute sets whether metrics carry the idem.scope attribute
-// (default true). Turn it off when scopes are unbounded: an engine's
-// net/http Handler on a handler that is not a ServeMux route, without
-// core.Scope, uses the concrete path as the scope.
-func WithScopeAttribute(on bool) Option {
-	return option(func(c *config) { c.scope = on })
-}
-
 // New returns an observer for core.WithObserver that records every
 // decision of the engine as metrics (MetricDecisions and the duration
 // histograms) and as a span event (EventName) on the span of the
 // request's context, when one is recording (the span of otelhttp,
 // otelgin, otelecho or otelgrpc).
 func New(opts ...Option) (core.Observer, error) {
-	c := config{scope: true}
+	var c config
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -82,7 +74,7 @@ func New(opts ...Option) (core.Observer, error) {
 		c.mp = otel.GetMeterProvider()
 	}
 	m := c.mp.Meter(ScopeName)
-	o := &observer{scope: c.scope}
+	o := &observer{}
 	var err error
 	if o.decisions, err = m.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions of the idempotency engine, by kind (idem.decision): executed, replayed, in_progress, mismatch, released, indeterminate, resolved, lease_lost, store_error, invalid.")); err != nil {
@@ -104,15 +96,16 @@ func New(opts ...Option) (core.Observer, error) {
 }
 
 type observer struct {
-	scope                       bool
 	decisions                   metric.Int64Counter
 	duration, claim, completion metric.Float64Histogram
 }
 
 func (o *observer) observe(ctx context.Context, ev core.Event) {
-	attrs := []attribute.KeyValue{AttrDecision.String(string(ev.Decision))}
-	if o.scope {
-		attrs = append(attrs, AttrScope.String(ev.Scope))
+	// Every attribute is bounded: the scope is a name written by hand (or
+	// empty), the route a pattern of the router (never the concrete path).
+	attrs := []attribute.KeyValue{AttrDecision.String(string(ev.Decision)), AttrScope.String(ev.Scope)}
+	if ev.Route != "" {
+		attrs = append(attrs, AttrRoute.String(ev.Route))
 	}
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	o.decisions.Add(ctx, 1, set)
@@ -130,6 +123,9 @@ func (o *observer) observe(ctx context.Context, ev core.Event) {
 	}
 	// A new slice: attribute.NewSet sorted attrs in place.
 	attrs = []attribute.KeyValue{AttrDecision.String(string(ev.Decision)), AttrScope.String(ev.Scope)}
+	if ev.Route != "" {
+		attrs = append(attrs, AttrRoute.String(ev.Route))
+	}
 	if ev.ID != (core.ID{}) {
 		attrs = append(attrs, AttrRecordID.String(ev.ID.String()))
 	}

@@ -100,14 +100,14 @@ func (f *fixture) post(t *testing.T, path, key, body string) int {
 
 // collect returns, per metric name, the count of each data point by its
 // idem.decision attribute (a counter's value, a histogram's count), and
-// the scopes seen.
-func (f *fixture) collect(t *testing.T) (map[string]map[string]int64, map[string]bool) {
+// the scopes and routes seen (a data point without idem.route: route "-").
+func (f *fixture) collect(t *testing.T) (map[string]map[string]int64, map[string]bool, map[string]bool) {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := f.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	out, scopes := map[string]map[string]int64{}, map[string]bool{}
+	out, scopes, routes := map[string]map[string]int64{}, map[string]bool{}, map[string]bool{}
 	for _, sm := range rm.ScopeMetrics {
 		if sm.Scope.Name != otelidem.ScopeName {
 			t.Errorf("instrumentation scope %q, want %q", sm.Scope.Name, otelidem.ScopeName)
@@ -119,6 +119,11 @@ func (f *fixture) collect(t *testing.T) (map[string]map[string]int64, map[string
 				byDecision[d.AsString()] += n
 				if s, ok := attrs.Value(otelidem.AttrScope); ok {
 					scopes[s.AsString()] = true
+				}
+				if r, ok := attrs.Value(otelidem.AttrRoute); ok {
+					routes[r.AsString()] = true
+				} else {
+					routes["-"] = true
 				}
 			}
 			switch data := m.Data.(type) {
@@ -139,7 +144,7 @@ func (f *fixture) collect(t *testing.T) (map[string]map[string]int64, map[string
 			out[m.Name] = byDecision
 		}
 	}
-	return out, scopes
+	return out, scopes, routes
 }
 
 func TestMetricsAndSpanEvents(t *testing.T) {
@@ -174,9 +179,9 @@ func TestMetricsAndSpanEvents(t *testing.T) {
 	}
 	// A lease lost is reported by the engine when a takeover fenced an
 	// attempt; the observer is a plain function: feed it the event.
-	obs(context.Background(), core.Event{Decision: core.DecisionLeaseLost, Scope: "POST /orders", Duration: time.Second})
+	obs(context.Background(), core.Event{Decision: core.DecisionLeaseLost, Route: "/orders", Duration: time.Second})
 
-	got, scopes := f.collect(t)
+	got, scopes, routes := f.collect(t)
 	want := map[string]map[string]int64{
 		otelidem.MetricDecisions: {"executed": 2, "replayed": 1, "mismatch": 1, "invalid": 1, "in_progress": 1, "lease_lost": 1},
 		// The invalid request never reached the store; the lease-lost
@@ -192,8 +197,11 @@ func TestMetricsAndSpanEvents(t *testing.T) {
 	if d := got[otelidem.MetricDuration]; d["executed"] != 2 || d["lease_lost"] != 1 {
 		t.Errorf("%s: %v", otelidem.MetricDuration, d)
 	}
-	if !scopes["POST /orders"] || !scopes["POST /slow"] {
-		t.Errorf("scopes %v, want the ServeMux patterns", scopes)
+	if len(scopes) != 1 || !scopes[""] {
+		t.Errorf("scopes %v, want only the empty scope (no core.Scope option)", scopes)
+	}
+	if !routes["/orders"] || !routes["/slow"] || len(routes) != 2 {
+		t.Errorf("routes %v, want the ServeMux patterns on every data point", routes)
 	}
 
 	// Span events: one per request's span, with the decision.
@@ -243,7 +251,7 @@ func TestStoreErrors(t *testing.T) {
 	if got := f.post(t, "/orders", "k", `{}`); got != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want 503", got)
 	}
-	got, _ := f.collect(t)
+	got, _, _ := f.collect(t)
 	if got[otelidem.MetricDecisions]["store_error"] != 1 || got[otelidem.MetricClaimDuration]["store_error"] != 1 {
 		t.Fatalf("metrics %v, want one store_error with its claim time", got)
 	}
@@ -257,16 +265,27 @@ func TestStoreErrors(t *testing.T) {
 	}
 }
 
-func TestWithoutScope(t *testing.T) {
-	// Rule: WithScopeAttribute(false) drops idem.scope from the metrics
-	// (unbounded scopes), not from span events.
-	f, _ := newFixture(t, memstore.New(), otelidem.WithScopeAttribute(false))
-	f.post(t, "/orders", "k", `{}`)
-	got, scopes := f.collect(t)
-	if got[otelidem.MetricDecisions]["executed"] != 1 || len(scopes) != 0 {
-		t.Fatalf("metrics %v, scopes %v; want one executed without a scope", got, scopes)
+func TestRouteNeverThePath(t *testing.T) {
+	// Rule: metrics and span events carry the route pattern (idem.route),
+	// bounded: a protected handler that is not a ServeMux route has no
+	// pattern, and its decisions carry no idem.route, never the concrete
+	// path; the scope is the core.Scope name.
+	f, obs := newFixture(t, memstore.New())
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if attrs := attribute.NewSet(f.spans.Ended()[0].Events()[0].Attributes...); !attrs.HasValue(otelidem.AttrScope) {
-		t.Errorf("span event without its scope")
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }), core.Scope("refunds"))
+	for _, path := range []string{"/orders/1/refunds", "/orders/2/refunds"} {
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{}`))
+		req.Header.Set(core.HeaderKey, path)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	got, scopes, routes := f.collect(t)
+	if got[otelidem.MetricDecisions]["executed"] != 2 || len(scopes) != 1 || !scopes["refunds"] {
+		t.Fatalf("metrics %v, scopes %v; want two executed under the scope refunds", got, scopes)
+	}
+	if len(routes) != 1 || !routes["-"] {
+		t.Errorf("routes %v: without a route pattern the metrics must carry no idem.route", routes)
 	}
 }

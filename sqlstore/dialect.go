@@ -104,6 +104,7 @@ type queries struct {
 	claim         string // Postgres, SQLite: the claim; MySQL: the probe
 	claimLeased   string // Postgres: the claim outside a transaction
 	insert        string // MySQL
+	insertNoWait  string // MariaDB: insert with innodb_lock_wait_timeout=0 (SET STATEMENT)
 	update        string // MySQL
 	read          string // plain read of the row, live or not
 	get           string

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/inflight"
 )
 
 // MySQL and MariaDB have no transaction-scoped advisory lock (GET_LOCK is
@@ -24,11 +25,18 @@ import (
 // 1205). A found row is locked by the probe, so replacing an expired row or
 // taking over a lapsed lease is a plain UPDATE; a missing row is INSERTed.
 // Every statement here is plain MySQL 8 syntax (no INSERT ... RETURNING, no
-// CREATE INDEX IF NOT EXISTS, no MariaDB-only hints).
+// CREATE INDEX IF NOT EXISTS, no MariaDB-only hints) except insertNoWait,
+// MariaDB's SET STATEMENT, which insertClaim stops using for good on a
+// server that does not know it (MySQL).
 func mysqlQueries(t string) queries {
 	return queries{
-		claim:        `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? FOR UPDATE NOWAIT`,
-		insert:       `INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
+		claim:  `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? FOR UPDATE NOWAIT`,
+		insert: `INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
+		// MariaDB: the INSERT's duplicate-key check fails at once (error
+		// 1205) instead of waiting for another transaction's uncommitted
+		// row of the same id; the timeout is the statement's own, the
+		// session's stays as it was.
+		insertNoWait: `SET STATEMENT innodb_lock_wait_timeout=0 FOR INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
 		update:       `UPDATE ` + t + ` SET caller = ?, scope = ?, idem_key = ?, fingerprint = ?, state = 1, token = ?, attempt = ?, lease_until = ?, expires_at = ?, created_at = ?, status = 0, response = NULL WHERE id = ?`,
 		read:         `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
 		get:          `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? AND expires_at > ?`,
@@ -75,6 +83,7 @@ const (
 	erLockWaitTimeout = 1205 // also MariaDB's answer to NOWAIT
 	erDeadlock        = 1213
 	erLockNowait      = 3572 // MySQL 8's answer to NOWAIT
+	erParseError      = 1064 // MySQL's answer to SET STATEMENT (MariaDB's syntax)
 )
 
 // mysqlErrno returns the error number of a github.com/go-sql-driver/mysql
@@ -195,29 +204,96 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 //     committed after the read's snapshot) goes on as a claim of an
 //     existing row (claimMySQLIn, whose probe then locks that row only).
 //
-// An INSERT of an id that another open transaction inserted waits for that
-// transaction (InnoDB's duplicate-key check): it then answers from what
-// that transaction committed, or in progress after innodb_lock_wait_timeout
-// (see the README). The registry answers first when that transaction is
-// one of this store's (Begin). A deadlock that still makes InnoDB roll the
-// caller's transaction back is core.ErrTxAborted: the caller retries it.
+// An INSERT of an id that another open transaction inserted would wait
+// for that transaction (InnoDB's duplicate-key check), up to
+// innodb_lock_wait_timeout, holding the caller's connection: a duplicate
+// must be answered in progress at once instead (docs/contract.md,
+// section 3). On MariaDB the INSERT runs with a lock wait timeout of 0
+// (SET STATEMENT, insertClaim): it fails at once (1205), and the claim
+// goes on as a claim of an existing row, whose NOWAIT probe fails too and
+// answers from what is committed: in progress. MySQL has no statement
+// timeout below one second, so there the claim first asks, on a
+// connection of its own, whether another transaction holds the id
+// (heldElsewhere); only the round trip between that probe and the
+// INSERT is left for two claims arriving together (see the README). The
+// registry answers first when that transaction is one of this store's
+// (Begin). A deadlock that still makes InnoDB roll the caller's
+// transaction back is core.ErrTxAborted: the caller retries it.
 func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
 	if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
 		return res, err
 	}
-	_, err := c.ExecContext(ctx, s.q.insert, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
-		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+	if s.waitingInsert.Load() {
+		if res, held := s.heldElsewhere(ctx, c, req); held {
+			return res, nil
+		}
+	}
+	err := s.insertClaim(ctx, c, req)
 	switch n := mysqlErrno(err); {
 	case err == nil:
 		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
-	case n == erDupEntry:
+	case n == erDupEntry || n == erLockWaitTimeout:
+		// The row is there (expired, a lapsed lease, or committed after
+		// the read's snapshot), or another transaction holds it (its
+		// uncommitted claim: MariaDB's INSERT did not wait; MySQL's waited
+		// out innodb_lock_wait_timeout): a claim of an existing row, whose
+		// probe locks that row only, or fails at once.
 		return s.claimMySQLIn(ctx, c, req)
-	case n == erLockWaitTimeout:
-		// Another transaction inserted the id and did not end within
-		// innodb_lock_wait_timeout.
-		return inProgressElsewhere(req.ID), nil
 	}
 	return core.ClaimResult{}, s.failure(ctx, "claim", err)
+}
+
+// insertClaim inserts the claimed row. On MariaDB its duplicate-key check
+// does not wait for another transaction's uncommitted row of the id
+// (insertNoWait: error 1205 at once). A server that does not know SET
+// STATEMENT (MySQL: a syntax error, which leaves the transaction as it
+// was) gets the plain INSERT, now and from then on (waitingInsert).
+func (s *Store) insertClaim(ctx context.Context, c Conn, req core.ClaimRequest) error {
+	args := []any{req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
+	if !s.waitingInsert.Load() {
+		_, err := c.ExecContext(ctx, s.q.insertNoWait, args...)
+		if mysqlErrno(err) != erParseError {
+			return err
+		}
+		s.waitingInsert.Store(true)
+	}
+	_, err := c.ExecContext(ctx, s.q.insert, args...)
+	return err
+}
+
+// heldElsewhere reports whether another transaction holds req's id (its
+// claim, not committed yet), asked on a connection of the pool at READ
+// COMMITTED, where the NOWAIT probe of a missing id takes no gap lock:
+// then res is the answer, the committed record if final, else in
+// progress. For MySQL, whose INSERT in the caller's transaction would
+// wait for that transaction (waitingInsert). A pool with no connection
+// to spare within inflight.ClaimWait, or a probe that fails, answers
+// nothing (held false): the INSERT then decides, as it would without the
+// probe.
+func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, held bool) {
+	cctx, cancel := context.WithTimeout(ctx, inflight.ClaimWait)
+	conn, err := s.db.Conn(cctx)
+	cancel()
+	if err != nil {
+		return core.ClaimResult{}, false
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return core.ClaimResult{}, false
+	}
+	var rec core.Record
+	_, err = scanRecord(tx.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
+	_ = tx.Rollback() // the probe's lock, if it took one, goes with it
+	if n := mysqlErrno(err); n != erLockNowait && n != erLockWaitTimeout {
+		return core.ClaimResult{}, false
+	}
+	res, _, err = s.claimReadMySQL(ctx, c, req)
+	if err != nil {
+		return core.ClaimResult{}, false
+	}
+	return res, true
 }
 
 // claimLeasedMySQL runs one leased claim in a short transaction on conn.
@@ -303,8 +379,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			_, err = c.ExecContext(ctx, s.q.update, req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
 				claimed.Attempt, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(claimed.CreatedAt), req.ID[:])
 		} else {
-			_, err = c.ExecContext(ctx, s.q.insert, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
-				s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+			err = s.insertClaim(ctx, c, req)
 		}
 		switch n := mysqlErrno(err); {
 		case err == nil:
@@ -315,8 +390,9 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			continue
 		case n == erLockWaitTimeout || n == erDupEntry:
 			// Another transaction inserted the id between our probe and our
-			// insert and did not commit within innodb_lock_wait_timeout
-			// (see the README), or the id kept changing under us.
+			// insert and has not committed (MariaDB: at once; MySQL: not
+			// within innodb_lock_wait_timeout, see the README), or the id
+			// kept changing under us.
 			return inProgressElsewhere(req.ID), nil
 		}
 		return core.ClaimResult{}, s.failure(ctx, "claim", err)

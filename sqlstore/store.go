@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/core"
@@ -39,6 +40,12 @@ type Store struct {
 	// noRegistry makes every claim ask the database, as a claim from
 	// another process does (WithoutRegistry).
 	noRegistry bool
+	// waitingInsert: the MySQL-dialect server has no SET STATEMENT
+	// (MySQL, not MariaDB), so an INSERT cannot be told not to wait for
+	// another transaction's uncommitted row of the same id; claims in the
+	// caller's transaction probe for one on a connection of their own
+	// first (see claimMySQLJoined). Learnt at the first INSERT.
+	waitingInsert atomic.Bool
 }
 
 var (

@@ -102,8 +102,8 @@ var scenarios = []scenario{
 
 	// Scope.
 	{"ExplicitScope", "Two routes with the same core.Scope name share records: the same key on the second route meets the first route's record, and since the fingerprint covers the path, gets a 422 whatever the body; the second handler never runs.", both, testExplicitScope},
-	{"DefaultScopePerRoute", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
-	{"ScopeIsRoutePattern", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second, whose path differs, gets a 422 from it (a record of its own would have run the handler).", both, testPatternScope},
+	{"KeyOnAnotherRoute", "Identity is (caller, scope, key) with an empty scope by default: the same key sent to POST /orders and then to POST /orders/1/cancel is a key reused for another request, a 422, and the cancel does not run; with a key of its own it runs.", both, testKeyOnAnotherRoute},
+	{"ScopeEmptyByDefault", "Without a Scope option the scope is empty, never the route pattern or the path: requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record (caller, \"\", key), and the second, whose path differs, gets a 422 from it.", both, testScopeEmptyByDefault},
 
 	// The handler's context.
 	{"HandlerContext", "The handler's request context carries the attempt (AttemptFrom: identity, attempt 1, the mode), a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
@@ -112,8 +112,8 @@ var scenarios = []scenario{
 // globalScenarios is the suite RunGlobal runs.
 var globalScenarios = []scenario{
 	{"ReplaysRecordedAnswer", "A duplicate gets the recorded answer plus Idempotent-Replayed: true, and the handler does not run again.", both, testReplay},
-	{"ScopeIsRoutePattern", "Requests to /orders/1/refunds and /orders/2/refunds with the same key, caller and body address one record: the second, whose path differs, gets a 422 from it (a record of its own would have run the handler).", both, testPatternScope},
-	{"DefaultScopePerRoute", "The default scope is the route: the same key on two routes runs each handler.", both, testDefaultScopeDistinct},
+	{"ScopeEmptyByDefault", "Without a Scope option the scope is empty, never the route pattern or the path: requests to /orders/1/refunds and /orders/2/refunds with the same key address one record, and the second gets a 422 from it.", both, testScopeEmptyByDefault},
+	{"KeyOnAnotherRoute", "The same key sent to POST /orders and then to POST /orders/1/cancel is a key reused for another request: a 422, and the cancel does not run.", both, testKeyOnAnotherRoute},
 	{"DefaultMethods", "Only POST and PATCH are covered by default: GET, PUT and DELETE run every time and are never replayed.", both, testMethodsDefault},
 	{"HandlerContext", "The handler's request context carries the attempt, a downstream key and, in atomic mode, the store's transaction.", both, testHandlerContext},
 	{"BadKeys", "A covered request without a key or with a malformed one gets a 400 problem document and the handler does not run.", both, testBadKeys},

@@ -23,8 +23,12 @@
 // route's options), with a [NestedFactory] for [RunNested]. [RunWithin]
 // runs the HTTP path of a service that owns its transaction
 // (core.Route.Within, atomic mode): its [Factory] serves each route with
-// route.Within(w, r, inTx, rt.Handler), inTx a transaction the service
-// opens ([StoreTx] over the engine's store).
+// route.Within(w, r, inTx, rt.Handler) or the adapter's own Within, inTx
+// a transaction the service opens ([StoreTx] over the engine's store).
+// [RunAcross] sends one key through two routers (two [Factory] values:
+// two adapters, or one with a route parameter renamed) on one store, as
+// the replicas of a service in a rolling migration would: they share
+// every record.
 //
 // # What a factory must do
 //
@@ -35,8 +39,10 @@
 //     and the route's Options (a [Factory]: per route), or once for the
 //     whole router with no options (a [GlobalFactory]), or both: once for
 //     the whole router with no options and on each route with its Options
-//     (a [NestedFactory]). The default scope must come from the router's
-//     route pattern, never the concrete path.
+//     (a [NestedFactory]). The middleware passes the router's route
+//     pattern to the engine as a label (core.Event.Route), never the
+//     concrete path; the identity never depends on it (the scope is empty
+//     unless a route names one with core.Scope).
 //   - Call the route's Handler with the writer and the request the
 //     middleware passes on: the request carries the engine's context
 //     (core.AttemptFrom, core.MarkEffect, core.Release, the transaction),

@@ -1,7 +1,10 @@
 package scenario
 
 import (
+	"context"
 	"net/http"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -91,4 +94,76 @@ func testCaseCollision(t *testing.T, x *harness) {
 	wantOriginal(t, dup, http.StatusCreated, orderBody(2, "alice", `{"a":1,"a":2}`))
 	wantMismatch(t, x.do(post("/orders", `{"a":2,"a":1}`, "k2")), "a repeated name in another order")
 	wantCalls(t, &n, 2)
+}
+
+// testKeyOnAnotherRoute: a key is unique within its caller, whatever the
+// route: the same key sent to another route is a key reused for another
+// request (the fingerprint holds the method and the concrete path).
+func testKeyOnAnotherRoute(t *testing.T, x *harness) {
+	var orders, cancels atomic.Int32
+	x.start(nil,
+		Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&orders)},
+		Route{Method: "POST", Pattern: "/orders/{id}/cancel", Handler: orderHandler(&cancels)},
+	)
+
+	first := x.do(post("/orders", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantMismatch(t, x.do(post("/orders/1/cancel", orderJSON, "k1")), "POST /orders/1/cancel with the key of POST /orders")
+	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
+	wantCalls(t, &orders, 1)
+	wantCalls(t, &cancels, 0)
+	// The cancel runs under a key of its own.
+	wantOriginal(t, x.do(post("/orders/1/cancel", orderJSON, "k2")), http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantCalls(t, &cancels, 1)
+}
+
+// testScopeEmptyByDefault: without a Scope option the scope is empty, for
+// every route and every concrete path: /orders/1/refunds and
+// /orders/2/refunds with one key address one record, and the second,
+// another request, gets a 422 from it.
+func testScopeEmptyByDefault(t *testing.T, x *harness) {
+	var n atomic.Int32
+	var mu sync.Mutex
+	var scopes []string
+	x.start(nil, Route{Method: "POST", Pattern: "/orders/{id}/refunds", Handler: func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if info, ok := core.AttemptFrom(r.Context()); ok {
+			mu.Lock()
+			scopes = append(scopes, info.Identity.Scope)
+			mu.Unlock()
+		}
+		writeOrder(w, r, int(i))
+	}})
+
+	first := x.do(post("/orders/1/refunds", orderJSON, "k1"))
+	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantMismatch(t, x.do(post("/orders/2/refunds", orderJSON, "k1")), "the same key for order 2")
+	wantReplay(t, first, x.do(post("/orders/1/refunds", orderJSON, "k1")))
+	wantCalls(t, &n, 1)
+	other := x.do(post("/orders/2/refunds", orderJSON, "k2"))
+	wantOriginal(t, other, http.StatusCreated, orderBody(2, "alice", orderJSON))
+	wantCalls(t, &n, 2)
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range scopes {
+		if s != "" {
+			t.Errorf("the attempt's scope is %q: without a Scope option it must be empty (never the route or the path)", s)
+		}
+	}
+	for _, ev := range x.observed() {
+		if ev.Scope != "" {
+			t.Errorf("a %s decision reports the scope %q, want the empty scope", ev.Decision, ev.Scope)
+		}
+		// The route label is bounded: the route pattern, never the path.
+		if strings.Contains(ev.Route, "/1/") || strings.Contains(ev.Route, "/2/") {
+			t.Errorf("a %s decision is labelled with the route %q: the concrete path, want the route pattern", ev.Decision, ev.Route)
+		}
+		if x.labelled && !strings.Contains(ev.Route, "refunds") {
+			t.Errorf("a %s decision is labelled with the route %q, want the route pattern (/orders/{id}/refunds as the router spells it)", ev.Decision, ev.Route)
+		}
+	}
+	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err != nil {
+		t.Errorf("no record under (alice, \"\", k1): %v", err)
+	}
 }

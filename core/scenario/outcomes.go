@@ -49,8 +49,9 @@ func testReleaseStatuses(t *testing.T, x *harness) {
 	x.start(nil, routes...)
 
 	for _, status := range statuses {
-		path := fmt.Sprintf("/r%d", status)
-		key := "k" + path
+		// One key per route: a key is unique within its caller, whatever
+		// the route (a key of one route sent to the other is a 422).
+		path, key := fmt.Sprintf("/r%d", status), fmt.Sprintf("k%d", status)
 		wantOriginal(t, x.do(post(path, orderJSON, key)), status, http.StatusText(status)+"\n")
 		retry := x.do(post(path, orderJSON, key))
 		wantOriginal(t, retry, http.StatusCreated, orderBody(2, "alice", orderJSON))
@@ -119,8 +120,9 @@ func testExplicitRelease(t *testing.T, x *harness) {
 	wantReplay(t, retry, x.do(post("/validated", orderJSON, "k1")))
 	wantCalls(t, &n400, 2)
 
-	wantOriginal(t, x.do(post("/released", orderJSON, "k1")), http.StatusCreated, orderBody(1, "alice", orderJSON))
-	wantOriginal(t, x.do(post("/released", orderJSON, "k1")), http.StatusCreated, orderBody(2, "alice", orderJSON))
+	// A key of its own: k1 is bound to /validated's recorded 201.
+	wantOriginal(t, x.do(post("/released", orderJSON, "k2")), http.StatusCreated, orderBody(1, "alice", orderJSON))
+	wantOriginal(t, x.do(post("/released", orderJSON, "k2")), http.StatusCreated, orderBody(2, "alice", orderJSON))
 	wantCalls(t, &n201, 2)
 }
 
@@ -350,9 +352,10 @@ func testResponseCap(t *testing.T, x *harness) {
 	wantReplay(t, first, x.do(post("/exact", orderJSON, "k1")))
 	wantCalls(t, &nExact, 1)
 
-	wantOriginal(t, x.do(post("/reports", orderJSON, "k1")), http.StatusCreated, big)
+	// A key of its own: k1 is bound to the request to /exact.
+	wantOriginal(t, x.do(post("/reports", orderJSON, "k2")), http.StatusCreated, big)
 	for range 2 {
-		dup := x.do(post("/reports", orderJSON, "k1"))
+		dup := x.do(post("/reports", orderJSON, "k2"))
 		wantProblem(t, dup, http.StatusCreated, "response-not-kept")
 		if !dup.replayed() {
 			t.Errorf("the not-kept answer lacks %s: true", core.HeaderReplayed)
@@ -826,58 +829,6 @@ func testExplicitScope(t *testing.T, x *harness) {
 	wantCalls(t, &nb, 0)
 }
 
-func testDefaultScopeDistinct(t *testing.T, x *harness) {
-	var na, nb atomic.Int32
-	x.start(nil,
-		Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&na)},
-		Route{Method: "POST", Pattern: "/refunds", Handler: orderHandler(&nb)},
-	)
-
-	a := x.do(post("/orders", orderJSON, "k1"))
-	wantOriginal(t, a, http.StatusCreated, orderBody(1, "alice", orderJSON))
-	b := x.do(post("/refunds", orderJSON, "k1"))
-	wantOriginal(t, b, http.StatusCreated, orderBody(1, "alice", orderJSON))
-	wantReplay(t, a, x.do(post("/orders", orderJSON, "k1")))
-	wantReplay(t, b, x.do(post("/refunds", orderJSON, "k1")))
-	wantCalls(t, &na, 1)
-	wantCalls(t, &nb, 1)
-}
-
-func testPatternScope(t *testing.T, x *harness) {
-	var n atomic.Int32
-	var mu sync.Mutex
-	var scopes []string
-	x.start(nil, Route{Method: "POST", Pattern: "/orders/{id}/refunds", Handler: func(w http.ResponseWriter, r *http.Request) {
-		i := n.Add(1)
-		if info, ok := core.AttemptFrom(r.Context()); ok {
-			mu.Lock()
-			scopes = append(scopes, info.Identity.Scope)
-			mu.Unlock()
-		}
-		writeOrder(w, r, int(i))
-	}})
-
-	first := x.do(post("/orders/1/refunds", orderJSON, "k1"))
-	wantOriginal(t, first, http.StatusCreated, orderBody(1, "alice", orderJSON))
-	// One record: a record of its own would run the handler. The path
-	// differs, so it is a 422, not a replay of order 1's answer.
-	wantMismatch(t, x.do(post("/orders/2/refunds", orderJSON, "k1")), "the same key for order 2")
-	wantReplay(t, first, x.do(post("/orders/1/refunds", orderJSON, "k1")))
-	wantCalls(t, &n, 1)
-
-	other := x.do(post("/orders/2/refunds", orderJSON, "k2"))
-	wantOriginal(t, other, http.StatusCreated, orderBody(2, "alice", orderJSON))
-	wantCalls(t, &n, 2)
-
-	mu.Lock()
-	defer mu.Unlock()
-	for _, s := range scopes {
-		if !strings.HasPrefix(s, "POST /orders/") || strings.Contains(s, "/1/") || strings.Contains(s, "/2/") {
-			t.Errorf("scope %q: want the method and the route pattern, not the path", s)
-		}
-	}
-}
-
 func testHandlerContext(t *testing.T, x *harness) {
 	var n atomic.Int32
 	var mu sync.Mutex
@@ -901,7 +852,7 @@ func testHandlerContext(t *testing.T, x *harness) {
 	if !found {
 		t.Fatal("core.AttemptFrom found no attempt in the handler's request context")
 	}
-	want := core.Identity{Caller: "alice", Scope: "POST /orders", Key: "k1"}
+	want := core.Identity{Caller: "alice", Scope: "", Key: "k1"} // no Scope option: the empty scope
 	if info.Identity != want || info.ID != want.ID() {
 		t.Errorf("identity %+v (ID %v), want %+v (ID %v)", info.Identity, info.ID, want, want.ID())
 	}

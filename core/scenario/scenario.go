@@ -34,10 +34,11 @@ type Factory func(t *testing.T, e *core.Engine, routes []Route) http.Handler
 // GlobalFactory builds a router with the adapter's middleware for engine e
 // installed once for the whole router (r.Use), without route options, and
 // routes registered behind it. Route.Options is always empty in the global
-// scenarios. The middleware must take the scope from the router's route
-// pattern, which for some routers is only known after routing: a router
-// that cannot tell it to a global middleware (net/http's ServeMux sets
-// Request.Pattern only when it calls the route's handler) wraps each
+// scenarios. The middleware must leave the requests the router answers
+// itself (404, 405) untouched and label decisions with the route pattern
+// (Event.Route), which for some routers is only known after routing: a
+// router that cannot tell it to a global middleware (net/http's ServeMux
+// sets Request.Pattern only when it calls the route's handler) wraps each
 // route's handler instead.
 type GlobalFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handler
 
@@ -49,20 +50,21 @@ func Run(t *testing.T, f Factory) {
 	if f == nil {
 		t.Fatal("scenario.Run: nil Factory")
 	}
-	run(t, scenarios, builder(f))
+	run(t, scenarios, builder(f), true)
 }
 
 // RunGlobal runs the scenarios that concern a middleware installed for the
-// whole router, above all that the scope is the route pattern while the
-// fingerprint covers the concrete path and query: two requests to
-// /orders/1/refunds and /orders/2/refunds with the same key address one
-// record, and the second gets a 422.
+// whole router, above all that the scope is empty (never the route or the
+// path) while the fingerprint covers the concrete path and query: two
+// requests to /orders/1/refunds and /orders/2/refunds, or to /orders and
+// /orders/1/cancel, with the same key address one record, and the second
+// gets a 422; and that the router's own 404 and 405 pass untouched.
 func RunGlobal(t *testing.T, f GlobalFactory) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunGlobal: nil GlobalFactory")
 	}
-	run(t, globalScenarios, builder(f))
+	run(t, globalScenarios, builder(f), true)
 }
 
 // builder is what both factory kinds have in common.
@@ -96,7 +98,10 @@ type modes = mode
 
 const both = leased | atomicMode
 
-func run(t *testing.T, list []scenario, build builder) {
+// run runs list with routers from build; labelled: they label every
+// decision with the route pattern (the middleware does; Route.Within
+// called by hand does not know it).
+func run(t *testing.T, list []scenario, build builder, labelled bool) {
 	t.Helper()
 	for _, m := range []mode{leased, atomicMode} {
 		if !slices.ContainsFunc(list, func(s scenario) bool { return s.modes&m != 0 }) {
@@ -113,7 +118,9 @@ func run(t *testing.T, list []scenario, build builder) {
 							t.Logf("rule: %s", s.rule)
 						}
 					})
-					s.fn(t, newHarness(t, m, build))
+					x := newHarness(t, m, build)
+					x.labelled = labelled
+					s.fn(t, x)
 				})
 			}
 		})
@@ -130,23 +137,28 @@ var epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // harness is the world of one scenario: a store, a clock, and (after start)
 // an engine and the router under test.
 type harness struct {
-	t      *testing.T
-	mode   mode
-	build  builder
-	clock  *clock
-	mem    *memstore.Store // the records, whatever the mode
-	hooks  *hookStore      // what the engine sees (wraps mem)
-	store  core.Store      // hooks, as a core.TxStore in atomic mode
-	logger *slog.Logger
-	logRec *logRecorder // what the logger wrote
+	t     *testing.T
+	mode  mode
+	build builder
+	other builder // RunAcross: the second router's factory
+	// labelled: the router under test tells the engine its route
+	// pattern, so every decision carries it (Event.Route).
+	labelled bool
+	clock    *clock
+	mem      *memstore.Store // the records, whatever the mode
+	hooks    *hookStore      // what the engine sees (wraps mem)
+	store    core.Store      // hooks, as a core.TxStore in atomic mode
+	logger   *slog.Logger
+	logRec   *logRecorder // what the logger wrote
 
 	engine *core.Engine
 	h      http.Handler     // the router, wrapped in the suite's recovery
 	srv    *httptest.Server // set by startTCP
 
 	mu     sync.Mutex
-	panics []any   // values recovered by the suite's recovery
-	gates  []*gate // opened when the scenario ends
+	events []core.Event // every decision the engines reported (WithObserver)
+	panics []any        // values recovered by the suite's recovery
+	gates  []*gate      // opened when the scenario ends
 	wg     sync.WaitGroup
 }
 
@@ -199,21 +211,29 @@ func callerFromHeader(r *http.Request) (string, error) {
 // router under test with routes.
 func (x *harness) start(opts []core.Option, routes ...Route) {
 	x.t.Helper()
+	x.engine, x.h = x.serve(x.build, opts, routes)
+}
+
+// serve builds an engine over the harness's store with the suite's
+// defaults and opts, and a router with build and routes, wrapped in the
+// suite's recovery.
+func (x *harness) serve(build builder, opts []core.Option, routes []Route) (*core.Engine, http.Handler) {
+	x.t.Helper()
 	base := []core.Option{
 		core.WithCaller(callerFromHeader),
 		core.WithLogger(x.logger),
 		core.WithClock(x.clock.Now),
+		core.WithObserver(x.observe),
 	}
 	e, err := core.New(x.store, append(base, opts...)...)
 	if err != nil {
 		x.t.Fatalf("core.New: %v", err)
 	}
-	x.engine = e
-	h := x.build(x.t, e, routes)
+	h := build(x.t, e, routes)
 	if h == nil {
 		x.t.Fatal("the factory returned a nil handler")
 	}
-	x.h = x.recoverer(h)
+	return e, x.recoverer(h)
 }
 
 // startTCP is start, serving the router on an httptest.Server.
@@ -221,6 +241,20 @@ func (x *harness) startTCP(opts []core.Option, routes ...Route) {
 	x.t.Helper()
 	x.start(opts, routes...)
 	x.srv = httptest.NewServer(x.h)
+}
+
+// observe is the engines' observer: it keeps every event.
+func (x *harness) observe(_ context.Context, ev core.Event) {
+	x.mu.Lock()
+	x.events = append(x.events, ev)
+	x.mu.Unlock()
+}
+
+// observed returns the events the engines have reported.
+func (x *harness) observed() []core.Event {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]core.Event(nil), x.events...)
 }
 
 // recoverer is the suite's outer recovery: it keeps the panic value and
@@ -316,6 +350,12 @@ func (x *harness) do(r *request) result {
 	if x.srv != nil {
 		return x.doTCP(r)
 	}
+	return x.doOn(x.h, r)
+}
+
+// doOn sends r to h (directly, without TCP) and returns what the client
+// observed.
+func (x *harness) doOn(h http.Handler, r *request) result {
 	var body io.Reader = strings.NewReader(r.body)
 	if r.unknownLength {
 		body = io.MultiReader(body) // hides the length from httptest.NewRequest
@@ -332,7 +372,7 @@ func (x *harness) do(r *request) result {
 		hr = hr.WithContext(r.ctx)
 	}
 	rec := httptest.NewRecorder()
-	x.h.ServeHTTP(rec, hr)
+	h.ServeHTTP(rec, hr)
 	res := rec.Result()
 	b, _ := io.ReadAll(res.Body)
 	return result{Status: res.StatusCode, Header: res.Header, Body: string(b)}

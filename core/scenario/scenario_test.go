@@ -9,8 +9,8 @@ import (
 )
 
 // netHTTP serves the routes on a ServeMux, each wrapped with
-// core.Engine.Handler: the scope comes from Request.Pattern, which the mux
-// sets before it calls the wrapped handler.
+// core.Engine.Handler: the decisions are labelled with Request.Pattern,
+// which the mux sets before it calls the wrapped handler.
 func netHTTP(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range routes {
@@ -22,14 +22,16 @@ func netHTTP(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler
 func TestNetHTTP(t *testing.T) { scenario.Run(t, netHTTP) }
 
 // TestNetHTTPGlobal runs the global scenarios. A ServeMux sets
-// Request.Pattern only after routing, so a middleware around the whole mux
-// would see no pattern; the idiomatic net/http equivalent of r.Use is to
-// wrap every route's handler with the same options, which is what netHTTP
-// does (the routes carry none).
+// Request.Pattern only after routing, so a plain middleware around the
+// whole mux would see no pattern (and could not leave the mux's own 404
+// and 405 alone); the idiomatic net/http equivalent of r.Use is to wrap
+// every route's handler with the same options, which is what netHTTP does
+// (the routes carry none).
 func TestNetHTTPGlobal(t *testing.T) { scenario.RunGlobal(t, netHTTP) }
 
 // netHTTPMux wraps the whole ServeMux once, as r.Use would: the engine
-// asks the mux for the pattern before it routes.
+// asks the mux before it routes whether it answers itself, and for the
+// pattern (the label).
 func netHTTPMux(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range routes {
@@ -79,3 +81,8 @@ func TestNetHTTPWithin(t *testing.T) {
 		return mux
 	})
 }
+
+// TestNetHTTPAcross runs the cross-router scenarios with two ServeMux
+// replicas on one store (the renamed-parameter scenario spells the route
+// two ways).
+func TestNetHTTPAcross(t *testing.T) { scenario.RunAcross(t, netHTTP, netHTTP) }

@@ -22,6 +22,9 @@ var withinScenarios = []scenario{
 	{"BadKeys", "A covered request without a key, or with a malformed one, gets a 400 problem document (missing-key or invalid-key) and the handler does not run.", atomicMode, testBadKeys},
 	{"NoCaller", "A covered request whose caller cannot be identified gets a 401 unauthenticated problem document and the handler does not run.", atomicMode, testNoCaller},
 	{"BodyMismatch", "A request under a used key with a different body gets a 422 key-reused problem document: nothing runs, nothing is replayed, and the record is unchanged.", atomicMode, testMismatch},
+	{"ScopeEmptyByDefault", "Without a Scope option the scope is empty, never the route pattern or the path: requests to /orders/1/refunds and /orders/2/refunds with the same key address one record, and the second gets a 422 from it.", atomicMode, testScopeEmptyByDefault},
+	{"KeyOnAnotherRoute", "The same key sent to POST /orders and then to POST /orders/1/cancel is a key reused for another request: a 422, and the cancel does not run.", atomicMode, testKeyOnAnotherRoute},
+	{"OtherResource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments gets a 422, never order 1's answer; the handler runs once.", atomicMode, testOtherResource},
 	{"InFlightConflict", "A duplicate of a request whose transaction is still open gets a 409 in-progress problem document with Retry-After at once, and the handler does not run again.", atomicMode, testInFlightReject},
 	{"ConcurrentDuplicates", "Of 50 concurrent identical requests over TCP exactly one runs the handler; every other gets its 201 replayed or a 409 in-progress.", atomicMode, testConcurrent},
 	{"ReleaseStatuses", "A 400 or 422 (a validation failure: execution never began) or a 408 or 429 answered before core.MarkEffect releases the record, so the corrected request or a retry with the same key runs the handler again.", atomicMode, testReleaseStatuses},
@@ -48,7 +51,7 @@ func RunWithin(t *testing.T, f Factory) {
 	if f == nil {
 		t.Fatal("scenario.RunWithin: nil Factory")
 	}
-	run(t, withinScenarios, builder(f))
+	run(t, withinScenarios, builder(f), false)
 }
 
 // StoreTx is the TxFunc of a service whose transactions are the engine's
@@ -123,7 +126,7 @@ func testWithinCommitFails(t *testing.T, x *harness) {
 	if strings.Contains(res.Body, "order") || res.Header.Get("Location") != "" {
 		t.Errorf("the client got part of the handler's answer with the 503: %v", res)
 	}
-	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Scope: "POST /orders", Key: "k1"}.ID(), x.clock.Now()); err == nil {
+	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
 		t.Error("a record exists after the failed commit")
 	}
 	x.hooks.failing.Store(0)

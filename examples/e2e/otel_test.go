@@ -99,8 +99,8 @@ func TestOTelStdout(t *testing.T) {
 			}
 			d, _ := attr(ev.Attributes, "idem.decision").(string)
 			events[d]++
-			if scope := attr(ev.Attributes, "idem.scope"); scope != "POST /orders" {
-				t.Errorf("span event %s: idem.scope %v, want POST /orders", d, scope)
+			if scope, route := attr(ev.Attributes, "idem.scope"), attr(ev.Attributes, "idem.route"); scope != "" || route != "/orders" {
+				t.Errorf("span event %s: idem.scope %v, idem.route %v; want the empty scope and the route /orders", d, scope, route)
 			}
 			if attr(ev.Attributes, "idem.record_id") == nil {
 				t.Errorf("span event %s has no idem.record_id", d)
@@ -158,7 +158,7 @@ func TestOTelPrometheus(t *testing.T) {
 	for _, line := range re.FindAllStringSubmatch(string(m.body), -1) {
 		labels := line[1]
 		d := regexp.MustCompile(`idem_decision="([a-z_]+)"`).FindStringSubmatch(labels)
-		if d == nil || !strings.Contains(labels, `idem_scope="POST /orders"`) {
+		if d == nil || !strings.Contains(labels, `idem_route="/orders"`) {
 			t.Errorf("idem_decisions_total without its labels: %s", line[0])
 			continue
 		}

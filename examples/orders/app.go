@@ -247,11 +247,11 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 // provider charge id) and the retry gets the 201 the handler would have
 // sent. Not charged: nothing happened, the key is released and the retry
 // runs. It is the payment route's own (paymentRoute), so it only meets
-// payment records; the scope check is a guard.
+// the records of payment requests: a key is unique within its caller
+// (the scope is empty), and a record that another request left under the
+// same key answers a payment with a 422 before any resolver is asked (the
+// fingerprint holds the method and the concrete path).
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
-	if !strings.HasSuffix(rec.Scope, "/payments") {
-		return core.Resolution{Outcome: core.OutcomeUnresolved}, nil
-	}
 	pr, err := a.repo.providerLookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
 	if errors.Is(err, errNotFound) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil

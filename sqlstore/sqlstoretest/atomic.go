@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,7 +129,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, duplicates of a claim that waits for the database answer in progress before it ends", h.blockedClaim},
 		{"ok, retries of a completed request whose claim statement is slow get the replay, not in progress", h.slowReplay},
 		{"ok, caller-managed at the default isolation: concurrent distinct ids neither deadlock nor fail", h.callerConcurrent},
-		{"ok, caller-managed: a duplicate in another application transaction is in progress (Postgres) or waits and replays", h.callerInFlight},
+		{"ok, caller-managed: a duplicate in another application transaction is in progress at once (SQLite: waits and replays)", h.callerInFlight},
 		{"ok, however the transaction ends, a marked effect never runs again and a released key is told the truth", h.transactionEnds},
 		{"ok, a COMMIT whose answer was lost but which happened gives the handler's answer, replayed to retries", h.commitOutcomeUnknown},
 		{"ok, Once: a constraint checked at COMMIT after MarkEffect leaves the outcome indeterminate; the redelivery does not run", h.onceTransactionEnds},
@@ -476,6 +477,19 @@ func (h *harness) statementCounts(t *testing.T) {
 	if f.Counter == nil {
 		t.Skip("no statement counter")
 	}
+	// A claim before the counted ones: what a store learns of its server
+	// once (MySQL: that it has no SET STATEMENT, see insertClaim) is not
+	// a cost of every request.
+	warmReq := h.req("count-warm", 50)
+	wctx, wtx, err := f.Store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Claim(wctx, warmReq); err != nil {
+		t.Fatal(err)
+	}
+	_ = wtx.Rollback()
+
 	req := h.req("count", 51)
 	tctx, tx, err := f.Store.Begin(ctx)
 	if err != nil {
@@ -549,7 +563,14 @@ func (h *harness) statementCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%v: caller-managed: first execution %d statements, replay %d", h.cfg.Dialect, cmFirst, cmRep)
-	if want := firstExecution[h.cfg.Dialect]; cmFirst != want {
+	want := firstExecution[h.cfg.Dialect]
+	if h.cfg.Dialect == sqlstore.MySQL && !mariaDB(t, f.DB) {
+		// MySQL (not MariaDB) cannot tell the INSERT not to wait for
+		// another transaction's row: the claim probes first, on a
+		// connection of its own.
+		want++
+	}
+	if cmFirst != want {
 		t.Errorf("caller-managed first execution: %d statements, documented %d", cmFirst, want)
 	}
 	if want := replay[h.cfg.Dialect]; cmRep != want {
@@ -637,4 +658,14 @@ func EachName(rows *sql.Rows, each func(name string) error) error {
 		}
 	}
 	return rows.Err()
+}
+
+// mariaDB reports whether the MySQL-dialect server behind db is MariaDB.
+func mariaDB(t *testing.T, db *sql.DB) bool {
+	t.Helper()
+	var v string
+	if err := db.QueryRowContext(ctxT(t), `SELECT version()`).Scan(&v); err != nil {
+		t.Fatalf("SELECT version(): %v", err)
+	}
+	return strings.Contains(v, "MariaDB")
 }

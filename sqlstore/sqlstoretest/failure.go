@@ -434,12 +434,14 @@ func (h *harness) callerConcurrent(t *testing.T) {
 
 // callerInFlight: a claim in the application's transaction A is open; a
 // duplicate in another application transaction B (which the store's
-// registry does not know: it does not see A end). Postgres answers in
-// progress at once (the advisory lock). MySQL/MariaDB claims in the
-// caller's transaction insert first (no gap lock, so no deadlock at
-// REPEATABLE READ), so B's INSERT waits for A (InnoDB's duplicate-key
-// check), then replays what A committed; SQLite's B waits for A's write
-// lock, then replays.
+// registry does not know: it does not see A end) answers in progress at
+// once, on Postgres (the advisory lock) as on MySQL/MariaDB, whose claims
+// in the caller's transaction insert first (no gap lock, so no deadlock
+// at REPEATABLE READ) and must not wait in that INSERT for A (InnoDB's
+// duplicate-key check would, up to innodb_lock_wait_timeout, holding B's
+// connection). Once A committed, a claim in a third transaction C gets
+// A's completed record. SQLite's B waits for A's write lock (its one
+// writer), then replays.
 func (h *harness) callerInFlight(t *testing.T) {
 	f, ctx := h.cfg.New(t), ctxT(t)
 	req := h.req("caller-inflight", 71)
@@ -459,44 +461,63 @@ func (h *harness) callerInFlight(t *testing.T) {
 	}()
 	<-claimed
 	type out struct {
-		res core.ClaimResult
-		err error
+		res     core.ClaimResult
+		err     error
+		latency time.Duration
 	}
-	outB := make(chan out, 1)
-	go func() {
-		dup := req
-		dup.Token = 72
-		var o out
-		_ = f.CallerManaged(ctx, func(ctx context.Context) error {
-			o.res, o.err = f.Store.Claim(ctx, dup)
-			return errRollback
-		})
-		outB <- o
-	}()
-	if h.cfg.Dialect == sqlstore.Postgres {
-		o := <-outB
-		close(finish)
-		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateInProgress {
-			t.Fatalf("B while A is open: %+v, %v; want in progress", o.res, o.err)
+	claimIn := func(token int64) <-chan out {
+		ch := make(chan out, 1)
+		go func() {
+			dup := req
+			dup.Token = token
+			var o out
+			start := time.Now()
+			_ = f.CallerManaged(ctx, func(ctx context.Context) error {
+				o.res, o.err = f.Store.Claim(ctx, dup)
+				o.latency = time.Since(start)
+				return errRollback
+			})
+			ch <- o
+		}()
+		return ch
+	}
+	outB := claimIn(72)
+	if h.cfg.Dialect == sqlstore.SQLite {
+		const hold = 300 * time.Millisecond
+		time.Sleep(hold) // A runs on while B waits
+		select {
+		case o := <-outB:
+			t.Fatalf("%v: B answered while A is open (%+v, %v): it should wait for A", h.cfg.Dialect, o.res, o.err)
+		default:
 		}
+		close(finish)
 		if err := <-errA; err != nil {
 			t.Fatal(err)
 		}
+		o := <-outB
+		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+			t.Fatalf("B after A committed: %+v, %v; want the completed record", o.res, o.err)
+		}
 		return
 	}
-	const hold = 300 * time.Millisecond
-	time.Sleep(hold) // A runs on while B waits
+	var o out
 	select {
-	case o := <-outB:
-		t.Fatalf("%v: B answered while A is open (%+v, %v): it should wait for A", h.cfg.Dialect, o.res, o.err)
-	default:
+	case o = <-outB:
+	case <-time.After(failsafe):
+		close(finish)
+		t.Fatalf("%v: B did not answer while A is open", h.cfg.Dialect)
 	}
 	close(finish)
+	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateInProgress {
+		t.Errorf("%v: B while A is open: %+v, %v; want in progress", h.cfg.Dialect, o.res, o.err)
+	}
+	if o.latency > inFlightBound {
+		t.Errorf("%v: B answered after %v, want at once (under %v): it waited for A", h.cfg.Dialect, o.latency, inFlightBound)
+	}
 	if err := <-errA; err != nil {
 		t.Fatal(err)
 	}
-	o := <-outB
-	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
-		t.Fatalf("B after A committed: %+v, %v; want the completed record", o.res, o.err)
+	if c := <-claimIn(73); c.err != nil || c.res.Claimed || c.res.Record.State != core.StateCompleted {
+		t.Errorf("C after A committed: %+v, %v; want the completed record", c.res, c.err)
 	}
 }

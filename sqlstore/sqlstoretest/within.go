@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // withinServer is a real HTTP service that owns its transaction: every
@@ -156,6 +157,7 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 // and a missing key its 400.
 func RunWithin(t *testing.T, cfg Config) {
 	t.Run("ExactlyOnce", func(t *testing.T) { withinExactlyOnce(t, cfg) })
+	t.Run("InFlightAtOnce", func(t *testing.T) { withinInFlight(t, cfg) })
 	t.Run("AnswerAfterCommit", func(t *testing.T) { withinAfterCommit(t, cfg) })
 	t.Run("CommitFailsRecordsNothing", func(t *testing.T) { withinCommitFails(t, cfg) })
 	t.Run("CommitFailsAfterEffect", func(t *testing.T) { withinCommitFailsAfterEffect(t, cfg) })
@@ -220,6 +222,59 @@ func withinExactlyOnce(t *testing.T, cfg Config) {
 	if n := srv.runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1", n)
 	}
+}
+
+// inFlightBound is how soon a duplicate of a request whose transaction is
+// open must be answered (the contract says 409 within 100 ms; this leaves
+// room for a loaded machine, and stays far below the 1 s minimum of
+// MySQL's innodb_lock_wait_timeout, so a claim that waits for a lock
+// cannot pass it).
+const inFlightBound = 500 * time.Millisecond
+
+// withinInFlight: a duplicate of a request whose service transaction is
+// still open (its handler holds it 2 s) is answered 409 in progress with
+// Retry-After at once, never after waiting for the first's transaction
+// (on MySQL/MariaDB an INSERT of an id another open transaction inserted
+// waits for it, holding a pooled connection); the first then commits and
+// a retry replays it. SQLite, whose transactions take its one write lock
+// at BEGIN, cannot tell a duplicate before the first commits: there the
+// duplicate waits, then replays.
+func withinInFlight(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	srv := newWithinServer(t, f)
+	ctx := ctxT(t)
+	key, body := "within-inflight-"+Table(), withinBody(withinRequest{Item: "within-inflight", HoldMS: 2000})
+	firstCh := make(chan answer, 1)
+	go func() { firstCh <- post(ctx, srv.client, srv.URL+"/orders", key, body) }()
+	deadline := time.Now().Add(failsafe)
+	for srv.runs.Load() == 0 { // the handler runs once the claim is made
+		if time.Now().After(deadline) {
+			t.Fatal("the first request's handler did not run")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	dup := post(ctx, srv.client, srv.URL+"/orders", key, body)
+	switch {
+	case cfg.Dialect == sqlstore.SQLite:
+		if dup.err != nil || dup.status != http.StatusCreated || !dup.replayed {
+			t.Errorf("SQLite: the duplicate: %v, want the first's 201 replayed once it committed", dup)
+		}
+	case dup.err != nil || dup.status != http.StatusConflict || dup.retryAfter == "" || !strings.HasPrefix(dup.contentType, "application/problem+json"):
+		t.Errorf("%v: the duplicate while the first's transaction is open: %v, want a 409 in-progress problem with Retry-After", cfg.Dialect, dup)
+	case dup.latency > inFlightBound:
+		t.Errorf("%v: the duplicate was answered after %v, want at once (under %v): it waited for the first's transaction", cfg.Dialect, dup.latency, inFlightBound)
+	}
+	first := <-firstCh
+	if first.err != nil || first.status != http.StatusCreated || first.replayed {
+		t.Fatalf("first request: %v, want 201", first)
+	}
+	if again := post(ctx, srv.client, srv.URL+"/orders", key, body); again.err != nil || again.status != http.StatusCreated || !again.replayed || string(again.body) != string(first.body) {
+		t.Errorf("retry after the first committed: %v, want its 201 replayed", again)
+	}
+	if n := srv.runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+	t.Logf("%v: duplicate answered %d in %v", cfg.Dialect, dup.status, dup.latency.Round(time.Millisecond))
 }
 
 // withinAfterCommit: when the first byte of the answer goes out, the
