@@ -670,7 +670,11 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			return DecisionLeaseLost, nil
 		}
 		if err != nil {
-			e.cfg.logger.Error("idempotency: releasing a record failed; it stays in progress until its lease lapses or it expires", slog.String("id", a.id.String()), slog.String("error", err.Error()))
+			msg := "idempotency: releasing a record failed; it stays in progress until its lease lapses"
+			if a.joined {
+				msg = "idempotency: releasing a record in the caller's transaction failed; roll that transaction back to release it"
+			}
+			e.cfg.logger.Error(msg, slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
 		return DecisionReleased, nil
 	}
