@@ -196,7 +196,12 @@ func (lh *leaseHarness) started(name string) {
 func (lh *leaseHarness) handle(w http.ResponseWriter, r *http.Request) {
 	lh.runs.Add(1)
 	name := r.Header.Get("X-Attempt")
-	core.MarkEffect(r.Context()) // the effect is a charge with a payment provider
+	if r.Header.Get("X-Outcome") != "429" {
+		// The effect is a charge with a payment provider. A 429 is the
+		// provider's rate limit answered before any charge: after
+		// MarkEffect it would be indeterminate, never released.
+		core.MarkEffect(r.Context())
+	}
 	lh.mu.Lock()
 	lh.ctxs[name] = r.Context()
 	lh.dkeys[name], _ = core.DownstreamKey(r.Context(), "charge")
