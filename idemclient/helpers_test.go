@@ -194,3 +194,20 @@ func oneKey(t testing.TB, seen []seen) string {
 }
 
 func discardLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// repeat is n times the step st.
+func repeat(n int, st step) []step {
+	steps := make([]step, n)
+	for i := range steps {
+		steps[i] = st
+	}
+	return steps
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
+}
