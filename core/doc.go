@@ -13,7 +13,9 @@
 // request runs the handler and records its response; a duplicate gets the
 // recorded status, body and allowlisted headers with Idempotent-Replayed:
 // true; a different body under the same key gets 422; a duplicate of a
-// request still running gets 409 with Retry-After (or waits, WaitInFlight).
+// request still running gets 409 with Retry-After (or waits, WaitInFlight);
+// when the running request's lease is no longer being extended (its process
+// died), Retry-After says when the lease lapses and a retry can take over.
 // 408, 429, Release, panics and 5xx release the record; a 5xx or a panic
 // after MarkEffect leaves it indeterminate: the 5xx is replayed until a
 // Resolver settles it. Records expire after the retention window
@@ -29,7 +31,7 @@
 //
 //	state          event                                    next state     answer
 //	absent         request                                  in progress    the handler runs (attempt 1)
-//	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first)
+//	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first; a lease under half its length: until it lapses)
 //	in progress    request, lease lapsed (default)         in progress    the handler runs again (attempt n+1; the old token is fenced)
 //	in progress    request, lease lapsed (WithoutTakeover) indeterminate  as for indeterminate
 //	completed      request                                  completed      the recorded response, Idempotent-Replayed: true
