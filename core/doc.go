@@ -17,11 +17,17 @@
 // Idempotent-Replayed: true; a different request under the same key (a
 // different body, query, method or concrete path: another route too) gets
 // 422; a duplicate of a request still running gets 409 with Retry-After
-// (or waits, WaitInFlight). The route pattern the adapter knows labels the
-// decisions (Event.Route) and is never part of the identity.
-// 408, 429, Release, panics and 5xx release the record; a 5xx or a panic
-// after MarkEffect leaves it indeterminate: the 5xx is replayed until a
-// Resolver settles it. Records expire after the retention window
+// (or waits, WaitInFlight); when the running request's lease is no longer
+// being extended (its process died), Retry-After says when the lease
+// lapses and a retry can take over. The route pattern the adapter knows
+// labels the decisions (Event.Route) and is never part of the identity.
+// Before MarkEffect, 400 and 422 (validation failures), 408, 429, Release,
+// panics and 5xx release the record; after it nothing does: a 5xx, 408,
+// 429 or a panic leaves it indeterminate (replayed until a Resolver settles
+// it), any other answer is recorded. However the transaction ends (a
+// failed or unknown COMMIT, a killed session, the handler's own Commit or
+// Rollback), the engine settles the attempt from the record, so a marked
+// effect never runs again because a commit failed. Records expire after the retention window
 // (DefaultRetention, 24 hours); a Sweeper deletes them.
 //
 // # The state machine
@@ -34,7 +40,7 @@
 //
 //	state          event                                    next state     answer
 //	absent         request                                  in progress    the handler runs (attempt 1)
-//	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first)
+//	in progress    request, held                            in progress    409 + Retry-After (WaitInFlight: poll until the bound first; a lease under half its length: until it lapses)
 //	in progress    request, lease lapsed (default)         in progress    the handler runs again (attempt n+1; the old token is fenced)
 //	in progress    request, lease lapsed (WithoutTakeover) indeterminate  as for indeterminate
 //	completed      request                                  completed      the recorded response, Idempotent-Replayed: true
@@ -42,12 +48,14 @@
 //	indeterminate  request, Resolver: OutcomeApplied        completed      the resolver's response, replayed
 //	indeterminate  request, Resolver: OutcomeNotApplied     absent         claimed again: the handler runs
 //	any but absent request, other fingerprint (other route) unchanged      422
-//	in progress    handler answers 2xx-4xx (not 408, 429)   completed      the handler's answer
-//	in progress    handler answers 408 or 429, or Release   absent         the handler's answer
-//	in progress    handler: 5xx or panic before MarkEffect  absent         the handler's answer (a panic: 500)
-//	in progress    handler: 5xx or panic after MarkEffect   indeterminate  the handler's answer (a panic: 500)
+//	in progress    handler answers 2xx-4xx (see below)      completed      the handler's answer
+//	in progress    before MarkEffect: 400, 408, 422, 429,   absent         the handler's answer (a panic: 500)
+//	               5xx, panic, or Release
+//	in progress    after MarkEffect: 5xx, 408, 429, panic   indeterminate  the handler's answer (a panic: 500)
 //	in progress    handler ends, lease lost (fenced)        the new owner's 409 (ErrLeaseLost)
-//	in progress    handler ends, outcome not durable        rolled back    atomic: 503, never the handler's answer
+//	in progress    transaction ends but by our commit       read back      committed: the handler's answer; else as
+//	               (attempt.afterEnd, afterLocalEnd)                       above, a success whose writes are gone:
+//	                                                                       indeterminate after MarkEffect, else 503
 //
 // Where it is in the code: Route.acquire takes the request rows (claim,
 // wait, takeover, fingerprint comparison), Route.resolve the

@@ -331,8 +331,7 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			continue
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
-			retry := e.cfg.retryAfter
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: retry}, decision: DecisionRejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.busyRetryAfter(rec, now)}, decision: DecisionRejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
 		backoff = min(2*backoff, 100*time.Millisecond)
@@ -344,6 +343,23 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		case <-t.C:
 		}
 	}
+}
+
+// busyRetryAfter is the Retry-After of a 409 in-progress for rec, read at
+// now. A holder alive anywhere extends its lease a whole lease ahead every
+// third of it, so it always has more than half of it left (two thirds, less
+// the store's latency); a lease with less left has missed heartbeats: its
+// holder died, hangs, lost the store, or is past MaxAttempt. Then the wait
+// is the time until the lease lapses (the problem document rounds it up to
+// whole seconds: never earlier than this engine would take it over, and
+// less than half a lease). Otherwise, and in atomic mode (no lease), the
+// configured default. A holder wrongly judged dead (a heartbeat delayed by
+// a slow store) only makes its duplicates wait longer, never earlier.
+func (e *Engine) busyRetryAfter(rec Record, now time.Time) time.Duration {
+	if left := rec.LeaseUntil.Sub(now); !rec.LeaseUntil.IsZero() && left < e.cfg.lease/2 {
+		return left
+	}
+	return e.cfg.retryAfter
 }
 
 // leasedCtx is ctx for the route's store calls outside an atomic

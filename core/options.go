@@ -133,7 +133,11 @@ func WithClock(now func() time.Time) Option {
 // WithLease sets the lease of a running attempt in leased mode (default
 // DefaultLease). The attempt extends it every third of its length while it
 // runs; an attempt that stops extending (crash, long pause) is taken over
-// once the lease lapses.
+// once the lease lapses. Meanwhile duplicates get 409 with Retry-After: the
+// default (WithRetryAfter) while the lease could be a live holder's, then,
+// once less than half of it is left, the time until it lapses. Give every
+// replica the same lease, and clients a retry budget longer than it
+// (idemclient's default, one minute, outlasts the default lease).
 func WithLease(d time.Duration) Option {
 	return engineOption(func(c *config) error {
 		if d < 10*time.Millisecond {
@@ -153,7 +157,11 @@ func WithoutTakeover() Option {
 }
 
 // WithRetryAfter sets the Retry-After of 409 (in progress) and 503 (store
-// unavailable) answers (default DefaultRetryAfter).
+// unavailable) answers (default DefaultRetryAfter). One exception: a 409
+// for a leased record whose lease is no longer being extended (less than
+// half of it left: a live holder's heartbeat keeps more) says when that
+// lease lapses, rounded up to whole seconds, so that a retry comes back
+// when it can take the record over instead of polling meanwhile.
 func WithRetryAfter(d time.Duration) Option {
 	return engineOption(func(c *config) error {
 		if d < 0 {

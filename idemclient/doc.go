@@ -50,10 +50,19 @@
 //
 // The wait is the server's Retry-After (seconds or an HTTP date) when it
 // sent one, or else capped exponential backoff with full jitter
-// (WithBackoff). Retries end after WithMaxAttempts attempts, when the next
-// attempt would start more than WithMaxElapsed after the first, and when the
-// request's context ends; a wait that would run past either bound is not
-// started, and the last answer is returned at once. WithOnRetry reports
+// (WithBackoff); a Retry-After of no wait (0, a date in the past) waits the
+// backoff too, so that a server that keeps saying "now" is not hammered.
+//
+// The budget is time, not a count of attempts: retries end when the next
+// attempt would start more than WithMaxElapsed (1 minute) after the first,
+// and when the request's context ends; a wait that would run past either
+// bound is not started, and the last answer is returned at once. Attempts
+// are not counted unless WithMaxAttempts is given. The default outlasts an
+// idem server's default lease (30 s): after a crash on a leased route the
+// retries get 409 with Retry-After until the dead attempt's lease lapses
+// (the server says when), then the answer of the attempt that takes the
+// key over; a service that restarts within a few seconds (connections
+// refused meanwhile) is retried through its restart. WithOnRetry reports
 // each retry, for a log line or a metric.
 //
 // # Bodies

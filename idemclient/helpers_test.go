@@ -2,6 +2,7 @@ package idemclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -15,10 +16,14 @@ import (
 
 // fakeClock is the Transport's clock in the tests: a wait is recorded and
 // moves the clock on at once (a wait whose context has ended is recorded
-// and returns the context's error).
+// and returns the context's error). It refuses to wait past a day of
+// virtual time (errEndless): attempts are bounded by time only, so a
+// Transport whose time bound is broken (a mutant) would otherwise retry
+// without end, at full speed.
 type fakeClock struct {
 	mu      sync.Mutex
 	now     time.Time
+	slept   time.Duration
 	waits   []time.Duration
 	onSleep func() // called at the start of each wait, if set
 }
@@ -45,9 +50,14 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if c.slept += d; c.slept > 24*time.Hour {
+		return errEndless
+	}
 	c.now = c.now.Add(d)
 	return nil
 }
+
+var errEndless = errors.New("test: the Transport waited more than a day of virtual time: its retries have no end")
 
 func (c *fakeClock) Waits() []time.Duration {
 	c.mu.Lock()
@@ -194,3 +204,20 @@ func oneKey(t testing.TB, seen []seen) string {
 }
 
 func discardLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// repeat is n times the step st.
+func repeat(n int, st step) []step {
+	steps := make([]step, n)
+	for i := range steps {
+		steps[i] = st
+	}
+	return steps
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
+}

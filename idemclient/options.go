@@ -6,15 +6,30 @@ import (
 	"time"
 )
 
-// Defaults of the options.
+// Defaults of the options. A Transport's budget for one request is time
+// (DefaultMaxElapsed), not a count of attempts: it does not count them
+// unless WithMaxAttempts is given.
 const (
-	DefaultMaxAttempts     = 5                // attempts of one request, the first included
+	// DefaultMaxElapsed is twice idem's default lease (core.DefaultLease,
+	// 30 s): after a crash on a leased route a retry gets 409 until the
+	// dead attempt's lease lapses, then takes it over, and the client may
+	// first have spent DefaultAttemptTimeout on an attempt that never
+	// answered.
 	DefaultMaxElapsed      = time.Minute      // no attempt starts later than this after the first
 	DefaultAttemptTimeout  = 30 * time.Second // wait for one attempt's response headers
 	DefaultBackoffBase     = 250 * time.Millisecond
 	DefaultBackoffMax      = 10 * time.Second
 	DefaultMaxBufferedBody = 1 << 20 // bytes of a body without GetBody kept to send again
 )
+
+// DefaultMaxAttempts was the default of WithMaxAttempts.
+//
+// Deprecated: a Transport no longer counts attempts by default; it retries
+// within WithMaxElapsed (DefaultMaxElapsed), so that a key that is busy
+// for a whole lease, with a Retry-After of 1 s, is retried until its
+// answer: 5 attempts ran out after 4 s. The constant keeps its value, so
+// WithMaxAttempts(DefaultMaxAttempts) keeps the old bound.
+const DefaultMaxAttempts = 5
 
 // Option configures a Transport.
 type Option interface{ apply(*config) error }
@@ -24,7 +39,7 @@ type option func(*config) error
 func (f option) apply(c *config) error { return f(c) }
 
 type config struct {
-	maxAttempts     int
+	maxAttempts     int // 0: not counted
 	maxElapsed      time.Duration
 	attemptTimeout  time.Duration
 	backoffBase     time.Duration
@@ -35,7 +50,6 @@ type config struct {
 
 func defaults() config {
 	return config{
-		maxAttempts:     DefaultMaxAttempts,
 		maxElapsed:      DefaultMaxElapsed,
 		attemptTimeout:  DefaultAttemptTimeout,
 		backoffBase:     DefaultBackoffBase,
@@ -45,8 +59,11 @@ func defaults() config {
 }
 
 // WithMaxAttempts bounds the attempts of one request, the first included
-// (default DefaultMaxAttempts, 5). 1 sends every request once: a key, no
-// retries.
+// (default: no bound; WithMaxElapsed is the budget). 1 sends every request
+// once: a key, no retries. A bound above 1 can end the retries before an
+// idem server's lease lapses (30 s by default, answered meanwhile with 409
+// and Retry-After), and then the answer of the attempt that takes it over
+// is never seen: bound the time instead.
 func WithMaxAttempts(n int) Option {
 	return option(func(c *config) error {
 		if n < 1 {
@@ -58,8 +75,11 @@ func WithMaxAttempts(n int) Option {
 }
 
 // WithMaxElapsed bounds the time over which one request is retried (default
-// DefaultMaxElapsed, 1 minute): no attempt starts, and no wait ends, later
-// than d after the first attempt started. An attempt under way is bounded by
+// DefaultMaxElapsed, 1 minute, twice idem's default lease): no attempt
+// starts, and no wait ends, later than d after the first attempt started.
+// It is the retries' budget: against an idem server keep it above the
+// server's lease (core.WithLease), or a retry after a crash gives up
+// before the lease lapses and the key can be taken over. An attempt under way is bounded by
 // WithAttemptTimeout and the request's context, so the whole call may last
 // up to d plus one attempt.
 func WithMaxElapsed(d time.Duration) Option {
@@ -91,11 +111,12 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithBackoff sets the wait before a retry when the server sent no
-// Retry-After: a random duration between 0 and min(max, base·2^(n-1)) before
-// the n-th retry ("full jitter"). Defaults DefaultBackoffBase (250 ms) and
-// DefaultBackoffMax (10 s). A Retry-After is honoured as sent, whatever
-// max says, as long as it ends within WithMaxElapsed and the request's
-// context.
+// Retry-After, or one of no wait (0, or a date in the past): a random
+// duration between 0 and min(max, base·2^(n-1)) before the n-th retry
+// ("full jitter"). Defaults DefaultBackoffBase (250 ms) and
+// DefaultBackoffMax (10 s). A positive Retry-After is honoured as sent,
+// whatever max says, as long as it ends within WithMaxElapsed and the
+// request's context.
 func WithBackoff(base, max time.Duration) Option {
 	return option(func(c *config) error {
 		if base <= 0 || max < base {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -194,6 +198,57 @@ var rules = []rule{
 		resp, body := mustSend(t, tr, http.MethodPost, s.URL, "x")
 		if resp.StatusCode != 503 || body != "503 to attempt 3" || len(s.Seen()) != 3 || Attempts(resp) != 3 {
 			t.Errorf("%d %q after %d requests (Attempts %d), want the third 503", resp.StatusCode, body, len(s.Seen()), Attempts(resp))
+		}
+	}},
+	{"OutlastsDefaultLease", "A default Transport outlasts a default lease (30 s) after a crash on a leased route: through the restart (network errors), the 409s with Retry-After while the dead attempt's lease runs and the lease's own Retry-After, to the takeover's answer, with one key; its budget is time, not a count of attempts.", func(t *testing.T) {
+		steps := []step{drop, drop, drop}
+		steps = append(steps, repeat(15, answer(409, "Retry-After", "1"))...)
+		steps = append(steps, answer(409, "Retry-After", "14"), answer(201))
+		s := newServer(t, steps...)
+		tr, c := newTransport(t)
+		resp, body := mustSend(t, tr, http.MethodPost, s.URL, "x")
+		oneKey(t, s.Seen())
+		if resp.StatusCode != 201 || body != "201 to attempt 20" || Attempts(resp) != 20 {
+			t.Errorf("%d %q after %d attempts, want the takeover's 201 after 20", resp.StatusCode, body, Attempts(resp))
+		}
+		if w := sum(c.Waits()); w < 30*time.Second {
+			t.Errorf("waited %s in all, want at least the lease (30s)", w)
+		}
+	}},
+	{"RestartRefused", "Across a restart of a few seconds (every connection refused), a default Transport keeps retrying with the backoff and gets the answer.", func(t *testing.T) {
+		s := newServer(t, answer(201))
+		tr, c := newTransport(t)
+		back := c.Now().Add(5 * time.Second) // the service listens again 5 s after the first attempt
+		var refused atomic.Int32
+		tr.base = &http.Transport{DisableKeepAlives: true, Proxy: nil, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if c.Now().Before(back) {
+				refused.Add(1)
+				return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}}
+		resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
+		if n := int(refused.Load()); resp.StatusCode != 201 || n < 5 || len(s.Seen()) != 1 || Attempts(resp) != n+1 {
+			t.Errorf("%d after %d attempts (%d refused, %d reached the server), want 201 after every refused one", resp.StatusCode, Attempts(resp), n, len(s.Seen()))
+		}
+	}},
+	{"MaxElapsedBinds", "WithMaxElapsed is the budget: raised to 5 minutes, a key busy for 3 minutes (409 + Retry-After: 1) is retried until its answer; no count of attempts runs out first.", func(t *testing.T) {
+		s := newServer(t, append(repeat(180, answer(409, "Retry-After", "1")), answer(201))...)
+		tr, _ := newTransport(t, WithMaxElapsed(5*time.Minute))
+		resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
+		if resp.StatusCode != 201 || Attempts(resp) != 181 {
+			t.Errorf("%d after %d attempts, want 201 after 181", resp.StatusCode, Attempts(resp))
+		}
+	}},
+	{"RetryAfterZero", "A Retry-After of 0 or a date in the past waits the backoff: with time as the only bound, a server that keeps saying \"now\" is not hammered.", func(t *testing.T) {
+		tr, c := newTransport(t)
+		s := newServer(t, answer(503, "Retry-After", "0"), func(w http.ResponseWriter, r *http.Request, n int) {
+			answer(409, "Retry-After", c.Now().Add(-time.Minute).UTC().Format(http.TimeFormat))(w, r, n)
+		}, answer(201))
+		resp, _ := mustSend(t, tr, http.MethodPost, s.URL, "x")
+		want := []time.Duration{DefaultBackoffBase, 2 * DefaultBackoffBase}
+		if resp.StatusCode != 201 || !slices.Equal(c.Waits(), want) {
+			t.Errorf("%d, waits %v; want 201 after the backoff's waits %v", resp.StatusCode, c.Waits(), want)
 		}
 	}},
 	{"MaxElapsed", "No wait runs past WithMaxElapsed from the first attempt: the last answer is returned at once, its body intact.", func(t *testing.T) {

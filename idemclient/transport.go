@@ -94,10 +94,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for n := 1; ; n++ {
 		resp, err := t.attempt(req, key, given, n, body, again)
 		wait, retry := t.retryable(ctx, resp, err)
-		if !retry || n >= t.cfg.maxAttempts || again == nil {
+		if !retry || (t.cfg.maxAttempts > 0 && n >= t.cfg.maxAttempts) || again == nil {
 			return t.finish(key, n, resp, err)
 		}
-		if wait < 0 {
+		if wait <= 0 {
+			// No Retry-After, or one of no wait: the backoff spaces the
+			// attempts (time is the only bound; a server that keeps
+			// answering "Retry-After: 0" must not get a tight loop).
 			wait = t.backoff(n)
 		}
 		if !t.fits(ctx, start, wait) {
@@ -221,7 +224,7 @@ func (t *Transport) attempt(req *http.Request, key string, given bool, n int, bo
 }
 
 // retryable reports whether the answer of an attempt calls for another one,
-// and the wait the server asked for (-1: none, use the backoff).
+// and the wait the server asked for (0 or less: none, use the backoff).
 func (t *Transport) retryable(ctx context.Context, resp *http.Response, err error) (wait time.Duration, retry bool) {
 	if err != nil {
 		if ctx.Err() != nil || permanent(err) {

@@ -137,3 +137,74 @@ func TestClientPaymentTimeout(t *testing.T) {
 		t.Errorf("no retry was answered 409 in progress:\n%s", s.logs)
 	}
 }
+
+// TestClientCrashLeased: idemclient with its defaults pays through the
+// leased payments route (a 20 s lease); the service is killed (SIGKILL)
+// after the provider charged, inside the handler, and started again on the
+// same address 5 s later, every connection refused meanwhile. The client
+// retries through the restart, gets 409 until the dead attempt's lease
+// lapses, then the answer of the attempt that takes it over (executed,
+// attempt 2), all with its one key: one provider charge, one charge row.
+// With 5 attempts (the first default) it gave up during the restart.
+func TestClientCrashLeased(t *testing.T) {
+	t.Parallel()
+	c := config{framework: "chi", store: "sql", db: newDatabase(t, "sqlite"), extra: []string{"-lease", "20s"}}
+	s0 := startServer(t, "orders", c)
+	path := payFor(t, "http://"+s0.addr)
+	if code := s0.terminate(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM (idle): %d, want 0", code)
+	}
+	s := startServer(t, "orders-pay-1", stuckInWork(c)) // the payment's work never ends
+	base := "http://" + s.addr
+
+	type result struct {
+		resp *http.Response
+		body []byte
+		err  error
+		at   time.Time
+	}
+	res := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(`{"amount_cents":4200}`))
+		req.Header.Set("Authorization", "Bearer payer")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := newIdemClient(t).Do(req)
+		if err != nil {
+			res <- result{err: err, at: time.Now()}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		res <- result{resp: resp, body: b, err: err, at: time.Now()}
+	}()
+	waitFor(t, "the provider charge", 15*time.Second, func() bool {
+		return c.db.count(t, `SELECT COUNT(*) FROM provider_charges WHERE amount_cents = 4200`) > 0
+	})
+	s.kill()
+	killedAt := time.Now()
+	time.Sleep(5 * time.Second) // the restart: connections refused
+	restarted := c
+	restarted.extra = append(append([]string(nil), c.extra...), "-addr", s.addr) // the same address (the last -addr wins)
+	s2 := startServer(t, "orders-pay-2", restarted)
+	if s2.addr != s.addr {
+		t.Fatalf("restarted on %s, want %s", s2.addr, s.addr)
+	}
+
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("the default client gave up %s after the kill: %v", r.at.Sub(killedAt).Round(time.Millisecond), r.err)
+	}
+	if r.resp.StatusCode != http.StatusCreated || idemclient.Replayed(r.resp) {
+		t.Fatalf("the payment ended with %d %q (replayed %v), want the takeover's 201", r.resp.StatusCode, r.body, idemclient.Replayed(r.resp))
+	}
+	if k := idemclient.Key(r.resp); !uuidV4.MatchString(k) {
+		t.Errorf("Key %q, want the UUID v4 the client made", k)
+	}
+	wantOneCharge(t, c.db, decodeCharge(t, r.body), 4200)
+	waitFor(t, "the takeover's log line (executed, attempt=2)", 10*time.Second, func() bool { return len(s2.logs.grep(takeoverRE)) > 0 })
+	busy := s2.logs.grep(regexp.MustCompile(`path=` + regexp.QuoteMeta(path) + ` status=409 `))
+	t.Logf("answered %s after the kill, after %d attempts (%d 409s from the restarted service)",
+		r.at.Sub(killedAt).Round(time.Millisecond), idemclient.Attempts(r.resp), len(busy))
+}

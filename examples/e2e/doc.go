@@ -15,8 +15,10 @@
 //     survivor (atomic and leased), and three sweepers deleting expired rows
 //     at once.
 //   - client_test.go: idemclient (the client half) against the service:
-//     answers dropped after the service committed, and an attempt timeout
-//     during a slow leased payment.
+//     answers dropped after the service committed, an attempt timeout
+//     during a slow leased payment, and a default client through SIGKILL
+//     inside a leased payment and a restart on the same address 5 s later
+//     (the takeover's answer, one charge).
 //   - otel_test.go: the service's -otel flag: otelidem's metrics and span
 //     events as JSON on standard output (-otel stdout) and on GET /metrics
 //     (-otel prometheus), and neither without the flag.

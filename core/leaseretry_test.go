@@ -1,0 +1,151 @@
+package core_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/memstore"
+)
+
+// busy checks that w is a 409 in-progress with Retry-After want (seconds).
+func busy(t *testing.T, at time.Duration, w *httptest.ResponseRecorder, want string) {
+	t.Helper()
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "in-progress") || w.Header().Get("Retry-After") != want {
+		t.Errorf("a duplicate at %s: %d Retry-After %q %s, want 409 in-progress with Retry-After %s", at, w.Code, w.Header().Get("Retry-After"), w.Body, want)
+	}
+}
+
+// sleepUntil sleeps (in a synctest bubble) until at after start.
+func sleepUntil(start time.Time, at time.Duration) { time.Sleep(time.Until(start.Add(at))) }
+
+// A leased attempt whose process died (its lease is no longer extended:
+// here its extensions fail) holds the key until its lease lapses. Another
+// process answers the retries 409 with the default Retry-After while the
+// lease could still be a live holder's (more than half of it left: a live
+// holder's heartbeat moves it a whole lease ahead every third of it), then
+// with the time until it lapses, rounded up (never earlier than the
+// takeover is allowed); at the lapse a retry takes it over.
+func TestRetryAfterSaysWhenADeadLeaseLapses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memstore.New()
+		dead, err := core.New(&flaky{Store: st}, core.WithSingleCaller(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alive, err := core.New(st, core.WithSingleCaller(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone := make(chan struct{})
+		defer close(gone)
+		hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			dead.Store().(*flaky).paused.Store(true) // the process is gone: nobody extends its lease
+			<-gone
+		}), core.Scope("pay"))
+		ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(201)
+			_, _ = w.Write([]byte("taken over"))
+		}), core.Scope("pay"))
+		start := time.Now()
+		go post(hd, "k")
+		synctest.Wait() // claimed at 0 s, lease until 30 s
+
+		for _, c := range []struct {
+			at   time.Duration
+			want string
+		}{
+			{0, "1"},                        // a fresh lease: maybe a live holder
+			{14 * time.Second, "1"},         // 16 s left: a live holder's heartbeat (every 10 s) could still extend it
+			{16 * time.Second, "14"},        // 14 s left: two heartbeats missed, it lapses at 30 s
+			{29500 * time.Millisecond, "1"}, // 0.5 s left, rounded up
+		} {
+			sleepUntil(start, c.at)
+			busy(t, c.at, post(ha, "k"), c.want)
+		}
+		time.Sleep(500 * time.Millisecond) // 30 s: the lease lapsed
+		if w := post(ha, "k"); w.Code != 201 || w.Body.String() != "taken over" {
+			t.Fatalf("retry at 30 s: %d %q, want the takeover's 201", w.Code, w.Body)
+		}
+	})
+}
+
+// A live leased attempt (its heartbeat extends the lease) is never said to
+// lapse: every duplicate gets the default Retry-After, however long it runs.
+func TestRetryAfterOfALiveLeaseIsTheDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithRetryAfter(2*time.Second), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(2*core.DefaultLease + 10*time.Second)
+			w.WriteHeader(201)
+		}), core.Scope("pay"))
+		start := time.Now()
+		done := make(chan int)
+		go func() { done <- post(h, "k").Code }()
+		synctest.Wait()
+		for _, at := range []time.Duration{1, 9, 14, 16, 19, 29, 31, 45, 59, 69} {
+			sleepUntil(start, at*time.Second)
+			busy(t, at*time.Second, post(h, "k"), "2")
+		}
+		if code := <-done; code != 201 {
+			t.Fatalf("the attempt answered %d", code)
+		}
+	})
+}
+
+// An attempt of this process past its MaxAttempt bound no longer extends
+// its lease (it lapses, so that a retry can take over): once less than half
+// of it is left, the duplicates are told when it lapses.
+func TestRetryAfterOfAnAttemptPastMaxAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, err := core.New(memstore.New(), core.WithSingleCaller(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stuck := make(chan struct{})
+		defer close(stuck)
+		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-stuck // ignores its context's end at the bound
+		}), core.Scope("pay"), core.MaxAttempt(5*time.Second))
+		start := time.Now()
+		go post(h, "k")
+		synctest.Wait()
+		// Claimed until 30 s; past the bound at 5 s, so the heartbeat at
+		// 10 s does not extend it.
+		sleepUntil(start, 12*time.Second)
+		busy(t, 12*time.Second, post(h, "k"), "1")
+		sleepUntil(start, 20*time.Second)
+		busy(t, 20*time.Second, post(h, "k"), "10")
+	})
+}
+
+// In atomic mode an in-progress record has no lease: the default
+// Retry-After, however long the attempt runs.
+func TestRetryAfterInAtomicModeIsTheDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, err := core.New(memstore.New().Atomic(), core.WithSingleCaller(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(time.Minute)
+			w.WriteHeader(201)
+		}), core.Scope("pay"))
+		start := time.Now()
+		done := make(chan int)
+		go func() { done <- post(h, "k").Code }()
+		synctest.Wait()
+		for _, at := range []time.Duration{1, 20, 45} {
+			sleepUntil(start, at*time.Second)
+			busy(t, at*time.Second, post(h, "k"), "1")
+		}
+		<-done
+	})
+}
