@@ -92,9 +92,9 @@ var errReleased = errors.New("idem: the handler's answer releases the record (5x
 // (net/http's ServeMux) labels the decisions (Event.Route). Caller
 // functions that read a framework's context (NativeFrom: ginidem.Caller,
 // echoidem.Caller) find none here: call the adapter's Within
-// (ginidem.Within, echoidem.Within), which passes it (ServeWithin). The attempt outlives
-// its client: inTx's context keeps r's values but not its cancellation,
-// and ends at MaxAttempt.
+// (ginidem.Within, echoidem.Within), which passes it (ServeWithin). The
+// attempt outlives its client: inTx's context keeps r's values but not its
+// cancellation, and ends at MaxAttempt.
 func (rt *Route) Within(w http.ResponseWriter, r *http.Request, inTx TxFunc, handler http.HandlerFunc) {
 	rt.ServeWithin(w, r, "", nil, inTx, handler)
 }
