@@ -110,6 +110,19 @@
 // Every rejection is an RFC 9457 problem document (see Problem) and maps
 // to a sentinel error in errors.go.
 //
+// # Operating it
+//
+// An operator answers "which requests are stuck, and why?" with
+// Engine.Records (the records of a state, oldest first, each with a
+// sentence saying what it means) and Engine.Record (one record, by the
+// record_id a client quotes, with its recorded response), and settles a
+// record whose outcome is unknown with Engine.ResolveRecord (applied,
+// with the answer retries get; or not applied) or Engine.ReleaseRecord,
+// fenced like any attempt and logged with the operator's reason. The
+// store must implement Inspector to list. Engine.AdminHandler serves the
+// same over JSON for an admin router (mount it behind your own
+// authentication); the idemctl command does it on a DSN.
+//
 // Engine options return an error from New when invalid; route options
 // (Scope, Retention, WaitInFlight, Leased, Fingerprint, KeyOptional,
 // Methods) panic when created with invalid arguments, like

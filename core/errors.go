@@ -91,6 +91,10 @@ var (
 	ErrAttemptTimeout = errors.New("idem: the attempt ran for MaxAttempt")
 	// ErrFenced: a store refused Complete, Extend or Release because the
 	// record is gone or its fencing token differs from the caller's.
+	// Engine.ResolveRecord and Engine.ReleaseRecord return it for a
+	// completed record (a recorded answer is final) and when the record
+	// changed since they read it (another attempt or settler got there
+	// first; nothing was changed).
 	ErrFenced = errors.New("idem: fencing token does not match")
 	// ErrTxAborted: the database aborted the transaction a store method
 	// ran in, so nothing more can be written or committed in it: on

@@ -281,7 +281,9 @@ func WithObserver(o Observer) Option {
 // fingerprint or resolver function that failed, a lease extension that
 // failed) or at error (store errors, fail-open, releases and sweeps that
 // failed, wiring faults such as a body read before the middleware or a
-// request refused as not protected). Nothing logs at info.
+// request refused as not protected). Only an operator's actions
+// (Engine.ResolveRecord, Engine.ReleaseRecord, done or refused) log at
+// info, with the record's id and the operator's reason.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {

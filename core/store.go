@@ -228,3 +228,69 @@ type TxStore interface {
 	// request's context carries (docs/contract.md, section 5 "Atomic and leased modes").
 	WithoutTx(ctx context.Context) context.Context
 }
+
+// MaxListLimit is the most records one Inspector.List call returns.
+const MaxListLimit = 1000
+
+// ListQuery selects the records Inspector.List returns: the live records
+// of one state, oldest first, one bounded page at a time.
+type ListQuery struct {
+	// State is the state of the records listed: StateInProgress,
+	// StateCompleted or StateIndeterminate (required).
+	State State
+	// Now is the time liveness is decided at: only records with
+	// ExpiresAt > Now are listed (as for Get).
+	Now time.Time
+	// CreatedBefore, when not zero, lists only records created before it
+	// (CreatedAt < CreatedBefore): Now minus a minimum age.
+	CreatedBefore time.Time
+	// After, when not zero, starts the page after this position: the
+	// Cursor of the last record of the previous page.
+	After Cursor
+	// Limit is the most records returned, 1 to MaxListLimit (required).
+	Limit int
+}
+
+// Cursor is a position in Inspector.List's order (CreatedAt, then ID):
+// the Cursor of a record lists what comes after it. Its text form (String,
+// ParseCursor) is what idemctl and Engine.AdminHandler hand out as "next".
+type Cursor struct {
+	CreatedAt time.Time
+	ID        ID
+}
+
+// CursorOf returns the position of rec in Inspector.List's order.
+func CursorOf(rec Record) Cursor { return Cursor{CreatedAt: rec.CreatedAt, ID: rec.ID} }
+
+// IsZero reports whether c is the zero Cursor (the start of the list).
+func (c Cursor) IsZero() bool { return c.CreatedAt.IsZero() && c.ID == ID{} }
+
+// Inspector is a Store whose records an operator can list: the records
+// stuck in a state for longer than they should be (indeterminate, or in
+// progress with a lapsed lease), which Engine.Records, idemctl and
+// Engine.AdminHandler show. memstore, sqlstore, gormstore and pgxstore
+// implement it; storetest checks it for every store that does. Reading one
+// record by its ID (the record_id of a problem document, ParseID) is
+// Store.Get.
+type Inspector interface {
+	Store
+
+	// List returns the live records (ExpiresAt > q.Now) in state q.State,
+	// oldest first: ordered by CreatedAt, then by ID (bytewise), starting
+	// after q.After and, with q.CreatedBefore, created before it; at most
+	// q.Limit of them.
+	//   - every field is as Get returns it, except Response, which is not
+	//     read (nil): a page of records stays small whatever they
+	//     recorded; Get reads one record with its response.
+	//   - none: an empty slice (or nil) and no error. Fewer than q.Limit
+	//     records: the end of the list.
+	//   - q invalid (see ListQuery.Check): an error wrapping ErrConfig,
+	//     nothing read.
+	// List reads without locking and never waits for a transaction: a
+	// record that another open transaction wrote (an atomic attempt's
+	// claim) is listed as it was last committed, or not at all. It is an
+	// operator's query, not one of the request path: a store may scan
+	// the live records to answer it (no index covers state; see the
+	// store's documentation).
+	List(ctx context.Context, q ListQuery) ([]Record, error)
+}

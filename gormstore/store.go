@@ -27,8 +27,9 @@ type Store struct {
 }
 
 var (
-	_ core.Store   = (*Store)(nil)
-	_ core.TxStore = (*Store)(nil)
+	_ core.Store     = (*Store)(nil)
+	_ core.TxStore   = (*Store)(nil)
+	_ core.Inspector = (*Store)(nil)
 )
 
 // Option configures New. gormstore takes sqlstore's options.
@@ -400,6 +401,11 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 // Get implements core.Store.
 func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
 	return s.inner.Get(s.ctx(ctx), id, now)
+}
+
+// List implements core.Inspector; see sqlstore.Store.List.
+func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	return s.inner.List(s.ctx(ctx), q)
 }
 
 // DeleteExpired implements core.Store; see sqlstore.Store.DeleteExpired.

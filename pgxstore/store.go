@@ -29,6 +29,7 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table string
 	q     pgsql.Statements
+	list  [4]string // List's statements (inspect.go)
 	// commitComplete is the completion sent in the same round trip as
 	// COMMIT: q.Complete, failing (division by zero) when it matched no
 	// row, so that the COMMIT behind it does not run.
@@ -98,6 +99,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = pgsql.New(s.table)
+	s.list = listStatements(s.table)
 	s.commitComplete = `WITH u AS (` + s.q.Complete + ` RETURNING 1) SELECT 1 / count(*)::int FROM u`
 	s.lock = pgsql.Fnv64(s.table)
 	return s, nil

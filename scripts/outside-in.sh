@@ -11,8 +11,10 @@
 #
 #   - requires that module, with replace lines to the local directories of
 #     the idem modules only (the root and its siblings: nothing else);
-#   - has a main package importing every public package of the module;
-#   - go mod tidy, go build (a program: compiled and linked);
+#   - has a main package importing every public package of the module,
+#     and a tool line for each of its commands (package main: idemctl);
+#   - go mod tidy, go build (a program: compiled and linked), and go build
+#     of each command (linked: what go install of it builds);
 #   - every third-party module the module's go.mod names is selected at the
 #     version named there: a newer one would mean the module's published
 #     requirements are not enough to build it (a go.mod not kept tidy).
@@ -59,10 +61,11 @@ for dir in "${released[@]}"; do
 	[[ "$dir" == "." ]] && mod="$scratch/root"
 	mkdir -p "$mod"
 
-	# The module's public packages (not internal, not commands).
+	# The module's public packages (not internal), and its commands.
 	mapfile -t pkgs < <(cd "$root/$dir" && GOFLAGS=$repo_goflags go list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -v '/internal/' | grep -v '^$' || true)
-	if ((${#pkgs[@]} == 0)); then
-		echo "outside-in: $dir has no package to import" >&2
+	mapfile -t cmds < <(cd "$root/$dir" && GOFLAGS=$repo_goflags go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -v '/internal/' | grep -v '^$' || true)
+	if ((${#pkgs[@]} + ${#cmds[@]} == 0)); then
+		echo "outside-in: $dir has no package to import and no command" >&2
 		failed+=("$dir")
 		continue
 	fi
@@ -78,20 +81,27 @@ for dir in "${released[@]}"; do
 		for p in "${!dir_of[@]}"; do
 			echo "replace $p => $root/${dir_of[$p]}"
 		done
+		# Commands are tools of the scratch module (go get -tool).
+		for c in "${cmds[@]+"${cmds[@]}"}"; do
+			echo "tool $c"
+		done
 	} >"$mod/go.mod"
 	{
 		echo "// Command outsidein imports every public package of $path."
 		echo "package main"
 		echo
-		echo "import ("
-		printf '\t_ "%s"\n' "${pkgs[@]}"
-		echo ")"
-		echo
+		if ((${#pkgs[@]} > 0)); then
+			echo "import ("
+			printf '\t_ "%s"\n' "${pkgs[@]}"
+			echo ")"
+			echo
+		fi
 		echo "func main() {}"
 	} >"$mod/main.go"
 
-	echo "=== outside-in: $path (${#pkgs[@]} packages)"
-	if ! (cd "$mod" && export GOFLAGS=$scratch_goflags && go mod tidy && go build ./...); then
+	echo "=== outside-in: $path (${#pkgs[@]} packages, ${#cmds[@]} commands)"
+	if ! (cd "$mod" && export GOFLAGS=$scratch_goflags && go mod tidy && go build ./... &&
+		{ ((${#cmds[@]} == 0)) || go build -o "$mod/bin/" "${cmds[@]}"; }); then
 		failed+=("$dir")
 		continue
 	fi

@@ -194,7 +194,8 @@ for dir in "${released[@]}"; do
 done
 
 # A user's module: requires every released module at the version and
-# imports each one's package.
+# imports each one's package, or, for a command (idemctl: package main),
+# has it as a tool and builds it, as go install would.
 consumer="$work/consumer"
 mkdir -p "$consumer"
 {
@@ -202,6 +203,11 @@ mkdir -p "$consumer"
 	echo
 	echo "go $(go env GOVERSION | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
 } >"$consumer/go.mod"
+# is_command DIR: the module in DIR is a command (its root package is main).
+is_command() {
+	grep -qs '^package main$' $(find "$1" -maxdepth 1 -name '*.go' ! -name '*_test.go')
+}
+tools=()
 {
 	echo "package main"
 	echo
@@ -209,6 +215,7 @@ mkdir -p "$consumer"
 	for dir in "${released[@]}"; do
 		path=$(idem_path "$tree/$dir")
 		if [[ "$dir" == "." ]]; then path=$path/core; fi
+		if is_command "$tree/$dir"; then continue; fi
 		echo "	_ \"$path\""
 	done
 	echo ")"
@@ -218,10 +225,18 @@ mkdir -p "$consumer"
 (
 	cd "$consumer"
 	for dir in "${released[@]}"; do
-		go get "$(idem_path "$tree/$dir")@$version"
+		if is_command "$tree/$dir"; then
+			go get -tool "$(idem_path "$tree/$dir")@$version"
+			tools+=("$(idem_path "$tree/$dir")")
+		else
+			go get "$(idem_path "$tree/$dir")@$version"
+		fi
 	done
 	go mod tidy
 	go build ./...
+	if ((${#tools[@]} > 0)); then
+		go build -o "$consumer/bin/" "${tools[@]}"
+	fi
 )
 echo "a module outside the repository builds with every released module at $version"
 

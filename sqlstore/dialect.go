@@ -3,11 +3,13 @@ package sqlstore
 import (
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/pgsql"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // Dialect selects the SQL a Store writes.
@@ -112,23 +114,38 @@ type queries struct {
 	extend        string
 	release       string
 	exists        string
-	isHeld        string // MySQL: matched-row check after Complete
-	isInProgress  string // MySQL: matched-row check after Extend
-	deleteExpired string // Postgres, SQLite; MySQL: the pick of a window of expired rows
-	pickAfter     string // MySQL: the pick of the next window
-	lockIDs       string // MySQL: SELECT ... FOR UPDATE SKIP LOCKED of the ids of a JSON array
-	deleteIDs     string // MySQL: DELETE of the ids of a JSON array
+	isHeld        string    // MySQL: matched-row check after Complete
+	isInProgress  string    // MySQL: matched-row check after Extend
+	deleteExpired string    // Postgres, SQLite; MySQL: the pick of a window of expired rows
+	pickAfter     string    // MySQL: the pick of the next window
+	lockIDs       string    // MySQL: SELECT ... FOR UPDATE SKIP LOCKED of the ids of a JSON array
+	deleteIDs     string    // MySQL: DELETE of the ids of a JSON array
+	list          [4]string // List (storeutil.ListStatements)
 }
 
 func (d Dialect) queries(t string) queries {
+	var q queries
 	switch d {
 	case Postgres:
-		return postgresQueries(t)
+		q = postgresQueries(t)
 	case MySQL:
-		return mysqlQueries(t)
+		q = mysqlQueries(t)
 	default:
-		return sqliteQueries(t)
+		q = sqliteQueries(t)
 	}
+	q.list = storeutil.ListStatements(t, d.placeholder)
+	return q
+}
+
+// placeholder is the dialect's n-th statement parameter (1-based).
+func (d Dialect) placeholder(n int) string {
+	switch d {
+	case Postgres:
+		return "$" + strconv.Itoa(n)
+	case MySQL:
+		return "?"
+	}
+	return "?" + strconv.Itoa(n)
 }
 
 // timeArg converts t to the dialect's column value: microseconds since the

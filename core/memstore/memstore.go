@@ -1,9 +1,11 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,7 +19,10 @@ type Store struct {
 	m  map[core.ID]*slot
 }
 
-var _ core.Store = (*Store)(nil)
+var (
+	_ core.Store     = (*Store)(nil)
+	_ core.Inspector = (*Store)(nil)
+)
 
 // slot holds one record. Stored records are immutable: a write replaces
 // rec with a new *core.Record, so prev can keep the committed value while
@@ -257,6 +262,53 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 		n++
 	}
 	return n, nil
+}
+
+// List implements [core.Inspector]: it looks at every record (memstore
+// keeps no index). Outside a transaction, a record held by an open
+// transaction is listed as its committed value.
+func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	tx, err := s.txFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.Check(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := tx.check(); err != nil {
+		return nil, err
+	}
+	var recs []*core.Record
+	for _, sl := range s.m {
+		r, _ := sl.view(tx)
+		if r == nil || r.State != q.State || !live(r, q.Now) ||
+			(!q.CreatedBefore.IsZero() && !r.CreatedAt.Before(q.CreatedBefore)) ||
+			(!q.After.IsZero() && compareAt(r, q.After) <= 0) {
+			continue
+		}
+		recs = append(recs, r)
+	}
+	slices.SortFunc(recs, func(a, b *core.Record) int { return compareAt(a, core.CursorOf(*b)) })
+	if len(recs) > q.Limit {
+		recs = recs[:q.Limit]
+	}
+	out := make([]core.Record, len(recs))
+	for i, r := range recs {
+		out[i] = *r
+		out[i].Fingerprint = cloneBytes(r.Fingerprint)
+		out[i].Response = nil
+	}
+	return out, nil
+}
+
+// compareAt compares r's position in List's order with c.
+func compareAt(r *core.Record, c core.Cursor) int {
+	if d := r.CreatedAt.Compare(c.CreatedAt); d != 0 {
+		return d
+	}
+	return bytes.Compare(r.ID[:], c.ID[:])
 }
 
 // put stores r (nil: deletes the record) in the slot sl of id, which may be

@@ -16,7 +16,10 @@ type AtomicStore struct {
 	*Store
 }
 
-var _ core.TxStore = (*AtomicStore)(nil)
+var (
+	_ core.TxStore   = (*AtomicStore)(nil)
+	_ core.Inspector = (*AtomicStore)(nil)
+)
 
 // ErrTxDone is returned by methods called with the context of a transaction
 // that was already committed or rolled back, and by a second Commit or

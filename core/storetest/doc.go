@@ -20,11 +20,16 @@
 // run one after another (never in parallel), each with its own store, so a
 // factory may hand out stores that share one database as long as each is
 // empty when returned. Cases that need the store to be empty (the
-// DeleteExpired ones count what they delete) rely on that.
+// DeleteExpired ones count what they delete, the List ones what they
+// list) rely on that.
 //
 // The cases that check atomic mode run only when the store also implements
 // [core.TxStore]; for other stores they are skipped with a message saying
-// so, which is a capability check, not a missing dependency.
+// so, which is a capability check, not a missing dependency. Likewise the
+// cases of listing (List...) run only for stores that implement
+// [core.Inspector]; a store that does should say so at compile time
+// (var _ core.Inspector = (*Store)(nil)), so that it cannot lose the
+// method and skip them unnoticed.
 //
 // Time is injected: the suite passes explicit times, starting at 2026-01-01
 // 00:00:00 UTC, and never sleeps. Every time it passes is a whole number of

@@ -62,6 +62,18 @@ var mutants = []mutant{
 	{"SerialClaimsAfterWait", []string{"AtomicConcurrentClaim"}, func() core.Store {
 		return newSerial(true)
 	}, []storetest.Option{storetest.SerialWriters()}},
+	{"ListSkipsTies", []string{"ListOrder"}, func() core.Store {
+		return &listSkipsTies{Store: memstore.New()}
+	}, nil},
+	{"ListIgnoresExpiry", []string{"ListFilters"}, func() core.Store {
+		return &listIgnoresExpiry{Store: memstore.New()}
+	}, nil},
+	{"ListReadsResponses", []string{"ListOrder", "ListFilters"}, func() core.Store {
+		return &listReadsResponses{Store: memstore.New()}
+	}, nil},
+	{"ListUnchecked", []string{"ListInvalid"}, func() core.Store {
+		return &listUnchecked{Store: memstore.New()}
+	}, nil},
 }
 
 // A store that makes claims wait for an open transaction, as SQLite does,
@@ -341,4 +353,52 @@ func (s *serial) DeleteExpired(ctx context.Context, now time.Time, limit int) (n
 		return err
 	})
 	return n, err
+}
+
+// listSkipsTies pages on CreatedAt alone: the rest of a tie after the
+// cursor is lost.
+type listSkipsTies struct{ *memstore.Store }
+
+func (s *listSkipsTies) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	if !q.After.IsZero() {
+		for i := range q.After.ID {
+			q.After.ID[i] = 0xff
+		}
+	}
+	return s.Store.List(ctx, q)
+}
+
+// listIgnoresExpiry lists expired records too.
+type listIgnoresExpiry struct{ *memstore.Store }
+
+func (s *listIgnoresExpiry) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	q.Now = time.Time{}
+	return s.Store.List(ctx, q)
+}
+
+// listReadsResponses returns each record's response with it.
+type listReadsResponses struct{ *memstore.Store }
+
+func (s *listReadsResponses) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	recs, err := s.Store.List(ctx, q)
+	for i := range recs {
+		if r, err := s.Store.Get(ctx, recs[i].ID, q.Now); err == nil {
+			recs[i].Response = r.Response
+		}
+	}
+	return recs, err
+}
+
+// listUnchecked answers any query: an unknown state lists nothing, a bad
+// limit is replaced.
+type listUnchecked struct{ *memstore.Store }
+
+func (s *listUnchecked) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+	if q.Limit < 1 || q.Limit > core.MaxListLimit {
+		q.Limit = core.MaxListLimit
+	}
+	if q.Check() != nil {
+		return nil, nil
+	}
+	return s.Store.List(ctx, q)
 }

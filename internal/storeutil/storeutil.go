@@ -1,10 +1,12 @@
-// Package storeutil holds what the SQL stores (sqlstore, pgxstore) check
-// and clean the same way: table names and the record's debug strings.
+// Package storeutil holds what the SQL stores (sqlstore, pgxstore) check,
+// clean and write the same way: table names, the record's debug strings,
+// and the statements of an operator's listing (core.Inspector).
 package storeutil
 
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
@@ -51,4 +53,53 @@ func DebugString(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// ListCols is the column list of core.Inspector's List, in the stores'
+// scan order: every column but the response, which List does not read
+// (NULL in its place).
+const ListCols = `id, caller, scope, idem_key, fingerprint, state, token, attempt, lease_until, expires_at, created_at, status, NULL`
+
+// ListStatements returns the four forms of List on table t, with
+// placeholders written by ph (1-based): index 0 plain, +1 with a
+// CreatedBefore bound, +2 with a cursor. Their parameters, in order:
+// state, now, [created before], [cursor created_at, cursor created_at,
+// cursor id], limit. No index covers state (an index on it would be
+// rewritten by every completion; see docs/decisions.md), so the database
+// reads the live rows to answer: an operator's query, not the request
+// path's.
+func ListStatements(t string, ph func(n int) string) [4]string {
+	var out [4]string
+	for i := range out {
+		n := 0
+		next := func() string { n++; return ph(n) }
+		var b strings.Builder
+		b.WriteString(`SELECT ` + ListCols + ` FROM ` + t + ` WHERE state = ` + next() + ` AND expires_at > ` + next())
+		if i&1 != 0 {
+			b.WriteString(` AND created_at < ` + next())
+		}
+		if i&2 != 0 {
+			b.WriteString(` AND (created_at > ` + next() + ` OR (created_at = ` + next() + ` AND id > ` + next() + `))`)
+		}
+		b.WriteString(` ORDER BY created_at, id LIMIT ` + next())
+		out[i] = b.String()
+	}
+	return out
+}
+
+// ListArgs returns the statement index of ListStatements for q and its
+// arguments, with times converted by timeArg.
+func ListArgs(q core.ListQuery, timeArg func(time.Time) any) (int, []any) {
+	i := 0
+	args := []any{int16(q.State), timeArg(q.Now)}
+	if !q.CreatedBefore.IsZero() {
+		i |= 1
+		args = append(args, timeArg(q.CreatedBefore))
+	}
+	if !q.After.IsZero() {
+		i |= 2
+		ca := timeArg(q.After.CreatedAt)
+		args = append(args, ca, ca, q.After.ID[:])
+	}
+	return i, append(args, q.Limit)
 }
