@@ -325,6 +325,16 @@ func (e *Engine) logAction(ctx context.Context, rec Record, action, reason strin
 		attrs = append(attrs, slog.String("result", "done"))
 	}
 	e.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: operator action", attrs...)
+	if o := e.cfg.observer; o != nil {
+		// The Observer sees every action too (otelidem counts them by
+		// decision); this line is its log.
+		ev := Event{Decision: DecisionOperatorReleased, ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope,
+			Key: e.logKey(rec.Key), Attempt: rec.Attempt, Status: rec.Status, Err: err}
+		if action == "resolve_applied" || action == "resolve" {
+			ev.Decision = DecisionOperatorResolved
+		}
+		o(ctx, ev)
+	}
 }
 
 // getErr is the error of a Get of id for an operator.
