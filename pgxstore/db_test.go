@@ -53,7 +53,7 @@ func newStore(t testing.TB, opts ...pgxstore.Option) (*pgxstore.Store, *pgxpool.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_marks"); err != nil {
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})

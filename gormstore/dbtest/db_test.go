@@ -124,8 +124,10 @@ func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := db.Exec("DROP TABLE IF EXISTS " + table).Error; err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if err := db.Exec("DROP TABLE IF EXISTS " + tb).Error; err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	twin := func(t testing.TB) *gormstore.Store {

@@ -95,8 +95,10 @@ func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sql
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	twin := func(t testing.TB) *sqlstore.Store {

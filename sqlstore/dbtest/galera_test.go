@@ -79,7 +79,7 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, tb := range []string{table, orders} {
+		for _, tb := range []string{table, table + "_marks", orders} {
 			if _, err := dbs[0].ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
