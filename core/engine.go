@@ -595,11 +595,18 @@ func (rt *Route) applyResolver(ctx context.Context, rec Record, req *RecordedReq
 		_ = end(false)
 		return OutcomeUnresolved, nil
 	}
-	if err != nil {
+	if err == nil {
+		err = end(true)
+	} else {
 		_ = end(false)
-		return res.Outcome, err
 	}
-	return res.Outcome, end(true)
+	if errors.Is(err, ErrLostRace) {
+		// The database rolled the resolver's transaction back for a
+		// concurrent one (on Galera: another node's settler of this
+		// record was certified first): another settler won.
+		err = fmt.Errorf("%w: %w", ErrFenced, err)
+	}
+	return res.Outcome, err
 }
 
 // resolve handles an indeterminate record. retry reports that the record

@@ -247,3 +247,11 @@ func BenchmarkStore(b *testing.B) {
 		return s
 	})
 }
+
+// TestCompleter: sqlstoretest.RunCompleter on pgxstore (two pools on one
+// table and a client's retry settle one payment once).
+func TestCompleter(t *testing.T) {
+	sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.Postgres, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return []sqlstoretest.Fixture{fixture(t)}
+	}})
+}

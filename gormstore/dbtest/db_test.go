@@ -370,3 +370,14 @@ func TestPool(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqls
 // TestWithin: core.Route.Within, a service that owns its GORM transaction
 // (db.Transaction, gormstore.WithTx), over HTTP on every database.
 func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }
+
+// TestCompleter: sqlstoretest.RunCompleter on gormstore.
+func TestCompleter(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: d, New: func(t *testing.T) []sqlstoretest.Fixture {
+				return []sqlstoretest.Fixture{fixture(t, d)}
+			}})
+		})
+	}
+}

@@ -274,3 +274,17 @@ func TestPool(t *testing.T) {
 // transaction (BeginTx, sqlstore.WithTx, Commit), over HTTP on every
 // database.
 func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }
+
+// TestCompleter: the completers of two replicas (two pools on one table)
+// and a client's retry race to settle an indeterminate payment whose
+// resolver writes the payment row in its transaction: one settler, one
+// row (sqlstoretest.RunCompleter).
+func TestCompleter(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: d, New: func(t *testing.T) []sqlstoretest.Fixture {
+				return []sqlstoretest.Fixture{fixture(t, d)}
+			}})
+		})
+	}
+}

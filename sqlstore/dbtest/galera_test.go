@@ -301,3 +301,12 @@ func TestGaleraCheckSyncWait(t *testing.T) {
 		t.Fatalf("Check on a server without Galera: %v", err)
 	}
 }
+
+// TestGaleraCompleter: the completer's race with the replicas on two
+// Galera nodes (sqlstoretest.RunCompleter): one settler across the
+// cluster, one payment row.
+func TestGaleraCompleter(t *testing.T) {
+	sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return galeraFixtures(t, galeraLayout{syncWait: true})
+	}})
+}
