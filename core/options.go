@@ -285,8 +285,10 @@ func WithObserver(o Observer) Option {
 // failed) or at error (store errors, fail-open, releases and sweeps that
 // failed, wiring faults such as a body read before the middleware or a
 // request refused as not protected). Only an operator's actions
-// (Engine.ResolveRecord, Engine.ReleaseRecord, done or refused) log at
-// info, with the record's id and the operator's reason.
+// (Engine.ResolveRecord, Engine.ReleaseRecord, done or refused) and the
+// Completer's settlements (settled, released, finished) log at info,
+// with the record's id; a record the completer leaves for the operator,
+// and its failures, at warn.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {

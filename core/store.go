@@ -355,7 +355,8 @@ type Settler interface {
 	// Visit moves the mark of id, held under token and last read with
 	// After seen, to after next with tries, and reports whether it did:
 	// of several completers that read the same mark, exactly one visit
-	// succeeds (a compare-and-set on After).
+	// succeeds (a compare-and-set on After). The engine always passes a
+	// next that differs from seen (a store may count changed rows).
 	//   - no mark of id, another token, or After differs from seen:
 	//     false, nil (nothing written).
 	Visit(ctx context.Context, id ID, token int64, seen, next time.Time, tries int) (bool, error)
