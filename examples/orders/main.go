@@ -158,8 +158,9 @@ func run(o options, logger *slog.Logger) error {
 	// The completer settles payments left indeterminate, or whose
 	// attempt died, without waiting for the client's retry (every
 	// replica runs one; each record is visited by one at a time).
-	// -complete-every 0 runs none (an operator settles them).
-	if o.completeEvery > 0 {
+	// -complete-every 0 runs none (an operator settles them), and a
+	// store that keeps no marks (core.Settler) has none to run.
+	if _, marks := b.store.(core.Settler); marks && o.completeEvery > 0 {
 		completer := e.Completer()
 		completer.Every = o.completeEvery
 		if err := completer.Start(ctx); err != nil {
