@@ -175,8 +175,8 @@ type harness struct {
 	labelled bool
 	clock    *clock
 	records  core.Inspector // the records, whatever the mode: memstore, or OnStore's
-	hooks    *hookStore      // what the engine sees (wraps mem)
-	store    core.Store      // hooks, as a core.TxStore in atomic mode
+	hooks    *hookStore     // what the engine sees (wraps mem)
+	store    core.Store     // hooks, as a core.TxStore in atomic mode
 	logger   *slog.Logger
 	logRec   *logRecorder // what the logger wrote
 
