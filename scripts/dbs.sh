@@ -190,6 +190,18 @@ check_reachable() {
 		die "user $u cannot reach $d (a parent directory is not world-executable); use a DIR under /tmp"
 }
 
+# close_fds: close every descriptor above 2 of this (sub)shell. Servers
+# are started from one that did, so that a daemon keeps no lock open: under
+# `flock FILE scripts/dbs.sh start DIR` a server that inherited flock's
+# descriptor would hold FILE's lock for as long as it runs.
+close_fds() {
+	local fd
+	for fd in /proc/$BASHPID/fd/*; do
+		fd=${fd##*/}
+		if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+	done
+}
+
 lock() {
 	exec 9>>"$LOCK_FILE"
 	chmod 0666 "$LOCK_FILE" 2>/dev/null || true
@@ -244,7 +256,7 @@ pg_start() {
 			logging_collector = off
 		EOF
 		log "postgres: starting on 127.0.0.1:$port (attempt $attempt)"
-		if (cd / && as_user postgres setsid "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$START_TIMEOUT" \
+		if (cd / && close_fds && as_user postgres setsid "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$START_TIMEOUT" \
 			start </dev/null >"$dir/pg-ctl.log" 2>&1); then
 			unlock
 			break
@@ -340,7 +352,7 @@ my_start() {
 		port=$(free_port)
 		log "mariadb: starting on 127.0.0.1:$port (attempt $attempt)"
 		rm -f "$sock" "$mydir/mysqld.pid"
-		(cd / && exec setsid "$server" --no-defaults \
+		(cd / && close_fds && exec setsid "$server" --no-defaults \
 			--user="$run_as" \
 			--datadir="$data" \
 			--pid-file="$mydir/mysqld.pid" \
@@ -495,7 +507,7 @@ galera_node_start() {
 	local extra=()
 	((n == 1)) && extra=(--wsrep-new-cluster)
 	log "galera: starting node $n on 127.0.0.1:${GALERA_PORT[n]} (gcomm ${GALERA_GCOMM[n]}, ist ${GALERA_IST[n]}, sst ${GALERA_SST[n]})"
-	(cd / && exec setsid "$server" --defaults-file="$cnf" "${extra[@]}" </dev/null >>"$logf" 2>&1) &
+	(cd / && close_fds && exec setsid "$server" --defaults-file="$cnf" "${extra[@]}" </dev/null >>"$logf" 2>&1) &
 	launcher=$!
 	local deadline=$(($(now) + START_TIMEOUT)) state=''
 	while (($(now) <= deadline)); do
@@ -664,7 +676,7 @@ redis_launch() {
 	conf="$sdir/redis.conf"
 	port=$(awk '$1 == "port" { print $2 }' "$conf")
 	rm -f "$sdir/redis.pid"
-	(cd / && redis-server "$conf" $mode </dev/null >>"$sdir/server.log" 2>&1) || true
+	(cd / && close_fds && exec redis-server "$conf" $mode </dev/null >>"$sdir/server.log" 2>&1) || true
 	deadline=$(($(now) + START_TIMEOUT))
 	until [[ -s "$sdir/redis.pid" ]] && redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; do
 		if grep -qiE 'Address already in use|bind: .*in use' "$sdir/server.log" 2>/dev/null; then

@@ -10,10 +10,13 @@ require (
 	github.com/idemkit/idem/echo5idem v0.0.0
 	github.com/idemkit/idem/echoidem v0.0.0
 	github.com/idemkit/idem/ginidem v0.0.0
+	github.com/idemkit/idem/grpcidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/redisstore v0.0.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
 	github.com/redis/go-redis/v9 v9.23.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -52,7 +55,7 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 )
 
 replace (

@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -56,3 +57,7 @@ func onRedis(t *testing.T) func(t *testing.T) core.Store {
 	c := client(t)
 	return func(t *testing.T) core.Store { return newStore(t, c) }
 }
+
+var epochNow = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const lease = 30 * time.Second
