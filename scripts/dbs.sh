@@ -25,7 +25,8 @@
 #                                    (no replicas), comma separated
 #   IDEM_TEST_REDIS_SENTINEL_ADDRS   three sentinels watching a primary and
 #                                    one replica, comma separated
-#   IDEM_TEST_REDIS_SENTINEL_MASTER  the master name they watch ("idemtest")
+#   IDEM_TEST_REDIS_SENTINEL_MASTER  the master name they watch ("idemtest");
+#                                    the two replicate as the ACL user repl
 #
 # Layout of DIR:
 #   DIR/env          export lines (source it)
@@ -624,6 +625,7 @@ galera_stop() {
 # Redis: one server, a three-primary cluster, a Sentinel group
 
 REDIS_MASTER=idemtest
+REDIS_REPL_PASS=idemrepl
 
 have_redis() {
 	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 &&
@@ -718,8 +720,12 @@ redis_up() {
 				"cluster-port ${ports[n + 3]}" "cluster-config-file $dir/redis/cluster-$n/nodes.conf" \
 				"cluster-node-timeout 2000"
 		done
-		redis_conf "$dir" primary "${ports[7]}" "${common[@]}"
-		redis_conf "$dir" replica "${ports[8]}" "${common[@]}" "replicaof 127.0.0.1 ${ports[7]}"
+		# The group's replication runs as the user repl, so that the
+		# failover test can cut the replica off (ACL SETUSER repl off)
+		# while clients go on.
+		local group=("${common[@]}" "user repl on >$REDIS_REPL_PASS ~* &* +@all" "masteruser repl" "masterauth $REDIS_REPL_PASS")
+		redis_conf "$dir" primary "${ports[7]}" "${group[@]}"
+		redis_conf "$dir" replica "${ports[8]}" "${group[@]}" "replicaof 127.0.0.1 ${ports[7]}"
 		rc=0
 		for name in single cluster-1 cluster-2 cluster-3 primary replica; do
 			redis_launch "$dir" "$name" || { rc=$?; break; }

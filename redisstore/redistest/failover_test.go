@@ -24,11 +24,12 @@ import (
 
 // TestFailoverStorm runs a payment storm through a Sentinel failover in
 // which the promoted replica had fallen behind, the way asynchronous
-// replication loses acknowledged writes: the replica stalls for two
-// seconds (DEBUG SLEEP: a slow link, a long pause), the primary keeps
-// acknowledging writes for one of them and then stops answering (DEBUG
-// SLEEP 8: a crash, a partition), the sentinels promote the replica, and
-// the old primary, back, becomes its replica and drops what it alone had.
+// replication loses acknowledged writes: the replica's link to the
+// primary is cut (its replication user disabled and its connection
+// killed: a partition), the primary keeps acknowledging writes for a
+// second and then stops answering (DEBUG SLEEP 8: a crash), the sentinels
+// promote the replica, and the old primary, back, becomes its replica and
+// drops what it alone had.
 //
 // Each payment is one key sent by two clients at once (a retry racing
 // the first attempt), both retrying 409 and 503 until they get a final
@@ -204,19 +205,22 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 	// The failover, two seconds in.
 	time.Sleep(2 * time.Second)
 	pc := redis.NewClient(&redis.Options{Addr: primary, ReadTimeout: 20 * time.Second})
-	rc := redis.NewClient(&redis.Options{Addr: replica, ReadTimeout: 20 * time.Second})
 	defer pc.Close()
-	defer rc.Close()
-	var sleeps sync.WaitGroup
-	sleeps.Go(func() {
-		if err := rc.Do(context.Background(), "debug", "sleep", "2").Err(); err != nil {
-			t.Errorf("DEBUG SLEEP on the replica: %v", err)
-		}
-	})
+	// The replica is cut off: its link dropped, and it cannot reconnect
+	// (its replication user is disabled). The primary goes on
+	// acknowledging writes for a second, then stops answering.
+	ctx := context.Background()
+	if err := pc.Do(ctx, "acl", "setuser", "repl", "off").Err(); err != nil {
+		t.Fatalf("ACL SETUSER repl off: %v", err)
+	}
+	if err := pc.Do(ctx, "client", "kill", "user", "repl").Err(); err != nil {
+		t.Fatalf("CLIENT KILL USER repl: %v", err)
+	}
 	time.Sleep(time.Second)
 	stopped := time.Now()
+	var sleeps sync.WaitGroup
 	sleeps.Go(func() {
-		if err := pc.Do(context.Background(), "debug", "sleep", "8").Err(); err != nil {
+		if err := pc.Do(ctx, "debug", "sleep", "8").Err(); err != nil {
 			t.Errorf("DEBUG SLEEP on the primary: %v", err)
 		}
 	})
@@ -235,6 +239,11 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 	}
 	wg.Wait()
 	sleeps.Wait()
+	// The old primary is back; the sentinels make it a replica of the
+	// new one, which it reaches as repl: turn that user on again.
+	if err := pc.Do(ctx, "acl", "setuser", "repl", "on").Err(); err != nil {
+		t.Fatalf("ACL SETUSER repl on: %v", err)
+	}
 
 	res := stormResult{answers: map[int]int{}, states: map[string]int{}, failover: failover}
 	mu.Lock()
