@@ -22,10 +22,6 @@ const (
 	EnvSentinel = "IDEM_TEST_REDIS_SENTINEL_ADDRS"
 	// EnvSentinelMaster: the master name the sentinels watch.
 	EnvSentinelMaster = "IDEM_TEST_REDIS_SENTINEL_MASTER"
-	// EnvSentinelPids: the pids of the sentinel group's primary and
-	// replica servers, comma separated (the failover tests stop and kill
-	// them).
-	EnvSentinelPids = "IDEM_TEST_REDIS_SENTINEL_PIDS"
 	// EnvRequire: non-empty, a missing server fails the test.
 	EnvRequire = "IDEM_REQUIRE_DB"
 )
