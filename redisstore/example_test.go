@@ -45,7 +45,7 @@ func Example() {
 			return
 		}
 		key, _ := core.DownstreamKey(r.Context(), "charge") // the provider's own idempotency key
-		_ = key                                               // charge(key, ...)
+		_ = key                                             // charge(key, ...)
 		w.WriteHeader(http.StatusCreated)
 	})))
 }

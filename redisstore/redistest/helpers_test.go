@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -12,43 +11,10 @@ import (
 	"github.com/idemkit/idem/redisstore/internal/redisenv"
 )
 
-// client returns a client of the single test server, closed at cleanup.
-func client(t testing.TB) *redis.Client {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: redisenv.Get(t, redisenv.EnvAddr)})
-	t.Cleanup(func() { c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis at %s: %v", c.Options().Addr, err)
-	}
-	return c
-}
+func client(t testing.TB) *redis.Client { return redisenv.Client(t) }
 
-// newStore returns a store on c with a prefix of its own, whose keys are
-// deleted at cleanup.
 func newStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
-	t.Helper()
-	prefix := redisenv.Prefix()
-	s, err := redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		del := func(ctx context.Context, c *redis.Client) error {
-			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for iter.Next(ctx) {
-				c.Del(ctx, iter.Val())
-			}
-			return iter.Err()
-		}
-		switch c := c.(type) {
-		case *redis.ClusterClient:
-			_ = c.ForEachMaster(ctx, del)
-		case *redis.Client:
-			_ = del(ctx, c)
-		}
-	})
-	return s
+	return redisenv.NewStore(t, c, opts...)
 }
 
 // onRedis is the scenario suite's option that runs it on the single

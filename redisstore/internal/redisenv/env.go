@@ -1,14 +1,20 @@
 // Package redisenv gives the tests of redisstore the Redis servers that
-// scripts/dbs.sh starts (start-redis), named by the environment: a missing
-// one skips a test, or fails it when CI or IDEM_REQUIRE_DB is set.
+// scripts/dbs.sh starts (start-redis), named by the environment (a missing
+// one skips a test, or fails it when CI or IDEM_REQUIRE_DB is set), and
+// stores on them that clean up after themselves.
 package redisenv
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem/redisstore"
 )
 
 // Environment variables that name the test servers.
@@ -65,4 +71,52 @@ func Prefix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// Client returns a client of the single test server (EnvAddr), closed at
+// cleanup.
+func Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Get(t, EnvAddr)})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", c.Options().Addr, err)
+	}
+	return c
+}
+
+// NewStore returns a store on c with a fresh Prefix and opts; its keys
+// are deleted at cleanup.
+func NewStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	prefix := Prefix()
+	s, err := redisstore.New(c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { DeleteKeys(t, c, prefix) })
+	return s
+}
+
+// DeleteKeys deletes every key under prefix (on every primary of a
+// cluster).
+func DeleteKeys(t testing.TB, c redis.UniversalClient, prefix string) {
+	ctx := context.Background()
+	del := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, del)
+	case *redis.Client:
+		err = del(ctx, c)
+	}
+	if err != nil {
+		t.Logf("deleting the test's keys: %v", err)
+	}
 }
