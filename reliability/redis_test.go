@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -141,71 +140,23 @@ func TestRedisFaults(t *testing.T) {
 	}
 	h := e.Handler(handler, core.Scope("POST /orders"))
 	ctx := context.Background()
-	send := func(key string) faultAnswer {
-		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		r := httptest.NewRequestWithContext(rctx, "POST", "/orders", strings.NewReader(`{"order":"`+key+`"}`))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set(core.HeaderKey, key)
-		w := httptest.NewRecorder()
-		start := time.Now()
-		h.ServeHTTP(w, r)
-		return faultAnswer{key: key, took: time.Since(start), status: w.Code, replayed: w.Header().Get(core.HeaderReplayed) == "true",
-			body: w.Body.String(), retry: w.Header().Get("Retry-After")}
-	}
-
-	seed := *seedFlag
-	if seed == 0 {
-		seed = mrand.Uint64()
-	}
-	run := 4 * time.Second
-	if *long {
-		run = *duration
-	}
-	t.Logf("seed %d, hammering for %v (rerun with -run '^%s$' -reliability.seed=%d)", seed, run, t.Name(), seed)
-	const hot, workers = 20, 8
-	stop := time.Now().Add(run)
-	var (
-		mu      sync.Mutex
-		answers []faultAnswer
-		wg      sync.WaitGroup
-	)
-	for w := range workers {
-		wg.Go(func() {
-			rng := mrand.New(mrand.NewPCG(seed, uint64(w)))
-			for i := 0; time.Now().Before(stop); i++ {
-				key := fmt.Sprintf("hot-%d", rng.IntN(hot))
-				if rng.IntN(2) == 0 {
-					key = fmt.Sprintf("order-%d-%d", w, i)
-				}
-				a := send(key)
-				mu.Lock()
-				answers = append(answers, a)
-				mu.Unlock()
-			}
-		})
-	}
-	faults := map[string]int{}
-	wg.Go(func() {
-		rng := mrand.New(mrand.NewPCG(seed, 1<<20))
-		for time.Now().Before(stop) {
-			time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
-			switch rng.IntN(4) {
-			case 0:
-				proxy.cutAll()
-				faults["cut all connections"]++
-			case 1:
-				proxy.cutBytes.Store(1 + rng.Int64N(400))
-				faults["cut one connection after N bytes"]++
-			case 2:
-				proxy.maxLatency.Store(int64(time.Duration(rng.IntN(5000)) * time.Microsecond))
-				faults["latency"]++
-			default:
-				proxy.maxLatency.Store(0)
-			}
+	send := faultSender(h)
+	seed, run := faultSeed(t)
+	answers, faults := hammer(send, seed, run, func(rng *mrand.Rand) string {
+		switch rng.IntN(4) {
+		case 0:
+			proxy.cutAll()
+			return "cut all connections"
+		case 1:
+			proxy.cutBytes.Store(1 + rng.Int64N(400))
+			return "cut one connection after N bytes"
+		case 2:
+			proxy.maxLatency.Store(int64(time.Duration(rng.IntN(5000)) * time.Microsecond))
+			return "latency"
 		}
+		proxy.maxLatency.Store(0)
+		return ""
 	})
-	wg.Wait()
 	proxy.maxLatency.Store(0)
 	proxy.cutBytes.Store(0)
 
@@ -217,18 +168,8 @@ func TestRedisFaults(t *testing.T) {
 	if len(answers) < 20 || statuses[http.StatusCreated] == 0 {
 		t.Fatalf("the hammer did not get through (%d requests, statuses %v): the test proves nothing", len(answers), statuses)
 	}
-	sent := map[string]bool{}
-	for _, a := range answers {
-		sent[a.key] = true
-	}
-	for key := range sent {
-		a := send(key)
-		for try := 0; a.status == http.StatusServiceUnavailable && try < 3; try++ {
-			time.Sleep(100 * time.Millisecond)
-			a = send(key)
-		}
-		answers = append(answers, a)
-	}
+	sent, retries := retryAll(answers, send)
+	answers = append(answers, retries...)
 
 	effMu.Lock()
 	defer effMu.Unlock()
