@@ -304,11 +304,12 @@ problems=()
 tidied=()
 # drift DIR: what go mod tidy changed in DIR beyond idem's own lines.
 drift() {
-	local d=$1 diffs
-	diffs=$(diff <(sed -E "s#^([[:space:]]*(require[[:space:]]+)?$idem_prefix[^[:space:]]*[[:space:]]+)$old#\1$version#" "$src/$d/go.mod") "$repo/$d/go.mod" || true)
+	local d=$1 diffs sums
+	diffs=$(diff <(sed -E "s#^([[:space:]]*(require[[:space:]]+)?$idem_prefix[^[:space:]]*[[:space:]]+)$old#\1$version#" "$src/$d/go.mod") "$repo/$d/go.mod" | sed 's/^/go.mod: /' || true)
 	if [[ -f "$src/$d/go.sum" || -f "$repo/$d/go.sum" ]]; then
-		diffs+=$(diff <(grep -v "^$idem_prefix[/ ]" "$src/$d/go.sum" 2>/dev/null || true) \
+		sums=$(diff <(grep -v "^$idem_prefix[/ ]" "$src/$d/go.sum" 2>/dev/null || true) \
 			<(grep -v "^$idem_prefix[/ ]" "$repo/$d/go.sum" 2>/dev/null || true) | sed 's/^/go.sum: /' || true)
+		diffs+=${diffs:+${sums:+$'\n'}}$sums
 	fi
 	if [[ -n "$diffs" ]] && ((tidy_back)); then
 		# Back to the work tree, with idem's own lines as they were there.
