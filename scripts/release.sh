@@ -281,11 +281,13 @@ for dir in "${workspace[@]}"; do
 		(cd "$repo/$dir" && go mod edit "${args[@]}")
 	fi
 done
-args=()
-while read -r p v arrow target; do
-	args+=("-dropreplace=$p@$v" "-replace=$p@$version=$target")
-done < <(idem_work_replaces "$old")
-(cd "$repo" && go work edit "${args[@]}")
+# go.work's replace lines, in place (go work edit would drop the comment
+# and the block).
+sed -E -i "s#^([[:space:]]*(replace[[:space:]]+)?$idem_prefix[^[:space:]]*[[:space:]]+)$old([[:space:]]+=>)#\1$version\3#" "$repo/go.work"
+if ! idem_check; then
+	echo "release.sh: the modules at $version break the rules above" >&2
+	exit 1
+fi
 git -C "$repo" add -A
 git -C "$repo" commit -q -m "release $version: the idem modules require each other at $version"
 
