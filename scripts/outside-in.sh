@@ -174,6 +174,24 @@ else
 	failed+=("quickstart")
 fi
 
+# The documentation's go get and go install lines name modules the checks
+# above got: every idem path in them is a published module's.
+declare -A published=()
+for dir in "${released[@]}"; do
+	published[$(idem_path "$root/$dir")]=1
+done
+while IFS=: read -r file line; do
+	for word in $line; do
+		p=${word%%@*}
+		p=${p%%[\`\)\"\']*}
+		idem_is_idem "$p" || continue
+		if [[ -z "${published[$p]:-}" ]]; then
+			echo "outside-in: ${file#"$root"/} says go get or go install $p, which is not a published module" >&2
+			failed+=("docs")
+		fi
+	done
+done < <(grep -roE --include='*.md' 'go (get|install)( -[a-z]+)* [^`|]*' "$root" || true)
+
 if ((${#failed[@]} > 0)); then
 	echo "outside-in: FAIL: ${failed[*]}" >&2
 	exit 1
