@@ -59,7 +59,7 @@ for arg in "$@"; do
 	--rehearse) rehearse=1 ;;
 	--tidy) rehearse=1 tidy_back=1 ;;
 	-h | --help)
-		sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+		awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
 		exit 0
 		;;
 	v*) version=$arg ;;
@@ -264,7 +264,7 @@ go_user() {
 	local mode=$1
 	shift
 	env GOWORK=off GOFLAGS="${user_goflags:+$user_goflags }-mod=$mode" \
-		GOPROXY="file://$proxy,$default_proxy" GONOSUMDB="$idem_prefix" GOPRIVATE= GONOPROXY= \
+		GOPROXY="file://$proxy,$default_proxy" GONOSUMDB="$idem_prefix${GONOSUMDB:+,$GONOSUMDB}" GOPRIVATE= GONOPROXY= \
 		go "$@"
 }
 
@@ -417,7 +417,7 @@ say "each of the ${#workspace[@]} modules vets on its own (GOWORK=off, its idem 
 # 6. as a user gets them
 
 if ! env IDEM_RELEASE_VERSION="$version" GOWORK=off GOFLAGS="$user_goflags" \
-	GOPROXY="file://$proxy,$default_proxy" GONOSUMDB="$idem_prefix" GOPRIVATE= GONOPROXY= \
+	GOPROXY="file://$proxy,$default_proxy" GONOSUMDB="$idem_prefix${GONOSUMDB:+,$GONOSUMDB}" GOPRIVATE= GONOPROXY= \
 	bash "$src/scripts/outside-in.sh" "$repo"; then
 	echo "release.sh: FAIL: the outside-in check" >&2
 	exit 1
@@ -426,6 +426,8 @@ fi
 # --------------------------------------------------------------------------
 
 if ((rehearse)); then
+	say "tagged on one commit: $(git -C "$repo" tag --points-at HEAD | tr '\n' ' ')"
+	say "never tagged: ${unpublished[*]}"
 	say "rehearsal passed: $version of ${#released[@]} modules tagged on one commit, fetched through a file:// module proxy, got and built outside the repository with no replace line ($(($(date +%s) - t_start))s)"
 	exit 0
 fi
