@@ -25,6 +25,10 @@
 #                             requires (empty if none requires any)
 #   idem_check                every rule above and in docs/releasing.md;
 #                             prints each problem with its fix, fails if any
+#   idem_fix                  fixes what idem_check finds and a script can:
+#                             drops idem replace lines from go.mod files,
+#                             requires idem modules at idem_version, writes
+#                             go.work's replace block (not the status line)
 
 idem_prefix=github.com/idemkit/idem
 
@@ -185,4 +189,54 @@ $(sed 's/^/    /' <<<"$want")")
 		printf 'modules: %s\n' "${problems[@]}" >&2
 		return 1
 	fi
+}
+
+# The comment above go.work's replace block, which idem_fix writes.
+idem_work_comment='// The version every go.mod of the workspace requires of a published idem
+// module is this directory'"'"'s code, without a download: scripts/release.sh
+// keeps these lines at that version (docs/releasing.md).'
+
+idem_fix() {
+	local dir p version args
+	version=$(idem_version)
+	[[ -n "$version" ]] || return 0
+	while read -r dir; do
+		[[ -z "$dir" || ! -f "$root/$dir/go.mod" ]] && continue
+		args=()
+		for p in $(idem_replaces "$root/$dir"); do
+			args+=("-dropreplace=$p")
+		done
+		for p in $(idem_requires "$root/$dir"); do
+			args+=("-require=$p@$version")
+		done
+		if ((${#args[@]} > 0)); then
+			(cd "$root/$dir" && go mod edit "${args[@]}")
+		fi
+	done < <(idem_workspace_dirs)
+	# go.work: every idem replace line out (and the comment and block they
+	# were in), then the block as it must be.
+	awk -v p="$idem_prefix" '
+		/^\/\/ The version every go.mod of the workspace requires/ { skipc = 1 }
+		skipc && /^\/\// { next }
+		{ skipc = 0 }
+		$1 == "replace" && $2 == "(" { inblock = 1; n = 0; next }
+		inblock && $1 == ")" {
+			inblock = 0
+			if (n > 0) { print "replace ("; for (i = 1; i <= n; i++) print kept[i]; print ")" }
+			next
+		}
+		inblock { if ($1 == p || index($1, p "/") == 1) next; kept[++n] = $0; next }
+		$1 == "replace" && ($2 == p || index($2, p "/") == 1) { next }
+		{ print }
+	' "$root/go.work" | cat -s >"$root/go.work.tmp"
+	# no blank line at the end, then the block
+	sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' "$root/go.work.tmp" >"$root/go.work"
+	rm -f "$root/go.work.tmp"
+	{
+		echo
+		echo "$idem_work_comment"
+		echo "replace ("
+		idem_work_replaces "$version" | sed 's/^/\t/'
+		echo ")"
+	} >>"$root/go.work"
 }

@@ -5,7 +5,9 @@
 #   scripts/release.sh --rehearse             the whole release on a copy of the work
 #                                             tree, at a version no one will see
 #                                             (scripts/test.sh runs it)
-#   scripts/release.sh --tidy                 go mod tidy every module on its own (as a
+#   scripts/release.sh --tidy                 fix what a script can of the rules (idem
+#                                             replace lines, versions, go.work), then
+#                                             go mod tidy every module on its own (as a
 #                                             rehearsal does) and write the result back
 #   scripts/release.sh --apply vX.Y.Z         make the release commit and tags here
 #   scripts/release.sh --apply --push vX.Y.Z  ... and push them to origin
@@ -96,6 +98,9 @@ fi
 
 say() { printf 'release: %s\n' "$*"; }
 
+if ((tidy_back)); then
+	idem_fix
+fi
 if ! idem_check; then
 	echo "release.sh: the modules break the rules above (docs/releasing.md)" >&2
 	exit 1
