@@ -163,7 +163,7 @@ idem_check() {
 	while read -r dir; do
 		[[ -z "$dir" || ! -f "$root/$dir/go.mod" ]] && continue
 		for p in $(idem_replaces "$root/$dir"); do
-			problems+=("$dir/go.mod replaces $p: drop it (cd $dir && go mod edit -dropreplace=$p); go.work joins the modules")
+			problems+=("$dir/go.mod replaces $p: drop it (cd $dir && go mod edit -dropreplace=$p); go.work joins the modules (scripts/release.sh --tidy does it)")
 		done
 		while read -r p v; do
 			[[ -z "$p" ]] && continue
@@ -173,7 +173,7 @@ idem_check() {
 				problems+=("$dir/go.mod requires $p, which is not published (a user could not get it): move what it needs into a published module")
 			fi
 			if [[ "$v" != "$version" ]]; then
-				problems+=("$dir/go.mod requires $p $v, the other modules $version: cd $dir && go mod edit -require=$p@$version")
+				problems+=("$dir/go.mod requires $p $v, the other modules $version: cd $dir && go mod edit -require=$p@$version (scripts/release.sh --tidy does it)")
 			fi
 		done < <(idem_requirements "$root/$dir")
 	done < <(idem_workspace_dirs)
@@ -181,12 +181,13 @@ idem_check() {
 		want=$(idem_work_replaces "$version")
 		have=$(_idem_directive "$root/go.work" replace | awk -v p="$idem_prefix" '$1 == p || index($1, p "/") == 1' | sed -E 's/[[:space:]]+/ /g; s/ $//' | sort)
 		if [[ "$want" != "$have" ]]; then
-			problems+=("go.work's replace lines for idem modules must be exactly these (one per published module, at the version the go.mod files require, $version):
+			problems+=("go.work's replace lines for idem modules must be exactly these (one per published module, at the version the go.mod files require, $version; scripts/release.sh --tidy writes them):
 $(sed 's/^/    /' <<<"$want")")
 		fi
 	fi
 	if ((${#problems[@]} > 0)); then
 		printf 'modules: %s\n' "${problems[@]}" >&2
+		echo "modules: the rules are in docs/releasing.md, \"Which modules are published\"" >&2
 		return 1
 	fi
 }
