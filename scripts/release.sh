@@ -188,6 +188,8 @@ forget_version() {
 		grep -vxF "$version" "$d" >"$d.tmp" || true
 		mv "$d.tmp" "$d"
 	done < <(find "$modcache/cache/download/github.com/idemkit" -path '*/@v/list' 2>/dev/null)
+	# and what is left empty
+	find "$modcache/cache/download/github.com/idemkit" "$modcache/github.com/idemkit" -depth -empty -delete 2>/dev/null || true
 }
 cleanup() {
 	local rc=$?
