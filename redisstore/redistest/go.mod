@@ -1,3 +1,4 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/redisstore/redistest
 
 go 1.26.0
@@ -5,13 +6,13 @@ go 1.26.0
 require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-chi/chi/v5 v5.5.0
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/chiidem v0.0.0
-	github.com/idemkit/idem/echo5idem v0.0.0
-	github.com/idemkit/idem/echoidem v0.0.0
-	github.com/idemkit/idem/ginidem v0.0.0
-	github.com/idemkit/idem/grpcidem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/redisstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/chiidem v0.1.0
+	github.com/idemkit/idem/echo5idem v0.1.0
+	github.com/idemkit/idem/echoidem v0.1.0
+	github.com/idemkit/idem/ginidem v0.1.0
+	github.com/idemkit/idem/grpcidem v0.1.0
+	github.com/idemkit/idem/redisstore v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
 	github.com/redis/go-redis/v9 v9.23.0
@@ -56,14 +57,4 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../../
-	github.com/idemkit/idem/chiidem => ../../chiidem
-	github.com/idemkit/idem/echo5idem => ../../echo5idem
-	github.com/idemkit/idem/echoidem => ../../echoidem
-	github.com/idemkit/idem/ginidem => ../../ginidem
-	github.com/idemkit/idem/grpcidem => ../../grpcidem
-	github.com/idemkit/idem/redisstore => ../
 )
