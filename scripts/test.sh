@@ -8,7 +8,10 @@
 #    unless IDEM_TEST_POSTGRES_DSN and IDEM_TEST_MYSQL_DSN are both already
 #    set, or IDEM_TEST_SKIP_DB_START=1, and a three-node MariaDB Galera
 #    cluster (about 30 s) unless IDEM_TEST_GALERA_DSNS is set or
-#    IDEM_TEST_SKIP_DB_START=1. They are stopped again on exit.
+#    IDEM_TEST_SKIP_DB_START=1, and the Redis servers (one server, a
+#    three-primary cluster, a Sentinel group; a few seconds) unless
+#    IDEM_TEST_REDIS_ADDR is set or IDEM_TEST_SKIP_DB_START=1; a missing
+#    package is installed with apt-get. They are stopped again on exit.
 # 3. For every module of the workspace (go list -m): go vet ./... and
 #    go test -race -count=1 [flags] ./...
 # 4. The release rehearsal (scripts/release.sh --rehearse, about a minute):
@@ -146,6 +149,32 @@ fi
 if [[ -n "${IDEM_TEST_GALERA_DSNS:-}" ]]; then
 	export IDEM_TEST_GALERA_DSNS
 	echo "IDEM_TEST_GALERA_DSNS=$IDEM_TEST_GALERA_DSNS"
+fi
+
+# Redis (redisstore's tests): started with the servers above, or on its
+# own when they came from the environment.
+if [[ -n "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+	:
+elif [[ "${IDEM_TEST_SKIP_DB_START:-}" == 1 ]]; then
+	echo "note: IDEM_TEST_REDIS_ADDR is not set and IDEM_TEST_SKIP_DB_START=1"
+else
+	say "databases: starting Redis (a server, a three-primary cluster, a Sentinel group)"
+	if [[ -z "$dbdir" ]]; then
+		dbdir=$(mktemp -d /tmp/idem-test-db.XXXXXX)
+	fi
+	bash "$root/scripts/dbs.sh" start-redis "$dbdir"
+	# shellcheck disable=SC1091
+	source "$dbdir/env"
+	if [[ -z "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+		echo "test.sh: $dbdir/env did not set IDEM_TEST_REDIS_ADDR" >&2
+		exit 1
+	fi
+fi
+if [[ -n "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+	export IDEM_TEST_REDIS_ADDR IDEM_TEST_REDIS_CLUSTER_ADDRS IDEM_TEST_REDIS_SENTINEL_ADDRS IDEM_TEST_REDIS_SENTINEL_MASTER
+	echo "IDEM_TEST_REDIS_ADDR=$IDEM_TEST_REDIS_ADDR"
+	echo "IDEM_TEST_REDIS_CLUSTER_ADDRS=${IDEM_TEST_REDIS_CLUSTER_ADDRS:-}"
+	echo "IDEM_TEST_REDIS_SENTINEL_ADDRS=${IDEM_TEST_REDIS_SENTINEL_ADDRS:-}"
 fi
 
 if [[ -n "${IDEM_TEST_POSTGRES_DSN:-}" && -n "${IDEM_TEST_MYSQL_DSN:-}" ]]; then

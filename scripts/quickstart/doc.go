@@ -4,5 +4,5 @@
 // idem modules a release publishes, got through a module proxy with no
 // replace line. A call renamed in a module and not here fails the release
 // rehearsal. Each program is in a directory of its own (gin, echo, echo5,
-// chi, gorm, sql, pgx, grpc, otel, client).
+// chi, gorm, sql, pgx, redis, grpc, otel, client).
 package quickstart
