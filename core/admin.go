@@ -211,6 +211,7 @@ func (e *Engine) ReleaseRecord(ctx context.Context, id ID, reason string) error 
 // settleRecord is ResolveRecord's and ReleaseRecord's work: complete the
 // record with resp, or release it (resp nil).
 func (e *Engine) settleRecord(ctx context.Context, id ID, action, reason string, resp *Response) (RecordInfo, error) {
+	began := e.cfg.clock()
 	if strings.TrimSpace(reason) == "" {
 		return RecordInfo{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: give the reason for the action: it is logged with the record", ErrConfig))
 	}
@@ -268,7 +269,7 @@ func (e *Engine) settleRecord(ctx context.Context, id ID, action, reason string,
 		}
 		return RecordInfo{}, e.refused(ctx, id, action, reason, storeErr(err))
 	}
-	e.logAction(ctx, was, action, reason, nil)
+	e.logAction(ctx, was, action, reason, nil, e.cfg.clock().Sub(began))
 	if resp == nil {
 		return RecordInfo{}, nil
 	}
@@ -299,13 +300,14 @@ func (e *Engine) changed(ctx context.Context, id ID, was Record) error {
 
 // refused logs an action that was refused and returns err.
 func (e *Engine) refused(ctx context.Context, id ID, action, reason string, err error) error {
-	e.logAction(ctx, Record{ID: id}, action, reason, err)
+	e.logAction(ctx, Record{ID: id}, action, reason, err, 0)
 	return err
 }
 
 // logAction writes the log line of an operator's action on rec (as read
-// before the action).
-func (e *Engine) logAction(ctx context.Context, rec Record, action, reason string, err error) {
+// before the action), and reports it to the Observer with how long it
+// took (d; 0 for a refusal).
+func (e *Engine) logAction(ctx context.Context, rec Record, action, reason string, err error, d time.Duration) {
 	attrs := []slog.Attr{
 		slog.String("id", rec.ID.String()),
 		slog.String("action", action),
@@ -325,6 +327,16 @@ func (e *Engine) logAction(ctx context.Context, rec Record, action, reason strin
 		attrs = append(attrs, slog.String("result", "done"))
 	}
 	e.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: operator action", attrs...)
+	if o := e.cfg.observer; o != nil {
+		// The Observer sees every action too (otelidem counts them by
+		// decision); this line is its log.
+		ev := Event{Decision: DecisionOperatorReleased, ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope,
+			Key: e.logKey(rec.Key), Attempt: rec.Attempt, Status: rec.Status, Err: err, Duration: d}
+		if action == "resolve_applied" || action == "resolve" {
+			ev.Decision = DecisionOperatorResolved
+		}
+		o(ctx, ev)
+	}
 }
 
 // getErr is the error of a Get of id for an operator.

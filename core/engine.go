@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -21,6 +22,11 @@ type Engine struct {
 	cfg    config
 	def    *Route
 	leases leases
+	// settler is store as a Settler; nil when the store keeps no marks.
+	settler Settler
+	// routes are the named routes (Name), for the Completer.
+	routesMu sync.Mutex
+	routes   map[string]*Route
 }
 
 // New returns an engine over store. It fails with ErrConfig when neither
@@ -35,6 +41,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	e := &Engine{store: store}
 	e.tx, _ = store.(TxStore)
+	e.settler, _ = store.(Settler)
 	e.cfg = config{
 		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, maxAttempt: DefaultMaxAttempt},
 		clock:       time.Now,
@@ -95,7 +102,44 @@ func (e *Engine) Route(opts ...RouteOption) *Route {
 		panic(fmt.Errorf("%w: the route asks for atomic mode (Atomic) but the engine's store, %T, has no transactions (it is not a TxStore): "+
 			"use a SQL store (sqlstore, gormstore or pgxstore), or drop Atomic to run the route in leased mode", ErrConfig, e.store))
 	}
+	if rt.p.name != "" {
+		e.register(rt)
+	}
 	return rt
+}
+
+// register adds the named route rt to the engine's registry. A second
+// route with the same name must have been built from the same options
+// (an adapter that compiles one middleware twice); otherwise it panics:
+// the completer could not tell which route's resolver settles a record.
+func (e *Engine) register(rt *Route) {
+	if rt.p.finish != nil && rt.p.record == nil {
+		panic(fmt.Sprintf("idem: route %q: Finish runs the recorded request again, so the route needs RecordRequest too", rt.p.name))
+	}
+	e.routesMu.Lock()
+	defer e.routesMu.Unlock()
+	if e.routes == nil {
+		e.routes = make(map[string]*Route)
+	}
+	if old, ok := e.routes[rt.p.name]; ok && !old.sameSettling(rt) {
+		panic(fmt.Sprintf("idem: two routes of one engine are named %q (core.Name) with different options: the completer could not tell which one settles a record; give each route a name of its own", rt.p.name))
+	}
+	e.routes[rt.p.name] = rt
+}
+
+// sameSettling reports whether rt and o settle records the same way: the
+// same option values for the resolver, the recorded request, the
+// finisher, the scope and the mode.
+func (rt *Route) sameSettling(o *Route) bool {
+	return rt.p.resolver == o.p.resolver && rt.p.record == o.p.record && rt.p.finish == o.p.finish &&
+		rt.p.scope == o.p.scope && rt.atomic == o.atomic && rt.p.leased == o.p.leased && rt.p.retention == o.p.retention
+}
+
+// namedRoute returns the route named name, or nil.
+func (e *Engine) namedRoute(name string) *Route {
+	e.routesMu.Lock()
+	defer e.routesMu.Unlock()
+	return e.routes[name]
 }
 
 // Atomic reports whether the route runs in atomic mode.
@@ -270,6 +314,19 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
+		if err == nil && res.Claimed && rt.p.name != "" && e.settler != nil {
+			if err = rt.mark(cctx, ctx, id, req); err != nil {
+				// The record would be invisible to the completer: undo the
+				// claim and answer as for a store that failed.
+				if tx != nil {
+					_ = tx.Rollback()
+				} else if !joined {
+					_ = e.store.Release(cctx, id, req.Token)
+				}
+				stop()
+				return nil, answer{err: storeErr(err), decision: DecisionStoreError}
+			}
+		}
 		if err == nil && res.Claimed {
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, expires: req.ExpiresAt, cancel: cancel, stop: stop}
@@ -351,6 +408,19 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		case <-t.C:
 		}
 	}
+}
+
+// mark writes the mark of the record that req claimed, with the
+// route's name and the recorded request that ctx's call carries (a
+// finisher's: also its tries), in the claim's context cctx: in atomic mode
+// in the claim's transaction. The completer first looks at the record a
+// lease after the claim: most attempts have completed by then.
+func (rt *Route) mark(cctx, ctx context.Context, id ID, req ClaimRequest) error {
+	m := Mark{Route: rt.p.name, After: req.Now.Add(rt.e.cfg.lease)}
+	if c, ok := ctx.Value(attemptKey{}).(*call); ok {
+		m.Request, m.Tries = c.markRequest, c.markTries
+	}
+	return rt.e.settler.Mark(cctx, id, req.Token, m)
 }
 
 // busyRetryAfter is the Retry-After of a 409 in-progress for rec, read at
@@ -457,41 +527,125 @@ const (
 // Resolver settles an indeterminate record, for example by asking the
 // payment provider about the downstream key of the failed attempt
 // (DownstreamKeyFor). It is called for a duplicate that meets the record,
-// with that request's context; for a leased route, with any transaction of
-// the store that the context carries hidden (TxStore.WithoutTx), as for
-// every store call of a leased attempt.
+// with that request's context, and by the Completer (Name) without a
+// client. ResolvingRequest(ctx) gives it the request the record settles
+// (RecordRequest). On a store with transactions it runs in a transaction
+// of the store (begun lazily: nothing is sent unless it writes), reached
+// with the store's accessors (sqlstore.Tx, gormstore.DB, pgxstore.Tx):
+// the engine records its answer (the completion, or the release of a
+// record not applied) in that transaction and commits it, so what the
+// resolver writes (the payment it learnt of) and the record's answer are
+// one commit; an unresolved answer or an error rolls it back. A route in
+// atomic mode whose request carries the caller's transaction resolves in
+// that transaction instead.
 type Resolver func(ctx context.Context, rec Record) (Resolution, error)
+
+// resolverError is a failure of the resolver function itself (not of the
+// store): logged at WARN, the record stays as it is.
+type resolverError struct{ err error }
+
+func (e *resolverError) Error() string { return "the resolver failed: " + e.err.Error() }
+func (e *resolverError) Unwrap() error { return e.err }
+
+// applyResolver asks the route's resolver about rec (in progress with a
+// lapsed lease, or indeterminate) and records its answer, fenced by
+// rec.Token, in the resolver's transaction (see Resolver): OutcomeApplied
+// with a response completes the record, OutcomeNotApplied releases it.
+// It returns the outcome (OutcomeUnresolved also for an applied answer
+// without a response), and an error: a *resolverError when the resolver
+// failed, one wrapping ErrFenced when another settler changed the record
+// first (nothing of the resolver's transaction commits then), else a
+// store failure.
+func (rt *Route) applyResolver(ctx context.Context, rec Record, req *RecordedRequest) (Outcome, error) {
+	e := rt.e
+	rctx, tx := ctx, Tx(nil)
+	if e.tx != nil && !e.tx.InTx(ctx) {
+		var err error
+		if rctx, tx, err = e.tx.Begin(ctx); err != nil {
+			return OutcomeUnresolved, err
+		}
+	}
+	end := func(commit bool) error {
+		if tx == nil {
+			return nil
+		}
+		if commit {
+			return tx.Commit()
+		}
+		_ = tx.Rollback()
+		return nil
+	}
+	if req != nil {
+		rctx = context.WithValue(rctx, resolvingKey{}, req)
+	}
+	res, err := (*rt.p.resolver)(rctx, rec)
+	if err != nil {
+		_ = end(false)
+		return OutcomeUnresolved, &resolverError{err: err}
+	}
+	switch {
+	case res.Outcome == OutcomeNotApplied:
+		err = e.store.Release(rctx, rec.ID, rec.Token)
+	case res.Outcome == OutcomeApplied && res.Response != nil:
+		// The resolver's answer is recorded whole (up to the recording
+		// cap), as an operator's is.
+		resp := *res.Response
+		resp.BodyKept = int64(len(resp.Body)) <= e.cfg.maxResponse
+		if !resp.BodyKept {
+			resp.Body = nil
+		}
+		var blob []byte
+		if blob, err = e.sealResponse(rec.ID, &resp, e.cfg.recorded); err == nil {
+			err = e.store.Complete(rctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: resp.Status,
+				Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
+		}
+	default:
+		_ = end(false)
+		return OutcomeUnresolved, nil
+	}
+	if err == nil {
+		err = end(true)
+	} else {
+		_ = end(false)
+	}
+	if errors.Is(err, ErrLostRace) {
+		// The database rolled the resolver's transaction back for a
+		// concurrent one (on Galera: another node's settler of this
+		// record was certified first): another settler won.
+		err = fmt.Errorf("%w: %w", ErrFenced, err)
+	}
+	return res.Outcome, err
+}
 
 // resolve handles an indeterminate record. retry reports that the record
 // was released and the caller should claim again.
 func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool) {
 	e := rt.e
 	if rt.p.resolver != nil && *rt.p.resolver != nil {
-		res, err := (*rt.p.resolver)(ctx, rec)
+		var req *RecordedRequest
+		if c, ok := ctx.Value(attemptKey{}).(*call); ok {
+			req = c.request
+		}
+		outcome, err := rt.applyResolver(ctx, rec, req)
+		var re *resolverError
 		switch {
-		case err != nil:
-			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", err.Error()))
-		case res.Outcome == OutcomeNotApplied:
-			if err := e.store.Release(ctx, rec.ID, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
-			}
-			return answer{}, true
-		case res.Outcome == OutcomeApplied && res.Response != nil:
-			blob, err := e.sealResponse(rec.ID, res.Response, e.cfg.recorded)
-			if err == nil {
-				err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: res.Response.Status,
-					Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
-			}
-			if err != nil && !errors.Is(err, ErrFenced) {
-				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
-			}
-			// Settled (by us, or concurrently by another resolver): read back.
+		case errors.As(err, &re):
+			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", re.err.Error()))
+		case err != nil && !errors.Is(err, ErrFenced):
+			return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
+		case outcome == OutcomeNotApplied:
+			return answer{}, true // released (by us, or by another settler): claim again
+		case outcome == OutcomeApplied:
+			// Settled (by us, or concurrently by another settler): read back.
 			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
 			if errors.Is(err, ErrNotFound) {
 				return answer{}, true // expired or released meanwhile: claim again
 			}
 			if err != nil {
 				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
+			}
+			if got.State != StateCompleted {
+				return answer{}, true // another attempt holds it now: claim again, and decide from what it is
 			}
 			a := rt.replay(ctx, got)
 			a.decision = DecisionResolved

@@ -99,6 +99,12 @@ type call struct {
 	ev          Event // the event to emit, filled in as the request goes
 	ident       Identity
 	fingerprint []byte
+	// request is what the route records of the request (RecordRequest),
+	// nil when nothing; markRequest its sealed form for the mark (a named
+	// route on a Settler), markTries the mark's tries (a finisher's).
+	request     *RecordedRequest
+	markRequest []byte
+	markTries   int
 }
 
 // NativeFrom returns the framework context (*gin.Context, echo.Context)
@@ -231,6 +237,20 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	}
 	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
 	ev.ID = c.ident.ID()
+	if rt.p.record != nil {
+		if c.request, err = rt.recordRequest(r, caller, body); err != nil {
+			ev.Decision, ev.Err = DecisionInvalid, clientErrorf(ErrInvalidRequest, "the fields to record could not be read from the body: %v", err)
+			rt.reject(w, rc, *ev, start)
+			return nil
+		}
+		if rt.p.name != "" && e.settler != nil {
+			if c.markRequest, err = e.sealRequest(ev.ID, c.request); err != nil {
+				ev.Decision, ev.Err = DecisionStoreError, storeErr(err)
+				rt.reject(w, rc, *ev, start)
+				return nil
+			}
+		}
+	}
 	if around != nil && around.att.id == ev.ID && (bytes.Equal(around.fingerprint, c.fingerprint) || rt.p.fingerprint != nil || around.att.rt.p.fingerprint != nil) {
 		// The same request nested behind a writer without Unwrap: the same
 		// identity and fingerprint (with a Fingerprint option on either

@@ -24,6 +24,19 @@ const (
 	DecisionLeaseLost     Decision = "lease_lost"    // the attempt lost its lease; its completion was refused
 	DecisionStoreError    Decision = "store_error"   // the store failed (503, or the handler ran unprotected with WithFailOpen)
 	DecisionInvalid       Decision = "invalid"       // the request was refused before any lookup (400, 401, 413)
+
+	// Decisions of the Completer, without a client (Event.Route is the
+	// route's Name).
+	DecisionSettled        Decision = "settled"         // the resolver's answer (applied) was recorded
+	DecisionSettleReleased Decision = "settle_released" // the resolver said not applied: the record was released
+	DecisionFinished       Decision = "finished"        // the finisher ran the recorded request again (Event.Status: its answer)
+	DecisionLeft           Decision = "left"            // the attempt ceiling was reached: the record is left for the operator
+	DecisionSettleError    Decision = "settle_error"    // the resolver or the store failed; retried after the backoff
+
+	// Decisions of an operator (Engine.ResolveRecord, Engine.ReleaseRecord;
+	// Event.Err when refused). They are logged by the action's own line.
+	DecisionOperatorResolved Decision = "operator_resolved" // resolved as applied
+	DecisionOperatorReleased Decision = "operator_released" // released, or resolved as not applied
 )
 
 // Event describes one decision.
@@ -66,6 +79,10 @@ func (ev *Event) level() slog.Level {
 	switch ev.Decision {
 	case DecisionExecuted, DecisionReplayed, DecisionReleased, DecisionResolved, DecisionRejectedBusy, DecisionMismatch:
 		return slog.LevelDebug
+	case DecisionSettled, DecisionSettleReleased, DecisionFinished:
+		return slog.LevelInfo
+	case DecisionLeft, DecisionSettleError:
+		return slog.LevelWarn
 	case DecisionInvalid:
 		var ce *callerError
 		var fe *fingerprintError

@@ -95,8 +95,11 @@ type policy struct {
 	fingerprint Fingerprinter // nil: DefaultFingerprint
 	optionalKey bool
 	methods     []string
-	maxAttempt  time.Duration // 0: unbounded
-	resolver    *Resolver     // nil: indeterminate records stay so
+	maxAttempt  time.Duration  // 0: unbounded
+	resolver    *Resolver      // nil: indeterminate records stay so
+	name        string         // Name: the route's name for the Completer; "" unnamed
+	record      *RequestFields // RecordRequest; nil: the request is not recorded
+	finish      *FinishFunc    // Finish; nil: "not applied" releases the key
 }
 
 // WithCaller sets the function that names the caller. Either WithCaller or
@@ -283,8 +286,10 @@ func WithObserver(o Observer) Option {
 // failed) or at error (store errors, fail-open, releases and sweeps that
 // failed, wiring faults such as a body read before the middleware or a
 // request refused as not protected). Only an operator's actions
-// (Engine.ResolveRecord, Engine.ReleaseRecord, done or refused) log at
-// info, with the record's id and the operator's reason.
+// (Engine.ResolveRecord, Engine.ReleaseRecord, done or refused) and the
+// Completer's settlements (settled, released, finished) log at info,
+// with the record's id; a record the completer leaves for the operator,
+// and its failures, at warn.
 func WithLogger(l *slog.Logger) Option {
 	return engineOption(func(c *config) error {
 		if l == nil {
@@ -409,4 +414,66 @@ func Methods(methods ...string) RouteOption {
 		ms[i] = strings.ToUpper(m)
 	}
 	return routeOption(func(p *policy) { p.methods = ms })
+}
+
+// Name names the route for the Completer (default: unnamed, so its records
+// are settled only when a client comes back). A named route marks every
+// record it claims (Settler.Mark, a small row beside the record), and the
+// completer settles the records of a marked route that are indeterminate
+// or whose lease lapsed with that route's resolver (WithResolver), without
+// a client. The name identifies the route across deployments and
+// replicas, since nothing else in a record does (the router's pattern is
+// only a label): keep it stable, and give it to one route of an engine
+// (two routes built with the same name and different options panic). At
+// most MaxRouteName bytes; an empty name panics.
+func Name(name string) RouteOption {
+	if name == "" || len(name) > MaxRouteName {
+		panic(fmt.Sprintf("idem: Name must be 1 to %d bytes, got %d", MaxRouteName, len(name)))
+	}
+	return routeOption(func(p *policy) { p.name = name })
+}
+
+// RequestFields chooses what RecordRequest records of a request body: the
+// fields a resolver needs (an amount, an account), so that a record keeps
+// no more of the request than that. An error refuses the request with 400
+// (ErrInvalidRequest) before it runs.
+type RequestFields func(body []byte) ([]byte, error)
+
+// RecordRequest records the request with the route's records (default:
+// not recorded, so records stay small): its method, path with query,
+// caller and body, or what fields chooses from the body (nil: the whole
+// body, at most WithMaxRequestBody bytes), sealed with the engine's
+// Sealer. A resolver reads it with ResolvingRequest, and Finish runs it
+// again. It is written with the route's mark, so it is kept only on a
+// named route (Name) and on a store that implements Settler; on a
+// client's duplicate ResolvingRequest gives that duplicate's request
+// either way.
+func RecordRequest(fields RequestFields) RouteOption {
+	fp := &fields
+	return routeOption(func(p *policy) { p.record = fp })
+}
+
+// FinishFunc runs a recorded request again, for the Completer: it does
+// what the route's handler does for the request req (ResolvingRequest(ctx)
+// gives it too) and returns the answer to record. Its context carries the
+// attempt as a handler's does: MarkEffect, Release, DownstreamKey (the
+// same keys as the first attempt's) and, in atomic mode, the transaction
+// (sqlstore.Tx, gormstore.DB, pgxstore.Tx) work with it. A nil Response
+// is a 500.
+type FinishFunc func(ctx context.Context, req RecordedRequest) *Response
+
+// Finish lets the Completer run a record's request again, in the
+// background, when the route's resolver answers OutcomeNotApplied
+// (default: the record is released, and the next retry with its key
+// runs). The completer releases the record and claims it again as an
+// attempt of its own (a client retrying meanwhile gets 409 with
+// Retry-After, and a finisher that dies is a lapsed lease like any
+// other); fn's answer is classified and recorded as a handler's. It needs
+// RecordRequest and Name: fn runs only what was recorded.
+func Finish(fn FinishFunc) RouteOption {
+	if fn == nil {
+		panic("idem: Finish(nil)")
+	}
+	fp := &fn
+	return routeOption(func(p *policy) { p.finish = fp })
 }

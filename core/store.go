@@ -294,3 +294,70 @@ type Inspector interface {
 	// store's documentation).
 	List(ctx context.Context, q ListQuery) ([]Record, error)
 }
+
+// Mark says that a record is to be settled without a client: a route
+// named with Name writes it with its claim (Settler.Mark), and a
+// Completer reads it back (Settler.Due).
+type Mark struct {
+	// Route is the name of the route that claimed the record (Name): the
+	// completer settles the record with that route's resolver.
+	Route string
+	// Request is the recorded request (RecordRequest), encoded and sealed
+	// by the engine; nil when the route records none. The store keeps it
+	// byte for byte.
+	Request []byte
+	// After is when a completer may look at the record (next).
+	After time.Time
+	// Tries counts the completer's visits so far.
+	Tries int
+}
+
+// Pending is a marked record that a completer may settle: Settler.Due's
+// answer.
+type Pending struct {
+	// Record is the record as Get returns it, except Response, which is
+	// not read (nil).
+	Record Record
+	Mark   Mark
+}
+
+// MaxRouteName bounds the length of a route's name (Name, Mark.Route).
+const MaxRouteName = 100
+
+// Settler is a Store that keeps marks, so a Completer can find the
+// records that need settling without a client. memstore, sqlstore,
+// gormstore and pgxstore implement it (the SQL stores in a table of its
+// own, <table>_settle, which Migrate creates); storetest checks it for
+// every store that does. Marks are written only for routes that opt in
+// (Name): nothing of this interface runs for other routes.
+//
+// A mark belongs to the record id under the token it was written with. A
+// mark is live while its record is live (ExpiresAt > now), in progress or
+// indeterminate, and holds the same token; a record completed, released,
+// expired or claimed again under another token makes its mark stale.
+type Settler interface {
+	Store
+
+	// Mark writes the mark of the record id under token, replacing any
+	// earlier mark of id (whatever its token). It does not read the
+	// record: the engine calls it right after a claim, with the claim's
+	// context (in atomic mode, in the claim's transaction).
+	Mark(ctx context.Context, id ID, token int64, m Mark) error
+
+	// Due returns at most limit live marks whose After <= now, ordered
+	// by After (earliest first), each with its record. Stale marks met
+	// on the way are deleted (not returned), so they cost one visit at
+	// most. limit is 1 to MaxListLimit (else an error wrapping
+	// ErrConfig). Due reads without waiting for a transaction: a mark
+	// written in an open transaction is returned once it commits.
+	Due(ctx context.Context, now time.Time, limit int) ([]Pending, error)
+
+	// Visit moves the mark of id, held under token and last read with
+	// After seen, to after next with tries, and reports whether it did:
+	// of several completers that read the same mark, exactly one visit
+	// succeeds (a compare-and-set on After). The engine always passes a
+	// next that differs from seen (a store may count changed rows).
+	//   - no mark of id, another token, or After differs from seen:
+	//     false, nil (nothing written).
+	Visit(ctx context.Context, id ID, token int64, seen, next time.Time, tries int) (bool, error)
+}

@@ -30,6 +30,7 @@ var (
 	_ core.Store     = (*Store)(nil)
 	_ core.TxStore   = (*Store)(nil)
 	_ core.Inspector = (*Store)(nil)
+	_ core.Settler   = (*Store)(nil)
 )
 
 // Option configures New. gormstore takes sqlstore's options.
@@ -401,6 +402,21 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 // Get implements core.Store.
 func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
 	return s.inner.Get(s.ctx(ctx), id, now)
+}
+
+// Mark implements core.Settler; see sqlstore.Store.Mark.
+func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	return s.inner.Mark(s.ctx(ctx), id, token, m)
+}
+
+// Due implements core.Settler; see sqlstore.Store.Due.
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	return s.inner.Due(s.ctx(ctx), now, limit)
+}
+
+// Visit implements core.Settler; see sqlstore.Store.Visit.
+func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	return s.inner.Visit(s.ctx(ctx), id, token, seen, next, tries)
 }
 
 // List implements core.Inspector; see sqlstore.Store.List.

@@ -28,6 +28,10 @@ import (
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
+// shippedVersions is how many versions sqlstore ships: 0001 the records
+// table, 0002 the completer's marks table.
+const shippedVersions = 2
+
 // shipped is sqlstore's directory of migration files, as a user copies it.
 var shipped = filepath.Join("..", "sqlstore", "migrations")
 
@@ -90,16 +94,16 @@ func gooseRun(up bool) func(t *testing.T, d sqlstore.Dialect, db *sql.DB) {
 			if err != nil {
 				t.Fatalf("goose up: %v", err)
 			}
-			if len(res) != 1 {
-				t.Fatalf("goose up applied %d migrations, want 1", len(res))
+			if len(res) != shippedVersions {
+				t.Fatalf("goose up applied %d migrations, want %d", len(res), shippedVersions)
 			}
 		} else {
 			res, err := p.DownTo(ctx, 0)
 			if err != nil {
 				t.Fatalf("goose down: %v", err)
 			}
-			if len(res) != 1 {
-				t.Fatalf("goose down rolled back %d migrations, want 1", len(res))
+			if len(res) != shippedVersions {
+				t.Fatalf("goose down rolled back %d migrations, want %d", len(res), shippedVersions)
 			}
 		}
 	}
@@ -153,8 +157,8 @@ func migrateRun(up bool) func(t *testing.T, d sqlstore.Dialect, db *sql.DB) {
 		}
 		v, dirty, err := m.Version()
 		switch {
-		case up && (err != nil || v != 1 || dirty):
-			t.Fatalf("golang-migrate after up: version %d, dirty %v, %v; want version 1, clean", v, dirty, err)
+		case up && (err != nil || v != shippedVersions || dirty):
+			t.Fatalf("golang-migrate after up: version %d, dirty %v, %v; want version %d, clean", v, dirty, err, shippedVersions)
 		case !up && !errors.Is(err, migrate.ErrNilVersion):
 			t.Fatalf("golang-migrate after down: version %d, dirty %v, %v; want no version", v, dirty, err)
 		}
@@ -176,6 +180,9 @@ func checkAccepted(t *testing.T, d sqlstore.Dialect, dsn string) {
 	}
 	if err := store.Check(ctx); err != nil {
 		t.Fatalf("sqlstore Check refused the table the tool built: %v", err)
+	}
+	if _, err := store.Due(ctx, time.Now(), 10); err != nil {
+		t.Fatalf("the completer's marks table (0002) the tool built: %v", err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatalf("sqlstore Migrate after the tool: %v", err)

@@ -77,7 +77,7 @@ func New(opts ...Option) (core.Observer, error) {
 	o := &observer{}
 	var err error
 	if o.decisions, err = m.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions of the idempotency engine, by kind (idem.decision): executed, replayed, in_progress, mismatch, released, indeterminate, resolved, lease_lost, store_error, invalid.")); err != nil {
+		metric.WithDescription("Decisions of the idempotency engine, by kind (idem.decision): executed, replayed, in_progress, mismatch, released, indeterminate, resolved, lease_lost, store_error, invalid; the completer's settled, settle_released, finished, left, settle_error; an operator's operator_resolved, operator_released.")); err != nil {
 		return nil, fmt.Errorf("otelidem: %w", err)
 	}
 	if o.duration, err = m.Float64Histogram(MetricDuration, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...),

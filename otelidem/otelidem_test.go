@@ -3,6 +3,8 @@ package otelidem_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -288,4 +290,74 @@ func TestRouteNeverThePath(t *testing.T) {
 	if len(routes) != 1 || !routes["-"] {
 		t.Errorf("routes %v: without a route pattern the metrics must carry no idem.route", routes)
 	}
+}
+
+// The completer's and an operator's decisions are counted by kind like
+// every other: an indeterminate payment settled by the completer without
+// a client ("settled"), one the completer cannot settle left for the
+// operator after its ceiling ("left"), and the operator's release
+// ("operator_released").
+func TestCompleterAndOperatorDecisions(t *testing.T) {
+	f, obs := newFixture(t, memstore.New())
+	now := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { // a millisecond passes at every reading
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(time.Millisecond)
+		return now
+	}
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithClock(clock), core.WithObserver(obs),
+		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	charged := map[string]bool{"a": true}
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = core.MarkEffect(r.Context())
+		w.WriteHeader(http.StatusBadGateway)
+	}), core.Name("payments"), core.RecordRequest(nil), core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+		req, _ := core.ResolvingRequest(ctx)
+		if charged[string(req.Body)] {
+			return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: 201}}, nil
+		}
+		return core.Resolution{}, nil
+	}))
+	for _, body := range []string{"a", "b"} {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+		r.Header.Set(core.HeaderKey, "k-"+body)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	c := e.Completer()
+	c.MaxTries, c.Backoff, c.MaxBackoff = 1, time.Minute, time.Minute
+	for range 3 {
+		mu.Lock()
+		now = now.Add(time.Hour)
+		mu.Unlock()
+		if _, err := c.Complete(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := e.Records(context.Background(), core.RecordQuery{})
+	if err != nil || len(page.Records) != 1 {
+		t.Fatalf("records left: %+v, %v", page, err)
+	}
+	if err := e.ReleaseRecord(context.Background(), mustID(t, page.Records[0].ID), "no charge"); err != nil {
+		t.Fatal(err)
+	}
+	got, _, _ := f.collect(t)
+	for _, d := range []string{"settled", "left", "operator_released"} {
+		if got[otelidem.MetricDecisions][d] != 1 {
+			t.Errorf("%s counted %d times, want 1 (%v)", d, got[otelidem.MetricDecisions][d], got[otelidem.MetricDecisions])
+		}
+	}
+}
+
+func mustID(t *testing.T, s string) core.ID {
+	t.Helper()
+	id, err := core.ParseID(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

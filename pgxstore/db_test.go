@@ -53,7 +53,7 @@ func newStore(t testing.TB, opts ...pgxstore.Option) (*pgxstore.Store, *pgxpool.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_marks"); err != nil {
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
@@ -246,4 +246,12 @@ func BenchmarkStore(b *testing.B) {
 		s, _, _ := newStore(b)
 		return s
 	})
+}
+
+// TestCompleter: sqlstoretest.RunCompleter on pgxstore (two pools on one
+// table and a client's retry settle one payment once).
+func TestCompleter(t *testing.T) {
+	sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.Postgres, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return []sqlstoretest.Fixture{fixture(t)}
+	}})
 }

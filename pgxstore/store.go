@@ -29,7 +29,8 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table string
 	q     pgsql.Statements
-	list  [4]string // List's statements (inspect.go)
+	list  [4]string                // List's statements (inspect.go)
+	mq    storeutil.MarkStatements // core.Settler's (settle.go)
 	// commitComplete is the completion sent in the same round trip as
 	// COMMIT: q.Complete, failing (division by zero) when it matched no
 	// row, so that the COMMIT behind it does not run.
@@ -100,6 +101,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	s.q = pgsql.New(s.table)
 	s.list = listStatements(s.table)
+	s.mq = storeutil.MarkSQL(s.table, storeutil.Postgres)
 	s.commitComplete = `WITH u AS (` + s.q.Complete + ` RETURNING 1) SELECT 1 / count(*)::int FROM u`
 	s.lock = pgsql.Fnv64(s.table)
 	return s, nil
@@ -128,7 +130,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := c.Exec(ctx, s.q.MigrateLock, pgsql.MigrateLockKey(s.table)); err != nil {
 			return unavailable("migrate lock", err)
 		}
-		for _, stmt := range pgsql.Schema(s.table) {
+		for _, stmt := range append(pgsql.Schema(s.table), storeutil.MarksSchema(s.table, storeutil.Postgres)...) {
 			if _, err := c.Exec(ctx, stmt); err != nil {
 				return unavailable("migrate", err)
 			}

@@ -119,8 +119,10 @@ func newSQLStoreOn(t testing.TB, d sqlstore.Dialect, admin *sql.DB, table string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if _, err := admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	return as
@@ -179,8 +181,10 @@ func newGormStore(t testing.TB, d sqlstore.Dialect, db *sql.DB) *gormstore.Store
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	return s

@@ -22,6 +22,10 @@ func TestMigrationFilesMatchSchema(t *testing.T) {
 			filepath.Join("migrations", d.String(), "0001_idempotency_records.down.sql"): dropSchema(d, DefaultTable),
 			filepath.Join("migrations", "goose", d.String(), "00001_idempotency_records.sql"): "-- +goose Up\n" + Schema(d, DefaultTable) +
 				"\n-- +goose Down\n" + dropSchema(d, DefaultTable),
+			filepath.Join("migrations", d.String(), "0002_idempotency_marks.up.sql"):   MarksSchema(d, DefaultTable),
+			filepath.Join("migrations", d.String(), "0002_idempotency_marks.down.sql"): dropMarks(DefaultTable),
+			filepath.Join("migrations", "goose", d.String(), "00002_idempotency_marks.sql"): "-- +goose Up\n" + MarksSchema(d, DefaultTable) +
+				"\n-- +goose Down\n" + dropMarks(DefaultTable),
 		} {
 			dir := filepath.Dir(path)
 			if *update {

@@ -35,8 +35,9 @@ type Store struct {
 	// (WithRequireSyncWait).
 	syncWait bool
 	q        queries
-	lock     uint64   // mixed into Postgres advisory lock keys (per table)
-	reg      registry // ids held by this store's open transactions
+	mq       storeutil.MarkStatements // core.Settler's (settle.go)
+	lock     uint64                   // mixed into Postgres advisory lock keys (per table)
+	reg      registry                 // ids held by this store's open transactions
 	// noRegistry makes every claim ask the database, as a claim from
 	// another process does (WithoutRegistry).
 	noRegistry bool
@@ -150,6 +151,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		}
 	}
 	s.q = d.queries(s.table)
+	s.mq = storeutil.MarkSQL(s.table, d.flavor())
 	s.lock = fnv64(s.table)
 	return s, nil
 }
@@ -167,7 +169,8 @@ func (s *Store) TxOptions() *sql.TxOptions { return s.txOpts }
 func (s *Store) Table() string { return s.table }
 
 // Migrate creates the table and its index if they do not exist (the
-// statements of Schema). Use it for tests and small deployments; otherwise
+// statements of Schema), and the marks table of the completer with its
+// index (MarksSchema). Use it for tests and small deployments; otherwise
 // ship the files in migrations/ with your migration tool.
 //
 // Migrate first checks the server against the dialect (as Check does), so
@@ -177,7 +180,7 @@ func (s *Store) Table() string { return s.table }
 // statements run in one transaction behind an advisory lock derived from
 // the table name; MySQL/MariaDB and SQLite need no lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	stmts := s.d.schema(s.table)
+	stmts := append(s.d.schema(s.table), storeutil.MarksSchema(s.table, s.d.flavor())...)
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err

@@ -15,8 +15,9 @@ import (
 // Store is an in-memory [core.Store] (leased mode). The zero value is not
 // usable; call [New]. A Store is safe for concurrent use.
 type Store struct {
-	mu sync.Mutex // guards m and every slot in it
-	m  map[core.ID]*slot
+	mu    sync.Mutex // guards m, every slot in it, and marks
+	m     map[core.ID]*slot
+	marks map[core.ID]*mark // core.Settler's marks
 }
 
 var (

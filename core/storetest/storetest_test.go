@@ -74,6 +74,12 @@ var mutants = []mutant{
 	{"ListUnchecked", []string{"ListInvalid"}, func() core.Store {
 		return &listUnchecked{Store: memstore.New()}
 	}, nil},
+	{"VisitIgnoresSeen", []string{"SettleVisit"}, func() core.Store {
+		return &visitIgnoresSeen{Store: memstore.New()}
+	}, nil},
+	{"DueIgnoresToken", []string{"SettleStale"}, func() core.Store {
+		return &dueIgnoresToken{Store: memstore.New()}
+	}, nil},
 }
 
 // A store that makes claims wait for an open transaction, as SQLite does,
@@ -401,4 +407,34 @@ func (s *listUnchecked) List(ctx context.Context, q core.ListQuery) ([]core.Reco
 		return nil, nil
 	}
 	return s.Store.List(ctx, q)
+}
+
+// visitIgnoresSeen moves a mark whatever After it was read with: two
+// completers would both visit it.
+type visitIgnoresSeen struct{ *memstore.Store }
+
+func (s *visitIgnoresSeen) Visit(ctx context.Context, id core.ID, token int64, _, next time.Time, tries int) (bool, error) {
+	due, err := s.Store.Due(ctx, next.Add(100*365*24*time.Hour), core.MaxListLimit)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range due {
+		if p.Record.ID == id {
+			return s.Store.Visit(ctx, id, token, p.Mark.After, next, tries)
+		}
+	}
+	return false, nil
+}
+
+// dueIgnoresToken returns the marks of records claimed again under
+// another token: a completer would settle a record with another route's
+// mark. It remembers each mark's token and rewrites it to the record's.
+type dueIgnoresToken struct{ *memstore.Store }
+
+func (s *dueIgnoresToken) Mark(ctx context.Context, id core.ID, _ int64, m core.Mark) error {
+	rec, err := s.Store.Get(ctx, id, time.Time{})
+	if err != nil {
+		return s.Store.Mark(ctx, id, 0, m)
+	}
+	return s.Store.Mark(ctx, id, rec.Token, m)
 }

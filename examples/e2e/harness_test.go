@@ -33,8 +33,9 @@ import (
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
-// binary is the orders service, built once by TestMain.
-var binary string
+// binary is the orders service, built once by TestMain; idemctl the
+// operator's command.
+var binary, idemctl string
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
@@ -73,8 +74,18 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: go %s: %v\n", strings.Join(args, " "), err)
 		return 1
 	}
+	// idemctl, the operator's command, from its own module (the e2e
+	// tests run it against the service's database).
+	idemctl = filepath.Join(dir, "idemctl")
+	cmd = exec.Command(goTool, "build", "-o", idemctl, ".")
+	cmd.Dir = filepath.Join("..", "..", "idemctl")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go build idemctl: %v\n", err)
+		return 1
+	}
 	if testing.Verbose() {
-		fmt.Fprintf(os.Stderr, "e2e: built %s (race=%v) in %s\n", binary, raceEnabled, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "e2e: built %s (race=%v) and idemctl in %s\n", binary, raceEnabled, time.Since(start).Round(time.Millisecond))
 	}
 	return m.Run()
 }

@@ -240,27 +240,50 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, c)
 }
 
-// settlePayment is the payment route's core.Resolver: a payment left indeterminate
-// (the provider was called, then the attempt failed, for example recording
-// the charge) is settled from the provider's own record of the downstream
-// key when a retry meets it. Charged: the charge is recorded (once per
-// provider charge id) and the retry gets the 201 the handler would have
-// sent. Not charged: nothing happened, the key is released and the retry
+// settlePayment is the payment route's core.Resolver: a payment left
+// indeterminate (the provider was called, then the attempt failed, for
+// example recording the charge) is settled from the provider's own record
+// of the downstream key, when a retry meets it or, without any client,
+// when the completer (main.go) finds it. Charged: the missing payment is
+// recorded from the recorded request (core.RecordRequest: the order in
+// its path, the account that sent it, the amount in its body), in the
+// resolver's transaction, which commits with the answer (on a SQL store:
+// one commit, so a payment is never recorded twice nor without its
+// answer), and every retry gets the 201 the handler would have sent. Not
+// charged: nothing happened, the key is released and the next retry
 // runs. It is the payment route's own (paymentRoute), so it only meets
 // the records of payment requests: a key is unique within its caller
 // (the scope is empty), and a record that another request left under the
 // same key answers a payment with a 422 before any resolver is asked (the
 // fingerprint holds the method and the concrete path).
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
-	pr, err := a.repo.providerLookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
+	pr, err := a.repo.providerLookup(a.outside(ctx), core.DownstreamKeyFor(rec.ID, "charge"))
 	if errors.Is(err, errNotFound) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
 	}
-	c, err := a.repo.insertCharge(ctx, &Charge{OrderID: pr.OrderID, Account: pr.Account, AmountCents: pr.AmountCents,
-		ProviderChargeID: pr.ChargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)})
+	ch := &Charge{ProviderChargeID: pr.ChargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	req, ok := core.ResolvingRequest(ctx)
+	if !ok {
+		return core.Resolution{}, errors.New("the payment's request was not recorded (core.RecordRequest on the payment route)")
+	}
+	var in struct {
+		AmountCents int64 `json:"amount_cents"`
+	}
+	if ch.OrderID, err = orderIDFromPath(req.Path); err != nil {
+		return core.Resolution{}, fmt.Errorf("the recorded request: %w", err)
+	}
+	if err := json.Unmarshal(req.Body, &in); err != nil {
+		return core.Resolution{}, fmt.Errorf("the recorded request's body: %w", err)
+	}
+	ch.Account, ch.AmountCents = req.Caller, in.AmountCents
+	if ch.Account != pr.Account || ch.OrderID != pr.OrderID || ch.AmountCents != pr.AmountCents {
+		return core.Resolution{}, fmt.Errorf("the provider's charge %s (%s, order %d, %d cents) is not the recorded request's (%s, order %d, %d cents): settle it by hand",
+			pr.ChargeID, pr.Account, pr.OrderID, pr.AmountCents, ch.Account, ch.OrderID, ch.AmountCents)
+	}
+	c, err := a.repo.insertCharge(ctx, ch)
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("recording the provider's charge: %w", err)
 	}

@@ -37,8 +37,10 @@ type options struct {
 	dsn        string
 	workDelay  time.Duration
 	sweepEvery time.Duration
-	lease      time.Duration
-	retention  time.Duration
+	// completeEvery: how often the completer looks for stuck payments.
+	completeEvery time.Duration
+	lease         time.Duration
+	retention     time.Duration
 	// otel is -otel: off, stdout or prometheus (see otel.go);
 	// otelInterval how often -otel stdout writes the metrics.
 	otel         string
@@ -61,6 +63,7 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", "", "database DSN (default for sqlite: orders.db in the working directory)")
 	flag.DurationVar(&o.workDelay, "work-delay", 0, "simulated slow work inside each request (to try a concurrent retry by hand)")
 	flag.DurationVar(&o.sweepEvery, "sweep-every", time.Minute, "how often expired idempotency records are deleted")
+	flag.DurationVar(&o.completeEvery, "complete-every", core.DefaultCompleteEvery, "how often the completer settles stuck payments without a client (0: no completer)")
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
 	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
 	flag.StringVar(&o.otel, "otel", "off", "OpenTelemetry metrics and traces: off, stdout (JSON on standard output) or prometheus (GET /metrics)")
@@ -151,6 +154,20 @@ func run(o options, logger *slog.Logger) error {
 	sweeper.Every = o.sweepEvery
 	sweeper.Start(ctx)
 	defer sweeper.Stop()
+
+	// The completer settles payments left indeterminate, or whose
+	// attempt died, without waiting for the client's retry (every
+	// replica runs one; each record is visited by one at a time).
+	// -complete-every 0 runs none (an operator settles them), and a
+	// store that keeps no marks (core.Settler) has none to run.
+	if _, marks := b.store.(core.Settler); marks && o.completeEvery > 0 {
+		completer := e.Completer()
+		completer.Every = o.completeEvery
+		if err := completer.Start(ctx); err != nil {
+			return err
+		}
+		defer completer.Stop()
+	}
 
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {

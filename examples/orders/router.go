@@ -34,7 +34,11 @@ func newRouter(framework string, store core.Store, a *app, opts []core.Option) (
 // own resolver, which settles a payment left indeterminate from the
 // provider's record.
 func (a *app) paymentRoute() []core.RouteOption {
-	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment)}
+	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment),
+		// Named for the completer, which settles a payment left
+		// indeterminate without a client; the request is recorded for
+		// the resolver, which records the missing payment from it.
+		core.Name("payments"), core.RecordRequest(nil)}
 }
 
 func unauthorized(w http.ResponseWriter) {

@@ -124,8 +124,10 @@ func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := db.Exec("DROP TABLE IF EXISTS " + table).Error; err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if err := db.Exec("DROP TABLE IF EXISTS " + tb).Error; err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	twin := func(t testing.TB) *gormstore.Store {
@@ -368,3 +370,14 @@ func TestPool(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqls
 // TestWithin: core.Route.Within, a service that owns its GORM transaction
 // (db.Transaction, gormstore.WithTx), over HTTP on every database.
 func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }
+
+// TestCompleter: sqlstoretest.RunCompleter on gormstore.
+func TestCompleter(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: d, New: func(t *testing.T) []sqlstoretest.Fixture {
+				return []sqlstoretest.Fixture{fixture(t, d)}
+			}})
+		})
+	}
+}

@@ -95,8 +95,10 @@ func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sql
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
+		for _, tb := range []string{table, table + "_marks"} {
+			if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+				t.Errorf("drop %s: %v", tb, err)
+			}
 		}
 	})
 	twin := func(t testing.TB) *sqlstore.Store {
@@ -272,3 +274,17 @@ func TestPool(t *testing.T) {
 // transaction (BeginTx, sqlstore.WithTx, Commit), over HTTP on every
 // database.
 func TestWithin(t *testing.T) { sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunWithin) }
+
+// TestCompleter: the completers of two replicas (two pools on one table)
+// and a client's retry race to settle an indeterminate payment whose
+// resolver writes the payment row in its transaction: one settler, one
+// row (sqlstoretest.RunCompleter).
+func TestCompleter(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: d, New: func(t *testing.T) []sqlstoretest.Fixture {
+				return []sqlstoretest.Fixture{fixture(t, d)}
+			}})
+		})
+	}
+}

@@ -79,7 +79,7 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, tb := range []string{table, orders} {
+		for _, tb := range []string{table, table + "_marks", orders} {
 			if _, err := dbs[0].ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
@@ -300,4 +300,13 @@ func TestGaleraCheckSyncWait(t *testing.T) {
 	if err := check(t, single, sqlstore.WithRequireSyncWait()); err != nil {
 		t.Fatalf("Check on a server without Galera: %v", err)
 	}
+}
+
+// TestGaleraCompleter: the completer's race with the replicas on two
+// Galera nodes (sqlstoretest.RunCompleter): one settler across the
+// cluster, one payment row.
+func TestGaleraCompleter(t *testing.T) {
+	sqlstoretest.RunCompleter(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return galeraFixtures(t, galeraLayout{syncWait: true})
+	}})
 }

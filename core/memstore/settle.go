@@ -1,0 +1,97 @@
+package memstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+var _ core.Settler = (*Store)(nil)
+
+// mark is a stored core.Mark with the token it was written under.
+type mark struct {
+	token int64
+	m     core.Mark
+}
+
+// Mark implements [core.Settler]. Marks are not transactional: a mark
+// written in a transaction that rolls back is stale (its record is
+// absent) and Due deletes it.
+func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	if _, err := s.txFrom(ctx); err != nil {
+		return err
+	}
+	m.Request = cloneBytes(m.Request)
+	m.After = m.After.UTC()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.marks == nil {
+		s.marks = make(map[core.ID]*mark)
+	}
+	s.marks[id] = &mark{token: token, m: m}
+	return nil
+}
+
+// Due implements [core.Settler]: it looks at every mark (memstore keeps
+// no index). A mark whose record an open transaction holds is skipped:
+// it is neither returned nor deleted.
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	if limit < 1 || limit > core.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+	}
+	if _, err := s.txFrom(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []core.Pending
+	for id, mk := range s.marks {
+		if mk.m.After.After(now) {
+			continue
+		}
+		cur, busy := s.m[id].view(nil)
+		if busy {
+			continue
+		}
+		if cur == nil || !live(cur, now) || cur.Token != mk.token || cur.State == core.StateCompleted {
+			delete(s.marks, id)
+			continue
+		}
+		rec := clone(cur)
+		rec.Response = nil
+		m := mk.m
+		m.Request = cloneBytes(m.Request)
+		out = append(out, core.Pending{Record: rec, Mark: m})
+	}
+	slices.SortFunc(out, func(a, b core.Pending) int {
+		if c := a.Mark.After.Compare(b.Mark.After); c != 0 {
+			return c
+		}
+		return cmp.Compare(string(a.Record.ID[:]), string(b.Record.ID[:]))
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// Visit implements [core.Settler].
+func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	if _, err := s.txFrom(ctx); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mk := s.marks[id]
+	if mk == nil || mk.token != token || !mk.m.After.Equal(seen) {
+		return false, nil
+	}
+	n := *mk
+	n.m.After, n.m.Tries = next.UTC(), tries
+	s.marks[id] = &n
+	return true, nil
+}

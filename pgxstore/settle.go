@@ -1,0 +1,122 @@
+package pgxstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/storeutil"
+)
+
+var _ core.Settler = (*Store)(nil)
+
+// markFailure is the error of a marks statement: the table may be
+// missing (a table migrated before the completer: run Migrate, or
+// sqlstore's migrations/postgres/0002_idempotency_marks.up.sql).
+func (s *Store) markFailure(ctx context.Context, op string, err error) error {
+	return s.failure(ctx, fmt.Sprintf("%s (is table %s there? Migrate creates it, or sqlstore's migrations/postgres/0002_idempotency_marks.up.sql)",
+		op, storeutil.MarksTable(s.table)), err)
+}
+
+// Mark implements core.Settler with sqlstore's statement (the marks
+// table both stores share): one upsert, in the transaction ctx carries
+// (atomic mode: the claim's), else on its own.
+func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Exec(ctx, s.mq.Mark, id[:], token, m.Route, nullBytes(m.Request), timeArg(m.After), int32(m.Tries)); err != nil {
+		return s.markFailure(ctx, "mark", err)
+	}
+	return nil
+}
+
+// Due implements core.Settler as sqlstore's does: a range read of the
+// marks' due_at index joined to the records, without locks; the stale
+// marks it meets are deleted afterwards in a short transaction that
+// skips marks another transaction holds.
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	if limit < 1 || limit > core.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+	}
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := c.Query(ctx, s.mq.Due, timeArg(now), limit)
+	if err != nil {
+		return nil, s.markFailure(ctx, "due", err)
+	}
+	var (
+		out       []core.Pending
+		staleArgs []any
+	)
+	for rows.Next() {
+		var (
+			p     core.Pending
+			mid   []byte
+			token int64
+			tries int32
+		)
+		found, err := scanRecord(rows, &p.Record, &mid, &token, &p.Mark.Route, &p.Mark.Request, &p.Mark.After, &tries)
+		if err != nil {
+			rows.Close()
+			return nil, unavailable("due", err)
+		}
+		p.Mark.After = p.Mark.After.UTC()
+		p.Mark.Tries = int(tries)
+		if !found || p.Record.Token != token || !p.Record.ExpiresAt.After(now) ||
+			(p.Record.State != core.StateInProgress && p.Record.State != core.StateIndeterminate) {
+			staleArgs = append(staleArgs, mid, token, timeArg(p.Mark.After))
+			continue
+		}
+		out = append(out, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, s.failure(ctx, "due", err)
+	}
+	if n := len(staleArgs) / 3; n > 0 {
+		err := s.inShortTx(ctx, func(c querier) error {
+			rows, err := c.Query(ctx, s.mq.Stale(n), staleArgs...)
+			if err != nil {
+				return err
+			}
+			var ids []any
+			for rows.Next() {
+				var id []byte
+				if err := rows.Scan(&id); err != nil {
+					rows.Close()
+					return err
+				}
+				ids = append(ids, id)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil || len(ids) == 0 {
+				return err
+			}
+			_, err = c.Exec(ctx, s.mq.Delete(len(ids)), ids...)
+			return err
+		})
+		if err != nil && ctx.Err() != nil {
+			return nil, unavailable("due", err)
+		}
+	}
+	return out, nil
+}
+
+// Visit implements core.Settler: one UPDATE that compares the token and
+// the due_at it was read with.
+func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	tag, err := c.Exec(ctx, s.mq.Visit, timeArg(next), int32(tries), id[:], token, timeArg(seen))
+	if err != nil {
+		return false, s.markFailure(ctx, "visit", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

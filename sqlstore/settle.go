@@ -1,0 +1,187 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/storeutil"
+)
+
+var _ core.Settler = (*Store)(nil)
+
+// flavor is the dialect's flavor of the shared marks statements.
+func (d Dialect) flavor() storeutil.Flavor {
+	switch d {
+	case Postgres:
+		return storeutil.Postgres
+	case MySQL:
+		return storeutil.MySQL
+	}
+	return storeutil.SQLite
+}
+
+// MarksSchema returns the DDL that creates the marks table of table
+// (core.Settler: "<table>_marks", the completer's) and its index, as
+// migrations/<dialect>/0002_idempotency_marks.up.sql holds it for the
+// default table. Migrate creates it with the records table. A deployment
+// that does not name routes for the completer (core.Name) writes nothing
+// to it.
+func MarksSchema(d Dialect, table string) string {
+	return strings.Join(storeutil.MarksSchema(table, d.flavor()), ";\n\n") + ";\n"
+}
+
+// dropMarks is the down migration of MarksSchema.
+func dropMarks(table string) string {
+	return "DROP TABLE IF EXISTS " + storeutil.MarksTable(table) + ";\n"
+}
+
+// markFailure is the error of a marks statement: the table may be
+// missing (a table migrated before the completer: run Migrate, or the
+// 0002 migration).
+func (s *Store) markFailure(ctx context.Context, op string, err error) error {
+	return s.failure(ctx, fmt.Sprintf("%s (is table %s there? Migrate creates it, or migrations/%s/0002_idempotency_marks.up.sql)",
+		op, storeutil.MarksTable(s.table), s.d), err)
+}
+
+// Mark implements core.Settler: one upsert into the marks table, in the
+// transaction ctx carries (atomic mode: the claim's), else on its own.
+func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, c, inTx, s.mq.Mark, id[:], token, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
+		return s.markFailure(ctx, "mark", err)
+	}
+	return nil
+}
+
+// staleMark is a mark Due found stale, as it read it.
+type staleMark struct {
+	id    []byte
+	token int64
+	due   time.Time
+}
+
+// Due implements core.Settler: a range read of the marks table's due_at
+// index, joined to the records by id, without locks. The stale marks it
+// meets are deleted afterwards in a short transaction of their own that
+// skips marks another transaction holds (FOR UPDATE SKIP LOCKED; SQLite:
+// a plain DELETE); a failure to delete them is not an error (the next
+// call tries again).
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	if limit < 1 || limit > core.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+	}
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := c.QueryContext(ctx, s.mq.Due, s.d.timeArg(now), limit)
+	if err != nil {
+		return nil, s.markFailure(ctx, "due", err)
+	}
+	var (
+		out   []core.Pending
+		stale []staleMark
+	)
+	for rows.Next() {
+		var (
+			p     core.Pending
+			mid   []byte
+			token int64
+			tries int64
+		)
+		found, err := scanRecord(rows, &p.Record, &mid, &token, &p.Mark.Route, &p.Mark.Request, dbTime{&p.Mark.After}, &tries)
+		if err != nil {
+			rows.Close()
+			return nil, unavailable("due", err)
+		}
+		p.Mark.Tries = int(tries)
+		if !found || p.Record.Token != token || !p.Record.ExpiresAt.After(now) ||
+			(p.Record.State != core.StateInProgress && p.Record.State != core.StateIndeterminate) {
+			stale = append(stale, staleMark{id: mid, token: token, due: p.Mark.After})
+			continue
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		rows.Close()
+		return nil, s.failure(ctx, "due", err)
+	}
+	rows.Close()
+	if len(stale) > 0 {
+		if err := s.deleteStale(ctx, c, inTx, stale); err != nil && ctx.Err() != nil {
+			return nil, unavailable("due", err)
+		}
+	}
+	return out, nil
+}
+
+// deleteStale deletes the stale marks, each only if it is still as Due
+// read it.
+func (s *Store) deleteStale(ctx context.Context, c Conn, inTx bool, stale []staleMark) error {
+	args := make([]any, 0, 3*len(stale))
+	for _, m := range stale {
+		args = append(args, m.id, m.token, s.d.timeArg(m.due))
+	}
+	q := s.mq.Stale(len(stale))
+	if s.d == SQLite {
+		_, err := c.ExecContext(ctx, q, args...)
+		return err
+	}
+	run := func(c Conn) error {
+		rows, err := c.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		var ids []any
+		for rows.Next() {
+			var id []byte
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(ids) == 0 {
+			return err
+		}
+		_, err = c.ExecContext(ctx, s.mq.Delete(len(ids)), ids...)
+		return err
+	}
+	if inTx {
+		return run(c)
+	}
+	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	if err != nil {
+		return err
+	}
+	if err := run(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Visit implements core.Settler: one UPDATE that compares the token and
+// the due_at it was read with.
+func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	c, inTx, err := s.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	res, err := s.exec(ctx, c, inTx, s.mq.Visit, s.d.timeArg(next), tries, id[:], token, s.d.timeArg(seen))
+	if err != nil {
+		return false, s.markFailure(ctx, "visit", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, unavailable("rows affected", err)
+	}
+	return n == 1, nil
+}

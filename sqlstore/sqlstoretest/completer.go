@@ -1,0 +1,179 @@
+package sqlstoretest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/core"
+)
+
+// RunCompleter runs the completer's race on cfg's stores: an indeterminate
+// payment (the handler marked the charge and answered 502) meets, at the
+// same moment, the completers of two replicas (engines on different
+// fixtures: the nodes of a cluster; on one database, the fixture's store
+// and its Twin, another pool) and a client's retry on the second replica.
+// Every settler asks the same resolver, which learns that the provider
+// charged and, in the resolver's transaction, writes the missing payment
+// row (Fixture.Insert) before the engine records its answer. Exactly one
+// settler commits: one payment row, the handler never runs again, the
+// client gets the recorded 502 or the resolved 201, and every later retry
+// the 201. It runs leased and atomic routes, each for several rounds.
+func RunCompleter(t *testing.T, cfg ClusterConfig) {
+	for _, leased := range []bool{true, false} {
+		t.Run(map[bool]string{true: "leased", false: "atomic"}[leased], func(t *testing.T) {
+			fs := cfg.New(t)
+			stores := make([]core.TxStore, 0, 2)
+			fixtures := make([]Fixture, 0, 2)
+			for _, f := range fs {
+				stores, fixtures = append(stores, f.Store), append(fixtures, f)
+			}
+			if len(stores) == 1 {
+				stores, fixtures = append(stores, fs[0].Twin(t)), append(fixtures, fs[0])
+			}
+			completerRace(t, stores[:2], fixtures[:2], leased)
+		})
+	}
+}
+
+// completerClock is the replicas' shared clock, moved by the test.
+type completerClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *completerClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *completerClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// replica is one service of the race: an engine, its payment route and
+// its completer.
+type replica struct {
+	e   *core.Engine
+	mux http.Handler
+	c   *core.Completer
+}
+
+func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leased bool) {
+	const rounds = 6
+	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
+	var ran atomic.Int32
+	charged := map[string]bool{} // downstream keys the provider charged
+	var mu sync.Mutex
+	quiet := core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	reps := make([]*replica, len(stores))
+	for i, s := range stores {
+		f := fixtures[i]
+		e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resolver := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+			req, ok := core.ResolvingRequest(ctx)
+			if !ok {
+				return core.Resolution{}, fmt.Errorf("no recorded request")
+			}
+			mu.Lock()
+			ok = charged[core.DownstreamKeyFor(rec.ID, "charge")]
+			mu.Unlock()
+			if !ok {
+				return core.Resolution{}, nil
+			}
+			// The provider charged: record the payment with the answer.
+			if err := f.Insert(ctx, "payment-"+string(req.Body)); err != nil {
+				return core.Resolution{}, err
+			}
+			return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: http.StatusCreated,
+				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"paid":"` + string(req.Body) + `"}`)}}, nil
+		})
+		opts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver}
+		if leased {
+			opts = append(opts, core.Leased())
+		}
+		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ran.Add(1)
+			key, err := core.DownstreamKey(r.Context(), "charge")
+			if err == nil {
+				err = core.MarkEffect(r.Context())
+			}
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			charged[key] = true // the provider charged, but its answer was lost
+			mu.Unlock()
+			w.WriteHeader(http.StatusBadGateway)
+		}), opts...)
+		c := e.Completer()
+		if err := c.Check(); err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = &replica{e: e, mux: h, c: c}
+	}
+	pay := func(rp *replica, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+		r.Header.Set(core.HeaderKey, key)
+		w := httptest.NewRecorder()
+		rp.mux.ServeHTTP(w, r)
+		return w
+	}
+	for round := range rounds {
+		ran.Store(0)
+		key := fmt.Sprintf("completer-%d-%s", round, Table())
+		body := key
+		if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
+			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
+		}
+		clock.add(2 * core.DefaultLease)
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		results := make([]core.CompleteResult, len(reps))
+		for i, rp := range reps {
+			wg.Go(func() {
+				<-gate
+				res, err := rp.c.Complete(ctxT(t))
+				if err != nil {
+					t.Errorf("round %d: replica %d's completer: %v", round, i, err)
+				}
+				results[i] = res
+			})
+		}
+		var retry *httptest.ResponseRecorder
+		wg.Go(func() {
+			<-gate
+			retry = pay(reps[1], key, body)
+		})
+		close(gate)
+		wg.Wait()
+		if retry.Code != http.StatusCreated && retry.Code != http.StatusBadGateway {
+			t.Errorf("round %d: the racing retry got %d %s, want the recorded 502 or the resolved 201", round, retry.Code, retry.Body)
+		}
+		for i, rp := range reps {
+			if w := pay(rp, key, body); w.Code != http.StatusCreated || w.Body.String() != `{"paid":"`+body+`"}` {
+				t.Errorf("round %d: a later retry on replica %d: %d %s, want the resolved 201", round, i, w.Code, w.Body)
+			}
+		}
+		if n := fixtures[0].Count(t, "payment-"+body); n != 1 {
+			t.Errorf("round %d: %d payment rows (completers: %+v, %+v), want exactly one settler's", round, n, results[0], results[1])
+		}
+		if n := ran.Load(); n != 1 {
+			t.Errorf("round %d: the handler ran %d times, want once", round, n)
+		}
+	}
+}
