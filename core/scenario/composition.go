@@ -28,12 +28,12 @@ type NestedFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handl
 
 // RunNested runs the scenarios of a route protected twice (a global
 // install plus a per-route one) through f.
-func RunNested(t *testing.T, f NestedFactory) {
+func RunNested(t *testing.T, f NestedFactory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunNested: nil NestedFactory")
 	}
-	run(t, nestedScenarios, builder(f), true)
+	run(t, nestedScenarios, builder(f), true, opts)
 }
 
 // nestedScenarios is the suite RunNested runs.

@@ -45,12 +45,12 @@ type GlobalFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handl
 // Run runs every scenario through f, each as a subtest with its own engine
 // and store, in both modes (leased: memstore.New(); atomic:
 // memstore.New().Atomic()) where the scenario applies to both.
-func Run(t *testing.T, f Factory) {
+func Run(t *testing.T, f Factory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.Run: nil Factory")
 	}
-	run(t, scenarios, builder(f), true)
+	run(t, scenarios, builder(f), true, opts)
 }
 
 // RunGlobal runs the scenarios that concern a middleware installed for the
@@ -59,12 +59,12 @@ func Run(t *testing.T, f Factory) {
 // requests to /orders/1/refunds and /orders/2/refunds, or to /orders and
 // /orders/1/cancel, with the same key address one record, and the second
 // gets a 422; and that the router's own 404 and 405 pass untouched.
-func RunGlobal(t *testing.T, f GlobalFactory) {
+func RunGlobal(t *testing.T, f GlobalFactory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunGlobal: nil GlobalFactory")
 	}
-	run(t, globalScenarios, builder(f), true)
+	run(t, globalScenarios, builder(f), true, opts)
 }
 
 // builder is what both factory kinds have in common.
@@ -101,8 +101,13 @@ const both = leased | atomicMode
 // run runs list with routers from build; labelled: they label every
 // decision with the route pattern (the middleware does; Route.Within
 // called by hand does not know it).
-func run(t *testing.T, list []scenario, build builder, labelled bool) {
+func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Option) {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.check(t, list)
 	for _, m := range []mode{leased, atomicMode} {
 		if !slices.ContainsFunc(list, func(s scenario) bool { return s.modes&m != 0 }) {
 			continue
@@ -113,6 +118,9 @@ func run(t *testing.T, list []scenario, build builder, labelled bool) {
 					continue
 				}
 				t.Run(s.name, func(t *testing.T) {
+					if reason, ok := o.except[s.name]; ok {
+						t.Skipf("left out for this adapter: %s", reason)
+					}
 					t.Cleanup(func() {
 						if t.Failed() {
 							t.Logf("rule: %s", s.rule)

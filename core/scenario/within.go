@@ -46,12 +46,12 @@ var withinScenarios = []scenario{
 // must serve each route with Route.Within, with a TxFunc that opens the
 // transaction the service would (StoreTx gives one over the engine's
 // store): the handler is the route's Handler.
-func RunWithin(t *testing.T, f Factory) {
+func RunWithin(t *testing.T, f Factory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunWithin: nil Factory")
 	}
-	run(t, withinScenarios, builder(f), false)
+	run(t, withinScenarios, builder(f), false, opts)
 }
 
 // StoreTx is the TxFunc of a service whose transactions are the engine's
