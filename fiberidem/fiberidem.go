@@ -84,12 +84,12 @@ func (config Config) ToMiddleware() (fiber.Handler, error) {
 		return nil, fmt.Errorf("%w: fiberidem: Config.Engine is nil", core.ErrConfig)
 	}
 	skip := config.Next
-	rt := config.Engine.Route(config.Options...)
+	rt, keyHeader := config.Engine.Route(config.Options...), config.Engine.KeyHeader()
 	return func(c fiber.Ctx) error {
 		if skip != nil && skip(c) {
 			return c.Next()
 		}
-		if !protects(rt, c) && !nested(c) {
+		if !protects(rt, keyHeader, c) && !nested(c) {
 			return c.Next()
 		}
 		pattern, routed := routeOf(c)

@@ -17,6 +17,7 @@ import (
 	"github.com/gofiber/fiber/v3"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/fiberidem"
 )
 
@@ -330,4 +331,54 @@ func TestNilEngine(t *testing.T) {
 		}
 	}()
 	fiberidem.New(nil)
+}
+
+// TestWithinFiberHandler: fiberidem.Within runs a Fiber handler inside
+// the service's transaction: c.Bind, c.JSON, the transaction and the
+// attempt in c.Context(), and an error returned through the app's
+// ErrorHandler, recorded and replayed.
+func TestWithinFiberHandler(t *testing.T) {
+	e, err := core.New(memstore.New().Atomic(), core.WithSingleCaller())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, route := scenario.StoreTx(e), e.Route()
+	var runs atomic.Int32
+	create := func(c fiber.Ctx) error {
+		runs.Add(1)
+		if info, ok := core.AttemptFrom(c.Context()); !ok || !info.Atomic || !e.Store().(core.TxStore).InTx(c.Context()) {
+			return errors.New("no transaction in c.Context()")
+		}
+		var in struct{ Item string }
+		if err := c.Bind().JSON(&in); err != nil {
+			return err
+		}
+		if in.Item == "" {
+			return fiber.NewError(http.StatusConflict, "out of stock")
+		}
+		return c.Status(http.StatusCreated).JSON(fiber.Map{"item": in.Item})
+	}
+	app := fiber.New()
+	app.Post("/orders", func(c fiber.Ctx) error { return fiberidem.Within(c, route, inTx, create) })
+	url := listen(t, app) + "/orders"
+	client := &http.Client{}
+	for _, tt := range []struct {
+		key, body, want string
+		status          int
+	}{
+		{"k1", `{"item":"coffee"}`, `{"item":"coffee"}`, http.StatusCreated},
+		{"k2", `{}`, "out of stock", http.StatusConflict}, // Fiber's DefaultErrorHandler
+	} {
+		first := send(t, client, "POST", url, "", tt.key, tt.body)
+		again := send(t, client, "POST", url, "", tt.key, tt.body)
+		if first != (answer{tt.status, tt.want, false}) {
+			t.Errorf("%s: %+v, want %d %s", tt.key, first, tt.status, tt.want)
+		}
+		if again != (answer{first.status, first.body, true}) {
+			t.Errorf("%s replay: %+v, want the first answer replayed", tt.key, again)
+		}
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("the handler ran %d times, want 2", n)
+	}
 }

@@ -10,18 +10,18 @@ import (
 )
 
 // protects reports whether rt protects c's request (method covered; with
-// KeyOptional, a key sent), asking rt.Protects with a request of c's
+// KeyOptional, a key sent in keyHeader, the engine's KeyHeader), asking rt.Protects with a request of c's
 // method and, when c carries a key, that header field alone: no copy of
 // c's request for one it passes through.
-func protects(rt *core.Route, c fiber.Ctx) bool {
+func protects(rt *core.Route, keyHeader string, c fiber.Ctx) bool {
 	probe := http.Request{Method: c.Method()}
 	if rt.Protects(&probe) {
 		return true
 	}
-	if len(c.Request().Header.Peek(core.HeaderKey)) == 0 {
+	if len(c.Request().Header.Peek(keyHeader)) == 0 {
 		return false
 	}
-	probe.Header = http.Header{core.HeaderKey: {"?"}}
+	probe.Header = http.Header{keyHeader: {"?"}}
 	return rt.Protects(&probe)
 }
 
