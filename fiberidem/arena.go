@@ -3,22 +3,26 @@ package fiberidem
 import "unsafe"
 
 // arena copies the bytes of many short strings (header names and values)
-// into one allocation. Its capacity is reserved up front and never grows,
-// and nothing is written over bytes already handed out, so the strings it
-// returns stay valid and immutable, as strings.Builder's do.
+// into few allocations: a chunk is filled, then a new one taken. Bytes
+// handed out are never written again and a chunk never moves, so the
+// strings it returns stay valid and immutable, as strings.Builder's do.
 type arena struct{ buf []byte }
 
-func newArena(size int) arena { return arena{buf: make([]byte, 0, size)} }
+func newArena(size int) arena { return arena{buf: make([]byte, 0, max(size, 64))} }
 
-// str returns a string holding a copy of b. b must fit in what is left of
-// the capacity reserved.
+// room returns where n more bytes go: the current chunk, or a new one.
+func (a *arena) room(n int) {
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(n, 2*cap(a.buf)))
+	}
+}
+
+// str returns a string holding a copy of b.
 func (a *arena) str(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	if len(a.buf)+len(b) > cap(a.buf) {
-		panic("fiberidem: arena overflow") // a bug of the size computed
-	}
+	a.room(len(b))
 	start := len(a.buf)
 	a.buf = append(a.buf, b...)
 	return unsafe.String(&a.buf[start], len(b))
@@ -35,22 +39,23 @@ func (a *arena) canonicalKey(k []byte) string {
 			return a.str(k)
 		}
 	}
-	s := a.str(k)
-	if s == "" {
-		return s
+	if len(k) == 0 {
+		return ""
 	}
-	b := a.buf[len(a.buf)-len(k):]
+	a.room(len(k))
+	start := len(a.buf)
 	upper := true
-	for i, c := range b {
+	for _, c := range k {
 		switch {
 		case upper && 'a' <= c && c <= 'z':
-			b[i] = c - ('a' - 'A')
+			c -= 'a' - 'A'
 		case !upper && 'A' <= c && c <= 'Z':
-			b[i] = c + ('a' - 'A')
+			c += 'a' - 'A'
 		}
+		a.buf = append(a.buf, c)
 		upper = c == '-'
 	}
-	return s
+	return unsafe.String(&a.buf[start], len(k))
 }
 
 // tokenChar reports whether c may appear in a header name (RFC 9110 tchar).

@@ -17,11 +17,27 @@ type exchange struct {
 	c     fiber.Ctx
 	res   response            // writes c's response
 	outer http.ResponseWriter // the engine's writer: &res, or the capture of the layer this one is nested in
+	cp    capture             // this layer's, while its chain runs
 	url   url.URL
 	body  body
+	a     arena // the bytes of the header fields, request's and response's
+	vals  [16]string
+	nvals int // of vals, used
 }
 
-// captureKey is the c.Locals key of the capture of the layer whose chain
+// add appends v to h's values of key; the first values of the first keys
+// take no allocation of their own (x.vals).
+func (x *exchange) add(h http.Header, key, v string) {
+	if vs, ok := h[key]; ok || x.nvals == len(x.vals) {
+		h[key] = append(vs, v)
+		return
+	}
+	x.vals[x.nvals] = v
+	h[key] = x.vals[x.nvals : x.nvals+1 : x.nvals+1]
+	x.nvals++
+}
+
+// captureKey is the c.Locals (user value) key of the capture of the layer whose chain
 // is running.
 type captureKey struct{}
 
@@ -37,7 +53,7 @@ type capture struct {
 func newExchange(c fiber.Ctx) *exchange {
 	x := &exchange{c: c, res: response{c: c}}
 	x.outer = &x.res
-	if cp, ok := c.Locals(captureKey{}).(*capture); ok && !cp.taken {
+	if cp, ok := c.RequestCtx().UserValue(captureKey{}).(*capture); ok && !cp.taken {
 		cp.taken = true
 		x.outer = cp.w
 	}
@@ -51,7 +67,7 @@ func (x *exchange) writer() http.ResponseWriter { return x.outer }
 // request returns the net/http view of c's request: method, URL (path as
 // sent, decoded as net/http decodes it; raw query), host, header fields
 // and body, with c.Context() as its context. Everything but the body is
-// copied (into one allocation), since the engine keeps some of it (the
+// copied (into an arena: one allocation, usually), since the engine keeps some of it (the
 // key, the caller read from a header) past the handler; the body is read
 // in place, while c's request is valid, and the engine copies what it
 // keeps.
@@ -61,29 +77,16 @@ func (x *exchange) request() *http.Request {
 	uri := fr.URI()
 	rawPath, query, host := uri.PathOriginal(), uri.QueryString(), fr.Host()
 
-	size, n := len(rawPath)+len(query)+len(host), 0
+	// The header block as received bounds the bytes of the fields (a
+	// request built in process has none: the arena grows). The response's
+	// fields (moveResponse) usually fit in what is left.
+	x.a = newArena(len(rawPath) + len(query) + len(host) + len(fr.Header.RawHeaders()) + 256)
+	a := &x.a
+	header := make(http.Header, 8)
 	for k, v := range fr.Header.All() {
 		if !skipRequestField(k) {
-			size += len(k) + len(v)
-			n++
+			x.add(header, a.canonicalKey(k), a.str(v))
 		}
-	}
-	a := newArena(size)
-	header := make(http.Header, n)
-	values := make([]string, n)
-	i := 0
-	for k, v := range fr.Header.All() {
-		if skipRequestField(k) {
-			continue
-		}
-		key := a.canonicalKey(k)
-		values[i] = a.str(v)
-		if vs, ok := header[key]; ok {
-			header[key] = append(vs, values[i])
-		} else {
-			header[key] = values[i : i+1 : i+1]
-		}
-		i++
 	}
 
 	x.url.RawQuery = a.str(query)
@@ -132,10 +135,12 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request, next func() error
 	if w == x.outer { // passed through unprotected: the chain writes c's response itself
 		return next()
 	}
-	cp := &capture{w: w}
-	up := c.Locals(captureKey{})
-	c.Locals(captureKey{}, cp)
-	defer c.Locals(captureKey{}, up)
+	cp := &x.cp
+	cp.w = w
+	// c.Locals, without its variadic argument's allocation.
+	up := c.RequestCtx().UserValue(captureKey{})
+	c.RequestCtx().SetUserValue(captureKey{}, cp)
+	defer c.RequestCtx().SetUserValue(captureKey{}, up)
 	err := next()
 	if cp.taken {
 		// A nested layer protected the request and wrote its answer
@@ -148,7 +153,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request, next func() error
 		}
 	}
 	info, _ := core.AttemptFrom(r.Context())
-	moveResponse(c.Response(), w, info.Atomic)
+	x.moveResponse(w, info.Atomic)
 	return nil
 }
 
@@ -160,8 +165,9 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request, next func() error
 // record keep no body, and fasthttp sends the stream after the handler;
 // in atomic mode, where nothing reaches the client before the commit, it
 // is read into w to its end.
-func moveResponse(res *fasthttp.Response, w http.ResponseWriter, atomic bool) {
-	moveHeader(w.Header(), &res.Header)
+func (x *exchange) moveResponse(w http.ResponseWriter, atomic bool) {
+	res := x.c.Response()
+	x.moveHeader(w.Header(), &res.Header)
 	status := res.StatusCode()
 	if res.IsBodyStream() {
 		w.WriteHeader(status)
@@ -185,34 +191,15 @@ func moveResponse(res *fasthttp.Response, w http.ResponseWriter, atomic bool) {
 }
 
 // moveHeader moves the header fields of res (but Content-Length, which
-// fasthttp computes) into h, copied into one allocation (the engine may
+// fasthttp computes) into h, their bytes copied into an arena (the engine may
 // record them), and deletes them from res.
-func moveHeader(h http.Header, res *fasthttp.ResponseHeader) {
-	size, n := 0, 0
+func (x *exchange) moveHeader(h http.Header, res *fasthttp.ResponseHeader) {
 	for k, v := range res.All() {
 		if string(k) != fiber.HeaderContentLength {
-			size += len(k) + len(v)
-			n++
+			// The name as fasthttp spells it (normalized unless the app
+			// disables it).
+			x.add(h, x.a.str(k), x.a.str(v))
 		}
-	}
-	if n == 0 {
-		return
-	}
-	a := newArena(size)
-	values := make([]string, n)
-	i := 0
-	for k, v := range res.All() {
-		if string(k) == fiber.HeaderContentLength {
-			continue
-		}
-		key := a.str(k) // as fasthttp spells it (normalized unless the app disables it)
-		values[i] = a.str(v)
-		if vs, ok := h[key]; ok {
-			h[key] = append(vs, values[i])
-		} else {
-			h[key] = values[i : i+1 : i+1]
-		}
-		i++
 	}
 	for k := range h {
 		res.Del(k)
