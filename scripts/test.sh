@@ -11,7 +11,10 @@
 #    IDEM_TEST_SKIP_DB_START=1. They are stopped again on exit.
 # 3. For every module of the workspace (go list -m): go vet ./...,
 #    go test -race -count=1 [flags] ./..., and GOWORK=off go vet ./...
-#    (the module must build on its own, without go.work).
+#    (the module must build on its own, without go.work). go test runs
+#    with -json through internal/testfmt: a line as each package starts
+#    and ends, with its time, what failed, and every minute the packages
+#    still running; a line as each module ends, with its time.
 # 4. The outside-in check (scripts/outside-in.sh): each released module
 #    builds from a scratch module outside the repository, with replace lines
 #    to the local idem modules only, on the requirements its go.mod publishes.
@@ -159,6 +162,17 @@ fi
 # --------------------------------------------------------------------------
 # modules
 
+# go test's progress: -json through internal/testfmt, which prints a line
+# as each package starts and ends (with its time), the output of what
+# failed, and every minute the packages still running (with -v, all
+# output). The step's status stays go test's (pipefail).
+testfmt="${TMPDIR:-/tmp}/idem-testfmt-$$"
+go build -o "$testfmt" ./internal/testfmt
+fmtflags=()
+for a in "$@"; do
+	case $a in -v | -v=true | -test.v | -test.v=true) fmtflags=(-v) ;; esac
+done
+
 summary=()
 failed=0
 for dir in "${modules[@]}"; do
@@ -180,20 +194,25 @@ for dir in "${modules[@]}"; do
 	run_step "$dir" go vet ./... || problems+=("go vet")
 
 	say "$rel: go test -race -count=1 $* ./..."
-	run_step "$dir" go test -race -count=1 "$@" ./... || problems+=("go test")
+	run_step "$dir" bash -o pipefail -c 'f=$1; shift; go test -json -race -count=1 "$@" ./... | "$f" '"${fmtflags[*]:-}" \
+		_ "$testfmt" "$@" || problems+=("go test")
 
 	say "$rel: GOWORK=off go vet ./... (module on its own)"
 	run_step "$dir" env GOWORK=off go vet ./... || problems+=("GOWORK=off go vet")
 
 	secs=$(($(date +%s) - t0))
 	if ((${#problems[@]} == 0)); then
+		echo "=== $rel: PASS in ${secs}s"
 		summary+=("$(printf 'PASS  %-16s %4ss' "$rel" "$secs")")
 	else
 		failed=$((failed + 1))
 		joined=$(printf '%s, ' "${problems[@]}")
+		echo "=== $rel: FAIL in ${secs}s (${joined%, })"
 		summary+=("$(printf 'FAIL  %-16s %4ss  failed: %s' "$rel" "$secs" "${joined%, }")")
 	fi
 done
+
+rm -f "$testfmt"
 
 # --------------------------------------------------------------------------
 # outside-in: the modules as a user's program gets them
