@@ -38,7 +38,8 @@ func (e *Engine) keyHeader() string {
 	return e.cfg.keyHeader
 }
 
-// keyFrom is KeyFromHeader for the header named name (canonical).
+// keyFrom is KeyFromHeader for the header named name (canonical: an
+// http.Header key).
 func keyFrom(h http.Header, name string) (string, error) {
 	vs := h[name]
 	switch len(vs) {
