@@ -22,16 +22,22 @@ import (
 )
 
 // listen serves app on a real fasthttp listener on loopback and returns
-// its base URL; the server stops when the test ends.
-func listen(t *testing.T, app *fiber.App) string {
+// its base URL and a client with connections of its own (at most conns,
+// 0: no limit); when the test ends the client's idle connections are
+// closed and the server stops (Shutdown waits for open connections).
+func listen(t *testing.T, app *fiber.App, conns int) (string, *http.Client) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) }()
-	t.Cleanup(func() { _ = app.Shutdown() })
-	return "http://" + ln.Addr().String()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(conns, 64), MaxConnsPerHost: conns}}
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		_ = app.ShutdownWithTimeout(10 * time.Second)
+	})
+	return "http://" + ln.Addr().String(), client
 }
 
 func engine(t *testing.T, store core.Store, opts ...core.Option) *core.Engine {
@@ -91,8 +97,8 @@ func TestListenerConcurrentDuplicates(t *testing.T) {
 				runs.Add(1)
 				return c.Status(http.StatusCreated).JSON(fiber.Map{"order": 1})
 			})
-			url := listen(t, app) + "/orders"
-			client := &http.Client{}
+			base, client := listen(t, app, 0)
+			url := base + "/orders"
 			var wg sync.WaitGroup
 			answers := make([]answer, 50)
 			for i := range answers {
@@ -135,8 +141,7 @@ func TestListenerBuffersReused(t *testing.T) {
 		c.Set("Location", "/orders/"+c.Params("id"))
 		return c.Status(http.StatusCreated).Send(c.Body()) // echoes the body: Fiber's buffer, copied by the engine
 	})
-	url := listen(t, app)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4}}
+	url, client := listen(t, app, 4)
 
 	const workers, each = 8, 40
 	var wg sync.WaitGroup
@@ -226,8 +231,8 @@ func TestFiberWay(t *testing.T) {
 		c.Set("Location", "/orders/1")
 		return c.Status(http.StatusCreated).JSON(fiber.Map{"item": in.Item})
 	})
-	url := listen(t, app) + "/orders"
-	client := &http.Client{}
+	base, client := listen(t, app, 0)
+	url := base + "/orders"
 
 	first := send(t, client, "POST", url, "alice", "k1", `{"item":"coffee"}`)
 	if first.status != http.StatusCreated || first.body != `{"item":"coffee"}` || first.replayed {
@@ -266,8 +271,7 @@ func TestNextAndRouting(t *testing.T) {
 	app.Post("/orders", h)
 	api := app.Group("/api")
 	api.Post("/items/:id", h)
-	url := listen(t, app)
-	client := &http.Client{}
+	url, client := listen(t, app, 0)
 
 	for i := range 2 {
 		if a := send(t, client, "POST", url+"/webhooks/stripe", "alice", "", `{}`); a.status != http.StatusCreated || a.replayed {
@@ -309,8 +313,8 @@ func TestStreamLeased(t *testing.T) {
 			}
 		})
 	})
-	url := listen(t, app) + "/exports"
-	client := &http.Client{}
+	base, client := listen(t, app, 0)
+	url := base + "/exports"
 	if a := send(t, client, "POST", url, "alice", "k1", `{}`); a.status != http.StatusCreated || a.body != "part 0;part 1;part 2;" {
 		t.Fatalf("first: %+v", a)
 	}
@@ -360,8 +364,8 @@ func TestWithinFiberHandler(t *testing.T) {
 	}
 	app := fiber.New()
 	app.Post("/orders", func(c fiber.Ctx) error { return fiberidem.Within(c, route, inTx, create) })
-	url := listen(t, app) + "/orders"
-	client := &http.Client{}
+	base, client := listen(t, app, 0)
+	url := base + "/orders"
 	for _, tt := range []struct {
 		key, body, want string
 		status          int

@@ -32,9 +32,19 @@ func Except(reason string, names ...string) Option {
 // check fails t for an exception that names no scenario of list.
 func (o *options) check(t *testing.T, list []scenario) {
 	t.Helper()
+	for _, name := range o.unknown(list) {
+		t.Errorf("scenario.Except(%q): no such scenario in this run", name)
+	}
+}
+
+// unknown returns the exceptions that name no scenario of list, sorted.
+func (o *options) unknown(list []scenario) []string {
+	var names []string
 	for name := range o.except {
 		if !slices.ContainsFunc(list, func(s scenario) bool { return s.name == name }) {
-			t.Errorf("scenario.Except(%q): no such scenario in this run", name)
+			names = append(names, name)
 		}
 	}
+	slices.Sort(names)
+	return names
 }
