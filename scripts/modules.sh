@@ -12,7 +12,7 @@
 # except the ones listed in idem_unreleased: test-only modules and the
 # example service, which keep their replace lines for ever.
 
-idem_unreleased=(examples reliability migrations)
+idem_unreleased=(examples reliability migrations fiberidem/ginbench)
 
 idem_prefix=github.com/idemkit/idem
 
