@@ -60,8 +60,6 @@ func newExchange(c fiber.Ctx) *exchange {
 	return x
 }
 
-func (x *exchange) free() {}
-
 func (x *exchange) writer() http.ResponseWriter { return x.outer }
 
 // request returns the net/http view of c's request: method, URL (path as

@@ -97,7 +97,6 @@ func (config Config) ToMiddleware() (fiber.Handler, error) {
 			return c.Next() // Fiber answers 404 or 405 itself
 		}
 		x := newExchange(c)
-		defer x.free()
 		var err error
 		rt.Serve(x.writer(), x.request(), pattern, c, func(w http.ResponseWriter, r *http.Request) {
 			err = x.run(w, r, c.Next)
@@ -121,7 +120,6 @@ func (config Config) ToMiddleware() (fiber.Handler, error) {
 //	})
 func Within(c fiber.Ctx, rt *core.Route, inTx core.TxFunc, handler fiber.Handler) error {
 	x := newExchange(c)
-	defer x.free()
 	var h http.HandlerFunc
 	if handler != nil {
 		h = func(w http.ResponseWriter, r *http.Request) {
