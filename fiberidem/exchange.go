@@ -37,8 +37,8 @@ func (x *exchange) add(h http.Header, key, v string) {
 	x.nvals++
 }
 
-// captureKey is the c.Locals (user value) key of the capture of the layer whose chain
-// is running.
+// captureKey is the c.Locals (user value) key of the capture of the
+// layer whose chain is running.
 type captureKey struct{}
 
 // capture is the engine's capture writer of a layer while its chain runs.
@@ -65,10 +65,10 @@ func (x *exchange) writer() http.ResponseWriter { return x.outer }
 // request returns the net/http view of c's request: method, URL (path as
 // sent, decoded as net/http decodes it; raw query), host, header fields
 // and body, with c.Context() as its context. Everything but the body is
-// copied (into an arena: one allocation, usually), since the engine keeps some of it (the
-// key, the caller read from a header) past the handler; the body is read
-// in place, while c's request is valid, and the engine copies what it
-// keeps.
+// copied (into an arena: one allocation, usually), since the engine keeps
+// some of it (the key, the caller read from a header) past the handler;
+// the body is read in place, while c's request is valid, and the engine
+// copies what it keeps.
 func (x *exchange) request() *http.Request {
 	c := x.c
 	fr := c.Request()
