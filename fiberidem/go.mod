@@ -1,10 +1,11 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/fiberidem
 
 go 1.25.0
 
 require (
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 	github.com/valyala/fasthttp v1.69.0
 )
 
@@ -24,5 +25,3 @@ require (
 	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
 )
-
-replace github.com/idemkit/idem => ../

@@ -5,13 +5,6 @@ import (
 	"testing"
 )
 
-// Option changes how a run of the suite goes.
-type Option func(*options)
-
-type options struct {
-	except map[string]string // scenario name → why it is left out
-}
-
 // Except leaves the scenarios named out of a run, for an adapter whose
 // framework has no way to express what they check (Fiber has no
 // synchronous Hijack: fasthttp hands the connection over after the
@@ -19,14 +12,14 @@ type options struct {
 // as skipped with it, so go test -v lists them. A name that matches no
 // scenario of the run fails it: an exception cannot outlive its scenario.
 func Except(reason string, names ...string) Option {
-	return func(o *options) {
+	return optionFunc(func(o *options) {
 		if o.except == nil {
 			o.except = map[string]string{}
 		}
 		for _, n := range names {
 			o.except[n] = reason
 		}
-	}
+	})
 }
 
 // check fails t for an exception that names no scenario of list.

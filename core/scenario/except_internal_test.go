@@ -9,7 +9,7 @@ import (
 // reported, so that none outlives the scenario it was written for.
 func TestExceptUnknown(t *testing.T) {
 	var o options
-	Except("why", "LeasedHijack", "NoSuchScenario")(&o)
+	Except("why", "LeasedHijack", "NoSuchScenario").apply(&o)
 	if got := o.unknown(scenarios); !slices.Equal(got, []string{"NoSuchScenario"}) {
 		t.Errorf("unknown = %v, want [NoSuchScenario]", got)
 	}

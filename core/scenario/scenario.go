@@ -67,6 +67,30 @@ func RunGlobal(t *testing.T, f GlobalFactory, opts ...Option) {
 	run(t, globalScenarios, builder(f), true, opts)
 }
 
+// Option changes what the suite runs on. See OnStore and Except.
+type Option interface{ apply(*options) }
+
+type options struct {
+	newStore func(t *testing.T) core.Store
+	except   map[string]string // scenario name → why it is left out (Except)
+}
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+// OnStore runs the scenarios on the stores newStore returns (a fresh,
+// empty one per scenario; it may register its own cleanup) instead of
+// memstore: leased mode always, atomic mode only when the store is a
+// core.TxStore (otherwise the atomic-mode scenarios are skipped, and
+// RunWithin skips all of its). The suite reads records back with Get and
+// counts them with core.Inspector's List, so the store must implement
+// core.Inspector. A store module's own test module runs the suite through
+// every adapter with it (redisstore/redistest).
+func OnStore(newStore func(t *testing.T) core.Store) Option {
+	return optionFunc(func(o *options) { o.newStore = newStore })
+}
+
 // builder is what both factory kinds have in common.
 type builder func(t *testing.T, e *core.Engine, routes []Route) http.Handler
 
@@ -105,7 +129,9 @@ func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Opt
 	t.Helper()
 	var o options
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt.apply(&o)
+		}
 	}
 	o.check(t, list)
 	for _, m := range []mode{leased, atomicMode} {
@@ -126,7 +152,7 @@ func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Opt
 							t.Logf("rule: %s", s.rule)
 						}
 					})
-					x := newHarness(t, m, build)
+					x := newHarness(t, m, build, o)
 					x.labelled = labelled
 					s.fn(t, x)
 				})
@@ -153,9 +179,9 @@ type harness struct {
 	// pattern, so every decision carries it (Event.Route).
 	labelled bool
 	clock    *clock
-	mem      *memstore.Store // the records, whatever the mode
-	hooks    *hookStore      // what the engine sees (wraps mem)
-	store    core.Store      // hooks, as a core.TxStore in atomic mode
+	records  core.Inspector // the records, whatever the mode: memstore, or OnStore's
+	hooks    *hookStore     // what the engine sees (wraps mem)
+	store    core.Store     // hooks, as a core.TxStore in atomic mode
 	logger   *slog.Logger
 	logRec   *logRecorder // what the logger wrote
 
@@ -170,16 +196,31 @@ type harness struct {
 	wg     sync.WaitGroup
 }
 
-func newHarness(t *testing.T, m mode, build builder) *harness {
-	x := &harness{t: t, mode: m, build: build, clock: newClock(epoch), mem: memstore.New()}
+func newHarness(t *testing.T, m mode, build builder, o options) *harness {
+	x := &harness{t: t, mode: m, build: build, clock: newClock(epoch)}
 	x.hooks = &hookStore{blocked: make(chan struct{}, 1)}
-	if m == atomicMode {
-		a := x.mem.Atomic()
-		x.hooks.inner = a
-		x.store = &hookTxStore{hookStore: x.hooks, tx: a}
+	var inner core.Store
+	if o.newStore == nil {
+		mem := memstore.New()
+		x.records, inner = mem, mem
+		if m == atomicMode {
+			inner = mem.Atomic()
+		}
 	} else {
-		x.hooks.inner = x.mem
-		x.store = x.hooks
+		inner = o.newStore(t)
+		ins, ok := inner.(core.Inspector)
+		if !ok {
+			t.Fatalf("scenario.OnStore: %T does not implement core.Inspector, which the suite counts records with", inner)
+		}
+		x.records = ins
+		if _, tx := inner.(core.TxStore); m == atomicMode && !tx {
+			t.Skipf("%T is not a core.TxStore: atomic mode does not apply", inner)
+		}
+	}
+	x.hooks.inner = inner
+	x.store = x.hooks
+	if m == atomicMode {
+		x.store = &hookTxStore{hookStore: x.hooks, tx: inner.(core.TxStore)}
 	}
 	x.logRec = newLogRecorder(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	x.logger = slog.New(x.logRec)

@@ -126,7 +126,7 @@ func testWithinCommitFails(t *testing.T, x *harness) {
 	if strings.Contains(res.Body, "order") || res.Header.Get("Location") != "" {
 		t.Errorf("the client got part of the handler's answer with the 503: %v", res)
 	}
-	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
+	if _, err := x.records.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
 		t.Error("a record exists after the failed commit")
 	}
 	x.hooks.failing.Store(0)

@@ -1,3 +1,4 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/fiberidem/ginbench
 
 go 1.25.0
@@ -5,9 +6,9 @@ go 1.25.0
 require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/fiberidem v0.0.0
-	github.com/idemkit/idem/ginidem v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/fiberidem v0.1.0
+	github.com/idemkit/idem/ginidem v0.1.0
 	github.com/valyala/fasthttp v1.69.0
 )
 
@@ -50,10 +51,4 @@ require (
 	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../../
-	github.com/idemkit/idem/fiberidem => ../
-	github.com/idemkit/idem/ginidem => ../../ginidem
 )
