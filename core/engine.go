@@ -155,7 +155,7 @@ func (rt *Route) Protects(r *http.Request) bool {
 	if !rt.covers(r.Method) {
 		return false
 	}
-	return !rt.p.optionalKey || len(r.Header[HeaderKey]) > 0
+	return !rt.p.optionalKey || len(r.Header[rt.e.keyHeader()]) > 0
 }
 
 // covers reports whether method is protected by the route.

@@ -167,7 +167,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		return nil
 	}
 	e := rt.e
-	key, err := KeyFromHeader(r.Header)
+	key, err := keyFrom(r.Header, e.keyHeader())
 	if err == nil && key == "" {
 		if rt.p.optionalKey {
 			next(w, r)
@@ -589,7 +589,7 @@ func (rt *Route) writeReplay(w http.ResponseWriter, r *http.Request, resp *recor
 func problemResponse(p *Problem) *Response {
 	rw := &bufferWriter{h: http.Header{}}
 	WriteProblem(rw, nil, p)
-	return &Response{Status: p.Status, Header: recordedHeader(rw.h, []string{"Content-Type", "Cache-Control"}), Body: rw.b, BodyKept: true}
+	return &Response{Status: p.Status, Header: recordedHeader(rw.h, []string{"Content-Type", "Cache-Control", "Link"}), Body: rw.b, BodyKept: true}
 }
 
 type bufferWriter struct {

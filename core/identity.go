@@ -46,17 +46,7 @@ func (i Identity) ID() ID {
 // control characters; a quoted string must be well formed (only \" and \\
 // escapes, printable ASCII). More than one header field, an empty value or
 // any violation returns an error wrapping ErrInvalidKey.
-func KeyFromHeader(h http.Header) (string, error) {
-	vs := h[HeaderKey]
-	switch len(vs) {
-	case 0:
-		return "", nil
-	case 1:
-	default:
-		return "", clientErrorf(ErrInvalidKey, "the header appears %d times", len(vs))
-	}
-	return ParseKey(vs[0])
-}
+func KeyFromHeader(h http.Header) (string, error) { return keyFrom(h, HeaderKey) }
 
 // ParseKey parses one Idempotency-Key field value; see KeyFromHeader.
 func ParseKey(v string) (string, error) {

@@ -83,6 +83,8 @@ type config struct {
 	observer     Observer
 	logger       *slog.Logger
 	logRawKeys   bool
+	keyHeader    string  // WithKeyHeader; "": HeaderKey
+	problemDocs  *string // WithProblemDocs; nil: DefaultProblemDocs
 }
 
 // policy is what a route may override.

@@ -28,6 +28,9 @@ type Problem struct {
 	// log lines carry the same value as "id", so a client quoting it lets
 	// an operator find the internal error behind the problem.
 	RecordID string `json:"record_id,omitempty"`
+	// Docs is the documentation the problem links to: WriteProblem sends
+	// it as Link: <Docs>; rel="describedby" (WithProblemDocs; "": none).
+	Docs string `json:"-"`
 	// Err is the sentinel error behind the problem, one of core/errors.go
 	// (ErrMismatch, ErrInProgress, ...; ErrInternal for the internal type),
 	// to match with errors.Is. It is the sentinel itself and never carries
@@ -43,11 +46,15 @@ type Problem struct {
 type ErrorWriter func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 // WriteProblem is the default ErrorWriter: application/problem+json with
-// Cache-Control: no-store and, when set, Retry-After.
+// Cache-Control: no-store, Link: <Docs>; rel="describedby" when p.Docs is
+// set (the engine sets it: WithProblemDocs) and, when set, Retry-After.
 func WriteProblem(w http.ResponseWriter, _ *http.Request, p *Problem) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
+	if p.Docs != "" {
+		h.Set("Link", "<"+p.Docs+`>; rel="describedby"`)
+	}
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((p.RetryAfter+time.Second-1)/time.Second), 10))
 	}
@@ -133,6 +140,7 @@ func (e *Engine) problemFor(err error) *Problem {
 			break
 		}
 	}
+	p.Title, p.Detail, p.Docs = e.namedKeyHeader(p.Title), e.namedKeyHeader(p.Detail), e.problemDocs()
 	var ce *clientError
 	if errors.As(err, &ce) {
 		p.Detail += ": " + ce.detail // what exactly, in the engine's own words

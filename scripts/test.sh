@@ -13,7 +13,10 @@
 #    IDEM_TEST_REDIS_ADDR is set or IDEM_TEST_SKIP_DB_START=1; a missing
 #    package is installed with apt-get. They are stopped again on exit.
 # 3. For every module of the workspace (go list -m): go vet ./... and
-#    go test -race -count=1 [flags] ./...
+#    go test -race -count=1 [flags] ./..., with -json through
+#    internal/testfmt: a line as each package starts and ends, with its
+#    time, what failed, and every minute the packages still running; a
+#    line as each module ends, with its time.
 # 4. The release rehearsal (scripts/release.sh --rehearse, about a minute):
 #    the release made in a throwaway copy at a version no one sees, a
 #    file:// module proxy from its tags, every module vetted on its own
@@ -190,6 +193,17 @@ fi
 # --------------------------------------------------------------------------
 # modules
 
+# go test's progress: -json through internal/testfmt, which prints a line
+# as each package starts and ends (with its time), the output of what
+# failed, and every minute the packages still running (with -v, all
+# output). The step's status stays go test's (pipefail).
+testfmt="${TMPDIR:-/tmp}/idem-testfmt-$$"
+go build -o "$testfmt" ./internal/testfmt
+fmtflags=()
+for a in "$@"; do
+	case $a in -v | -v=true | -test.v | -test.v=true) fmtflags=(-v) ;; esac
+done
+
 summary=()
 failed=0
 for dir in "${modules[@]}"; do
@@ -211,17 +225,22 @@ for dir in "${modules[@]}"; do
 	run_step "$dir" go vet ./... || problems+=("go vet")
 
 	say "$rel: go test -race -count=1 $* ./..."
-	run_step "$dir" go test -race -count=1 "$@" ./... || problems+=("go test")
+	run_step "$dir" bash -o pipefail -c 'f=$1; shift; go test -json -race -count=1 "$@" ./... | "$f" '"${fmtflags[*]:-}" \
+		_ "$testfmt" "$@" || problems+=("go test")
 
 	secs=$(($(date +%s) - t0))
 	if ((${#problems[@]} == 0)); then
+		echo "=== $rel: PASS in ${secs}s"
 		summary+=("$(printf 'PASS  %-16s %4ss' "$rel" "$secs")")
 	else
 		failed=$((failed + 1))
 		joined=$(printf '%s, ' "${problems[@]}")
+		echo "=== $rel: FAIL in ${secs}s (${joined%, })"
 		summary+=("$(printf 'FAIL  %-16s %4ss  failed: %s' "$rel" "$secs" "${joined%, }")")
 	fi
 done
+
+rm -f "$testfmt"
 
 # --------------------------------------------------------------------------
 # the release rehearsal: each module on its own, and as a user gets it

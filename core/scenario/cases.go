@@ -65,6 +65,10 @@ var scenarios = []scenario{
 
 	// Problem documents.
 	{"ProblemBaseAndWriter", "Every rejection (400, 401, 422) is written by the engine's error writer (WithErrorWriter) with types under its problem base (WithProblemBase).", both, testProblemShape},
+	{"ProblemDocsLink", "Every problem document links to its documentation with Link: <docs>; rel=\"describedby\" (DefaultProblemDocs, or the URL WithProblemDocs sets).", both, testProblemDocs},
+
+	// The key header.
+	{"KeyHeaderOption", "With WithKeyHeader(\"x-idempotency-key\") the key is read from X-Idempotency-Key (names match case-insensitively): a duplicate replays; a request that sends only Idempotency-Key is missing its key (400, the problem names X-Idempotency-Key).", both, testKeyHeaderOption},
 
 	{"NoInternalsReachTheClient", "No response (body or header) to any rejection (store failing at begin, claim, complete, commit or release, a record that cannot be opened, a caller, fingerprint or resolver function failing, a panic, a missing, malformed or reused key, a large body, a request in flight) carries the text of a store, driver or caller-function error; the problem carries a record_id, and the log has the internal error under the same id.", both, testNoInternalsReachTheClient},
 

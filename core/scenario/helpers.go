@@ -268,6 +268,9 @@ func wantProblemBase(t *testing.T, res result, status int, base, slug string) pr
 	if cc := res.Header.Get("Cache-Control"); !strings.Contains(cc, "no-store") {
 		t.Errorf("Cache-Control %q, want no-store", cc)
 	}
+	if link, want := res.Header.Get("Link"), "<"+core.DefaultProblemDocs+`>; rel="describedby"`; link != want {
+		t.Errorf("Link %q, want %q", link, want)
+	}
 	var p problem
 	if err := json.Unmarshal([]byte(res.Body), &p); err != nil {
 		t.Fatalf("the body is not a JSON problem document: %v; body %q", err, res.Body)

@@ -67,11 +67,12 @@ func RunGlobal(t *testing.T, f GlobalFactory, opts ...Option) {
 	run(t, globalScenarios, builder(f), true, opts)
 }
 
-// Option changes what the suite runs on. See OnStore.
+// Option changes what the suite runs on. See OnStore and Except.
 type Option interface{ apply(*options) }
 
 type options struct {
 	newStore func(t *testing.T) core.Store
+	except   map[string]string // scenario name → why it is left out (Except)
 }
 
 type optionFunc func(*options)
@@ -132,6 +133,7 @@ func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Opt
 			opt.apply(&o)
 		}
 	}
+	o.check(t, list)
 	for _, m := range []mode{leased, atomicMode} {
 		if !slices.ContainsFunc(list, func(s scenario) bool { return s.modes&m != 0 }) {
 			continue
@@ -142,6 +144,9 @@ func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Opt
 					continue
 				}
 				t.Run(s.name, func(t *testing.T) {
+					if reason, ok := o.except[s.name]; ok {
+						t.Skipf("left out for this adapter: %s", reason)
+					}
 					t.Cleanup(func() {
 						if t.Failed() {
 							t.Logf("rule: %s", s.rule)

@@ -3,6 +3,6 @@
 // scripts/outside-in.sh builds them outside the repository against the
 // idem modules a release publishes, got through a module proxy with no
 // replace line. A call renamed in a module and not here fails the release
-// rehearsal. Each program is in a directory of its own (gin, echo, echo5,
+// rehearsal. Each program is in a directory of its own (gin, echo, echo5, fiber,
 // chi, gorm, sql, pgx, redis, grpc, otel, client).
 package quickstart

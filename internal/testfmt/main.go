@@ -1,0 +1,161 @@
+// Command testfmt reports a `go test -json` stream as it runs, for
+// scripts/test.sh: a line when a package starts, a line when it ends (ok,
+// FAIL or skipped, with its time), the output of every failed test and of
+// a failed package, and, while packages run, a line every -every naming
+// those still running and for how long, so that a long package never
+// leaves the screen silent for minutes. Lines that are not JSON are
+// printed as they are. With -v it prints every output line too.
+//
+//	go test -json ./... | testfmt [-v] [-every 60s]
+//
+// It exits 1 if a package or a test failed, 2 if the stream could not be
+// read, else 0; test.sh still takes go test's own status (pipefail).
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Time    time.Time
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+func main() {
+	verbose := flag.Bool("v", false, "print every output line")
+	every := flag.Duration("every", time.Minute, "how often to name the packages still running (0: never)")
+	flag.Parse()
+	os.Exit(run(os.Stdin, os.Stdout, *verbose, *every))
+}
+
+// report is the state of the stream read so far.
+type report struct {
+	mu      sync.Mutex
+	out     io.Writer
+	verbose bool
+	running map[string]time.Time // package → when it started
+	output  map[string][]string  // package or package+test → its output lines, until it passes
+	failed  bool
+}
+
+func run(in io.Reader, out io.Writer, verbose bool, every time.Duration) int {
+	r := &report{out: out, verbose: verbose, running: map[string]time.Time{}, output: map[string][]string{}}
+	if every > 0 {
+		stop := make(chan struct{})
+		defer close(stop)
+		go r.tick(every, stop)
+	}
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		r.line(sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintf(out, "testfmt: reading the stream: %v\n", err)
+		return 2
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed {
+		return 1
+	}
+	return 0
+}
+
+func (r *report) line(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ev event
+	if !strings.HasPrefix(s, "{") || json.Unmarshal([]byte(s), &ev) != nil {
+		fmt.Fprintln(r.out, s)
+		return
+	}
+	key := ev.Package + " " + ev.Test
+	switch ev.Action {
+	case "start":
+		r.running[ev.Package] = time.Now()
+		fmt.Fprintf(r.out, "    start %s\n", ev.Package)
+	case "output", "build-output":
+		if r.verbose {
+			fmt.Fprint(r.out, ev.Output)
+		}
+		r.output[key] = append(r.output[key], ev.Output)
+	case "pass", "skip":
+		if ev.Test != "" {
+			delete(r.output, key)
+			return
+		}
+		delete(r.running, ev.Package)
+		word := "ok   "
+		if ev.Action == "skip" {
+			word = "skip "
+		}
+		fmt.Fprintf(r.out, "    %s %s %.1fs\n", word, ev.Package, ev.Elapsed)
+		r.forget(ev.Package)
+	case "fail", "build-fail":
+		r.failed = true
+		if ev.Test != "" {
+			if !r.verbose {
+				for _, o := range r.output[key] {
+					fmt.Fprint(r.out, "      "+o)
+				}
+			}
+			delete(r.output, key)
+			return
+		}
+		delete(r.running, ev.Package)
+		if !r.verbose {
+			for _, o := range r.output[key] {
+				fmt.Fprint(r.out, "      "+o)
+			}
+		}
+		fmt.Fprintf(r.out, "    FAIL  %s %.1fs\n", ev.Package, ev.Elapsed)
+		r.forget(ev.Package)
+	}
+}
+
+// forget drops what is kept of pkg's output.
+func (r *report) forget(pkg string) {
+	for k := range r.output {
+		if strings.HasPrefix(k, pkg+" ") {
+			delete(r.output, k)
+		}
+	}
+}
+
+// tick names the packages still running, every d.
+func (r *report) tick(d time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			r.mu.Lock()
+			var names []string
+			for p, start := range r.running {
+				names = append(names, fmt.Sprintf("%s (%s)", p, now.Sub(start).Round(time.Second)))
+			}
+			slices.Sort(names)
+			if len(names) > 0 {
+				fmt.Fprintf(r.out, "    ...   still running: %s\n", strings.Join(names, ", "))
+			}
+			r.mu.Unlock()
+		}
+	}
+}
