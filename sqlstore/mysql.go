@@ -342,9 +342,16 @@ func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest
 	return res, true
 }
 
-// claimLeasedMySQL runs one leased claim in a short transaction on conn.
+// claimLeasedMySQL runs one leased claim in a short transaction on conn,
+// at READ COMMITTED whatever WithTxOptions says: at REPEATABLE READ the
+// NOWAIT probe of a missing id takes a next-key lock on the gap where it
+// would go, and while the short transaction holds it, other claims of
+// other ids in that gap fail at once (an atomic claim's INSERT, which
+// waits for no lock, and every NOWAIT probe): answered in progress while
+// nothing held their ids (reliability TestLinearizableSQLIsolation,
+// MariaDB at REPEATABLE READ).
 func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req core.ClaimRequest) (core.ClaimResult, error) {
-	tx, err := conn.BeginTx(ctx, s.txOpts)
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return core.ClaimResult{}, unavailable("begin", err)
 	}
