@@ -323,9 +323,14 @@ func liveTx(ctx context.Context) *gorm.DB {
 	return TxFrom(ctx)
 }
 
+// set records the transaction Begin's BEGIN began. sqlstore may roll back
+// a transaction in which only the claim ran and begin it again (a claim of
+// an expired record on MariaDB, a serialization failure on Postgres, a
+// deadlock victim): that Rollback ended the first (gormTx.Rollback), and
+// the new one is live.
 func (d *deferred) set(tx *gorm.DB) {
 	d.mu.Lock()
-	d.tx = tx
+	d.tx, d.ended = tx, false
 	d.mu.Unlock()
 }
 

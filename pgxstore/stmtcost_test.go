@@ -75,6 +75,20 @@ func TestMeasureStatements(t *testing.T) {
  state = EXCLUDED.state, token = EXCLUDED.token, attempt = 1, lease_until = NULL, expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
  status = EXCLUDED.status, response = EXCLUDED.response WHERE r.expires_at <= $8 RETURNING 1) SELECT 1 / count(*)::int FROM u`,
 		func(r *stmtRun) []any { return append(insertArgs(r), r.resp) }}
+	insertArgs10 := func(r *stmtRun) []any {
+		return []any{r.lock, r.id, "acct_bench", "POST /settle", r.key, r.fp, r.lock, nil, r.exp, r.now}
+	}
+	lockInsert := stmt{q.Insert, insertArgs10}
+	lockInsertRow := stmt{`WITH lk AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT FROM ` + tb + ` v WHERE v.id = $2) THEN NULL ELSE pg_try_advisory_xact_lock($1::bigint) END AS ok
+), ins AS (
+    INSERT INTO ` + tb + ` (id, caller, scope, idem_key, fingerprint, state, token, attempt, lease_until, expires_at, created_at, status)
+    SELECT $2::bytea, $3::varchar, $4::varchar, $5::varchar, $6::bytea, 1::smallint, $7::bigint, 1, $8::timestamptz, $9::timestamptz, $10::timestamptz, 0
+      FROM lk WHERE lk.ok
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.id = $2`, insertArgs10}
 	lock := stmt{`SELECT pg_try_advisory_xact_lock($1)`, func(r *stmtRun) []any { return []any{r.lock} }}
 	read := stmt{q.Read, func(r *stmtRun) []any { return []any{r.id} }}
 	business := []([]stmt){
@@ -95,9 +109,11 @@ func TestMeasureStatements(t *testing.T) {
 		{"insert+hot", tx([]stmt{begin, bareInsert}, []stmt{completeHOT, commit})},
 		{"returning+hot", tx([]stmt{begin, returning}, []stmt{completeHOT, commit})},
 		{"donothing+hot", tx([]stmt{begin, doNothing}, []stmt{completeHOT, commit})},
+		{"lockinsert+hot", tx([]stmt{begin, lockInsert}, []stmt{completeHOT, commit})},
+		{"lockinsertrow+hot", tx([]stmt{begin, lockInsertRow}, []stmt{completeHOT, commit})},
 	}
 
-	const workers, block, rounds = 8, 250, 7
+	const workers, block, rounds = 8, 200, 5
 	conns := make([]*pgx.Conn, workers)
 	pids := make([]int, workers)
 	for i := range conns {

@@ -143,6 +143,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 // connection, or a transaction.
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
@@ -307,44 +308,81 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	return res, err
 }
 
-// claimDB runs the claim statement, pipelined with BEGIN when ctx carries
-// a transaction of Begin that has not begun.
+// claimDB runs the claim, pipelined with BEGIN when ctx carries a
+// transaction of Begin that has not begun. The common path (an id never
+// seen) is one INSERT that returns nothing, pipelined with a read that
+// skips the row it wrote (ReadOther): when it inserted nothing, the read
+// answers a replay, or finds no row (another transaction holds the id),
+// in the same round trip; only a claimable row (expired, a lapsed lease)
+// takes the full claim statement (see internal/pgsql).
 func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (core.ClaimResult, error) {
-	args := []any{pgsql.LockKey(req.ID, s.lock), req.ID[:], req.Caller, req.Scope, req.Key,
+	lock := pgsql.LockKey(req.ID, s.lock)
+	ins := s.q.Insert
+	if l == nil && !s.InTx(ctx) {
+		ins = s.q.InsertLeased
+	}
+	var (
+		rec      core.Record
+		inserted bool
+	)
+	found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (found bool, err error) {
+		tag, err := br.Exec()
+		if err != nil {
+			return false, err
+		}
+		inserted = tag.RowsAffected() == 1
+		found, err = scanRecord(br.QueryRow(), &rec)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return found, err
+	}, stmt{ins, []any{lock, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}},
+		stmt{s.q.ReadOther, []any{req.ID[:], req.Token}})
+	switch {
+	case err != nil:
+		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+	case inserted:
+		if l != nil {
+			l.claimed(req.ID, req.Token)
+		}
+		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+	case !found:
+		// Another transaction holds the id's lock and has not committed
+		// its row (or, rarely, a sweep deleted the expired row the
+		// INSERT saw: a retry claims it).
+		return inProgressElsewhere(req.ID), nil
+	case live(rec, req.Now) && !takeable(rec, req):
+		if l != nil && rec.State != core.StateCompleted {
+			// The INSERT may have taken the lock (a row committed between
+			// its snapshot and its probe): end the transaction before the
+			// answer counts.
+			l.lockHeld()
+		}
+		return core.ClaimResult{Record: rec}, nil
+	}
+	return s.claimExisting(ctx, req, l, lock)
+}
+
+// claimExisting claims an id whose row is there but claimable (expired, a
+// lapsed lease that req may take over) with the full claim statement:
+// the lock probe, INSERT ... ON CONFLICT DO UPDATE, and the row as it is.
+func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *lazyTx, lock int64) (core.ClaimResult, error) {
+	q := s.q.Claim
+	if l == nil && !s.InTx(ctx) {
+		q = s.q.ClaimLeased
+	}
+	claim := stmt{q, []any{lock, req.ID[:], req.Caller, req.Scope, req.Key,
 		nullBytes(req.Fingerprint), req.Token, timeArg(req.LeaseUntil), timeArg(req.ExpiresAt),
-		timeArg(req.Now), req.Takeover}
+		timeArg(req.Now), req.Takeover}}
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool
 			rec          core.Record
-			found        bool
-			err          error
 		)
-		if l != nil && try == 0 {
-			found, err = l.beginWith(ctx, s.q.Claim, args, func(r pgx.Row) (bool, error) {
-				return scanRecord(r, &rec, &ok, &inserted)
-			})
-		} else {
-			c, inTx, cerr := s.conn(ctx)
-			if cerr != nil {
-				return core.ClaimResult{}, cerr
-			}
-			claim := func(c querier) (err error) {
-				q := s.q.Claim
-				if !inTx {
-					q = s.q.ClaimLeased
-				}
-				found, err = scanRecord(c.QueryRow(ctx, q, args...), &rec, &ok, &inserted)
-				return err
-			}
-			if inTx {
-				err = claim(c)
-			} else {
-				// Autocommit: a claim that reached the server may have
-				// committed, so it goes again only if it was not sent.
-				err = s.onPool(ctx, ctx, ifUnsent, claim)
-			}
-		}
+		found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (bool, error) {
+			return scanRecord(br.QueryRow(), &rec, &ok, &inserted)
+		}, claim)
 		if err != nil {
 			return core.ClaimResult{}, s.failure(ctx, "claim", err)
 		}
@@ -372,6 +410,68 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 			return inProgressElsewhere(req.ID), nil
 		}
 	}
+}
+
+// stmt is a statement of a batch.
+type stmt struct {
+	sql  string
+	args []any
+}
+
+// claimBatch sends a claim's statements in one batch and reads their
+// results with read: in a transaction of Begin with lazyTx.beginWith
+// (behind BEGIN if it has not begun; a claim's statements do not mark
+// the transaction used); in the caller's transaction on it; outside a
+// transaction (leased) on a connection of the pool, in the batch's
+// implicit transaction, sent again only if it was not sent (a claim that
+// reached the server may have committed).
+func (s *Store) claimBatch(ctx context.Context, l *lazyTx, read func(pgx.BatchResults) (bool, error), stmts ...stmt) (bool, error) {
+	if l != nil {
+		return l.beginWith(ctx, stmts, read)
+	}
+	var res bool
+	send := func(c querier) (err error) {
+		res, err = sendBatch(ctx, c, false, stmts, read)
+		return err
+	}
+	c, inTx, err := s.conn(ctx)
+	switch {
+	case err != nil:
+		return false, err
+	case inTx:
+		return res, send(c)
+	}
+	return res, s.onPool(ctx, ctx, ifUnsent, send)
+}
+
+// errBegin wraps the error of a batch's BEGIN (sendBatch).
+type errBegin struct{ err error }
+
+func (e errBegin) Error() string { return e.err.Error() }
+func (e errBegin) Unwrap() error { return e.err }
+
+// sendBatch sends stmts in one batch on c, behind BEGIN if begin is set,
+// and reads their results with read. A failed BEGIN is an errBegin.
+func sendBatch(ctx context.Context, c querier, begin bool, stmts []stmt, read func(pgx.BatchResults) (bool, error)) (res bool, err error) {
+	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
+	for _, st := range stmts {
+		b.Queue(st.sql, st.args...)
+	}
+	br := c.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if begin {
+		if _, err := br.Exec(); err != nil {
+			return false, errBegin{err}
+		}
+	}
+	return read(br)
 }
 
 // maxClaimTries bounds the retries of a claim that lost a race against a
@@ -620,6 +720,24 @@ func (s *Store) peekOnce(ctx context.Context, req core.ClaimRequest, rec *core.R
 	defer conn.Release()
 	_, err = scanRecord(conn.QueryRow(ctx, s.q.Read, req.ID[:]), rec)
 	return lost(conn.Conn(), err), err
+}
+
+// newRecord is the record a claim of an id never seen writes, with times
+// as the columns keep them.
+func newRecord(req core.ClaimRequest) core.Record {
+	return core.Record{
+		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint),
+		State: core.StateInProgress, Token: req.Token, Attempt: 1,
+		LeaseUntil: colTime(req.LeaseUntil), ExpiresAt: colTime(req.ExpiresAt), CreatedAt: colTime(req.Now),
+	}
+}
+
+// colTime is t as a timestamp column returns it: UTC, microseconds.
+func colTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC().Truncate(time.Microsecond)
 }
 
 // inProgressElsewhere is the answer when another transaction holds the

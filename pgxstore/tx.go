@@ -158,10 +158,11 @@ func (l *lazyTx) started() bool {
 // attempt.withLocalTx).
 func (l *lazyTx) Begun() bool { return l.started() }
 
-// beginWith runs the statement q (a single row) as the transaction's
-// first, in one round trip with BEGIN; when the transaction has begun, it
-// runs it alone.
-func (l *lazyTx) beginWith(ctx context.Context, q string, args []any, scan func(pgx.Row) (bool, error)) (bool, error) {
+// beginWith sends stmts, a claim's, as the transaction's first, in one
+// round trip with BEGIN, and reads their results with read; when the
+// transaction has begun, it sends them alone. A claim's statements do
+// not mark the transaction used.
+func (l *lazyTx) beginWith(ctx context.Context, stmts []stmt, read func(pgx.BatchResults) (bool, error)) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -173,45 +174,35 @@ func (l *lazyTx) beginWith(ctx context.Context, q string, args []any, scan func(
 		if err := l.flush(ctx); err != nil {
 			return false, err
 		}
-		return scan(l.conn.QueryRow(ctx, q, args...))
+		return sendBatch(ctx, l.conn, false, stmts, read)
 	}
-	// BEGIN and q go to a connection of the pool in one round trip. When
-	// that connection turns out to be lost (the pool handed out an idle one
-	// that the server or the network had closed: after a restart or a
-	// failover, every idle one), the batch goes again to another (Store.retry),
-	// whether or not it reached the server: a transaction that has not
-	// committed commits nothing, and the server rolls back the one of a
-	// lost connection (a server that has not yet noticed the loss holds
-	// its locks until it does: the new claim then answers in progress).
-	// Any other failure is the transaction's: BEGIN's ends it, q's leaves
-	// it begun and aborted.
+	// BEGIN and stmts go to a connection of the pool in one round trip.
+	// When that connection turns out to be lost (the pool handed out an
+	// idle one that the server or the network had closed: after a restart
+	// or a failover, every idle one), the batch goes again to another
+	// (Store.retry), whether or not it reached the server: a transaction
+	// that has not committed commits nothing, and the server rolls back
+	// the one of a lost connection (a server that has not yet noticed the
+	// loss holds its locks until it does: the new claim then answers in
+	// progress). Any other failure is the transaction's: BEGIN's ends it,
+	// a statement's leaves it begun and aborted.
 	for try := 1; ; try++ {
 		conn, err := l.s.acquire(l.ctx)
 		if err != nil {
 			l.err = err
 			return false, err
 		}
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		b.Queue(q, args...)
-		br := conn.SendBatch(ctx, b)
-		_, err = br.Exec()
-		begun := err == nil
-		var found bool
-		if begun {
-			found, err = scan(br.QueryRow())
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
+		found, err := sendBatch(ctx, conn, true, stmts, read)
+		var be errBegin
+		begun := !errors.As(err, &be)
 		if l.s.retry(ctx, l.ctx, ifLost, lost(conn.Conn(), err), err, try) {
 			conn.Release() // closed, or in a transaction: the pool destroys it
 			continue
 		}
 		if !begun {
 			conn.Release()
-			l.err = err
-			return false, err
+			l.err = be.err
+			return false, be.err
 		}
 		l.conn = conn
 		return found, err

@@ -105,7 +105,8 @@ const cols = pgsql.Cols
 type queries struct {
 	claim         string // Postgres, SQLite: the claim; MySQL: the probe
 	claimLeased   string // Postgres: the claim outside a transaction
-	insert        string // MySQL
+	insert        string // MySQL; Postgres: the claim of an id never seen
+	insertLeased  string // Postgres: insert outside a transaction
 	insertNoWait  string // MariaDB: insert with innodb_lock_wait_timeout=0 (SET STATEMENT)
 	update        string // MySQL
 	read          string // plain read of the row, live or not

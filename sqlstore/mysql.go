@@ -141,7 +141,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			if err != nil {
 				return core.ClaimResult{}, err
 			}
-			res, cerr := s.claimMySQLIn(ctx, c, req)
+			res, cerr := s.claimMySQLNew(ctx, c, req, l, fresh)
 			if cerr == nil || !fresh || try == maxClaimTries || mysqlErrno(cerr) != erDeadlock || !l.restart() {
 				return res, cerr
 			}
@@ -186,6 +186,52 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			return core.ClaimResult{}, err
 		}
 	}
+}
+
+// claimMySQLNew claims in a transaction of Begin, the common path first:
+// on MariaDB an id never seen is one INSERT that waits for no lock
+// (insertNoWait). A duplicate key is a committed row: a read answers a
+// replay (or a live lease); a row that can be claimed (expired, a lapsed
+// lease) is claimed as an existing row (claimMySQLIn), after the
+// transaction is begun again when the INSERT was its first statement
+// (fresh): the failed INSERT left a shared lock on the row, and two
+// claimers holding it would both fail the probe that upgrades it. A lock
+// wait timeout is another transaction holding the row: claimMySQLIn
+// answers from what is committed. MySQL, which has no SET STATEMENT,
+// probes first (claimMySQLIn), as a server's first claim learns
+// (waitingInsert).
+func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest, l *lazyTx, fresh bool) (core.ClaimResult, error) {
+	if s.waitingInsert.Load() {
+		return s.claimMySQLIn(ctx, c, req)
+	}
+	_, err := c.ExecContext(ctx, s.q.insertNoWait, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+	switch n := mysqlErrno(err); {
+	case err == nil:
+		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+	case n == erParseError: // MySQL: no SET STATEMENT
+		s.waitingInsert.Store(true)
+		return s.claimMySQLIn(ctx, c, req)
+	case n == erLockWaitTimeout:
+		return s.claimMySQLIn(ctx, c, req)
+	case n != erDupEntry:
+		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+	}
+	var rec core.Record
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // deleted since: claimed below as absent
+	case err != nil:
+		return core.ClaimResult{}, unavailable("claim read", err)
+	case found && live(rec, req.Now) && !takeable(rec, req):
+		return core.ClaimResult{Record: rec}, nil
+	}
+	if fresh && l.restart() {
+		if c, _, err = s.conn(ctx); err != nil {
+			return core.ClaimResult{}, err
+		}
+	}
+	return s.claimMySQLIn(ctx, c, req)
 }
 
 // claimMySQLJoined claims in a transaction that the caller began (WithTx,
@@ -296,9 +342,16 @@ func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest
 	return res, true
 }
 
-// claimLeasedMySQL runs one leased claim in a short transaction on conn.
+// claimLeasedMySQL runs one leased claim in a short transaction on conn,
+// at READ COMMITTED whatever WithTxOptions says: at REPEATABLE READ the
+// NOWAIT probe of a missing id takes a next-key lock on the gap where it
+// would go, and while the short transaction holds it, other claims of
+// other ids in that gap fail at once (an atomic claim's INSERT, which
+// waits for no lock, and every NOWAIT probe): answered in progress while
+// nothing held their ids (reliability TestLinearizableSQLIsolation,
+// MariaDB at REPEATABLE READ).
 func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req core.ClaimRequest) (core.ClaimResult, error) {
-	tx, err := conn.BeginTx(ctx, s.txOpts)
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return core.ClaimResult{}, unavailable("begin", err)
 	}

@@ -2,21 +2,27 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/pgsql"
 )
 
 // Postgres: the statements are idem's shared Postgres SQL (internal/pgsql),
-// which pgxstore runs too, so both stores share one table. The claim is one
-// statement: pg_try_advisory_xact_lock on a 64-bit key derived from the id
-// (and the table name) is the non-blocking probe, and only the transaction
-// that holds the lock goes on to INSERT ... ON CONFLICT; outside a
-// transaction (leased mode) the lock is taken in shared mode. See
-// internal/pgsql for the details.
+// which pgxstore runs too, so both stores share one table. A claim of an
+// id never seen is one INSERT whose non-blocking probe,
+// pg_try_advisory_xact_lock on a 64-bit key derived from the id (and the
+// table name), rides in its WHERE; outside a transaction (leased mode)
+// the lock is taken in shared mode. When it inserts nothing the row is
+// there or another transaction holds the id: a read answers a replay,
+// and the full claim statement (the probe and INSERT ... ON CONFLICT DO
+// UPDATE) the rest. See internal/pgsql for the details.
 func postgresQueries(t string) queries {
 	q := pgsql.New(t)
 	return queries{
+		insert:        q.Insert,
+		insertLeased:  q.InsertLeased,
 		claim:         q.Claim,
 		claimLeased:   q.ClaimLeased,
 		read:          q.Read,
@@ -33,11 +39,71 @@ func (s *Store) lockKey(id core.ID) int64 {
 	return pgsql.LockKey(id, s.lock)
 }
 
+// claimPostgres claims req. At REPEATABLE READ or SERIALIZABLE a claim
+// that meets a row committed after its transaction's snapshot fails with
+// a serialization failure (40001): when the claim began the transaction
+// (Begin's, nothing else ran in it), the transaction is begun again and
+// the claim runs again, with a snapshot that shows the row.
 func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	l, _ := ctx.Value(connKey{}).(*lazyTx)
+	fresh := l != nil && !l.started()
+	for try := 1; ; try++ {
+		res, err := s.claimPostgresOnce(ctx, req)
+		if err == nil || !fresh || try == maxClaimTries || !serializationFailure(err) || !l.restart() {
+			return res, err
+		}
+	}
+}
+
+// serializationFailure reports whether err is Postgres's SQLSTATE 40001.
+func serializationFailure(err error) bool {
+	var st interface{ SQLState() string } // pgconn.PgError, pq.Error
+	return errors.As(err, &st) && st.SQLState() == "40001"
+}
+
+func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return core.ClaimResult{}, err
 	}
+	// The common path: an id never seen, one INSERT.
+	q := s.q.insert
+	if !inTx {
+		q = s.q.insertLeased
+	}
+	res, err := c.ExecContext(ctx, q, s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
+		nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+	if err != nil {
+		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+	}
+	switch n, err := res.RowsAffected(); {
+	case err != nil:
+		return core.ClaimResult{}, unavailable("rows affected", err)
+	case n == 1:
+		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+	}
+	// The row is there, or another transaction holds the id: a read
+	// answers a replay, or finds no row (another transaction holds the
+	// id's lock and has not committed its row; or, rarely, a sweep
+	// deleted the expired row the INSERT saw: a retry claims it).
+	var rec core.Record
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) || err == nil && !found:
+		return inProgressElsewhere(req.ID), nil
+	case err != nil:
+		return core.ClaimResult{}, s.failure(ctx, "claim read", err)
+	case live(rec, req.Now) && !takeable(rec, req):
+		return core.ClaimResult{Record: rec}, nil
+	}
+	return s.claimPostgresExisting(ctx, c, inTx, req)
+}
+
+// claimPostgresExisting is the claim of an id whose row is there but
+// claimable (expired, a lapsed lease), or which another transaction
+// holds: the full claim statement, which takes the lock only when no live
+// row answers, and replaces the row with ON CONFLICT DO UPDATE.
+func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, req core.ClaimRequest) (core.ClaimResult, error) {
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool

@@ -32,22 +32,53 @@ func Schema(t string) []string {
 
 // Statements are the Postgres statements of one table. Their parameters:
 //
+//	Insert, InsertLeased: $1 lock key, $2 id, $3 caller, $4 scope, $5 key,
+//	  $6 fingerprint, $7 token, $8 lease_until, $9 expires_at, $10 now;
+//	  they return nothing (one row affected: claimed).
 //	Claim, ClaimLeased: $1 lock key, $2 id, $3 caller, $4 scope, $5 key,
 //	  $6 fingerprint, $7 token, $8 lease_until, $9 expires_at, $10 now,
 //	  $11 takeover; they return ok (the advisory lock was taken), inserted,
 //	  then Cols (all NULL when no row exists).
 //	Read: $1 id.  Get: $1 id, $2 now.  Exists: $1 id.
+//	ReadOther: $1 id, $2 token (the claim's).
 //	Complete: $1 state, $2 status, $3 response, $4 expires_at, $5 id, $6 token.
 //	Extend: $1 lease_until, $2 lease_until, $3 id, $4 token.
 //	Release: $1 id, $2 token.
 //	DeleteExpired: $1 now, $2 limit.
 type Statements struct {
+	Insert, InsertLeased               string
 	Claim, ClaimLeased                 string
-	Read, Get, Exists                  string
+	Read, ReadOther, Get, Exists       string
 	Complete, Extend, Release          string
 	DeleteExpired                      string
 	Now, MigrateLock, PrimaryKey, Cols string
 }
+
+// A claim is first Insert: the row of an id never seen, one plain INSERT
+// whose lock probe rides in its WHERE, returning nothing (the store
+// builds the record from the request). The probe comes after a look at
+// the row (CASE fixes the order): an id that has a row, committed as the
+// statement's snapshot sees it, takes no lock and inserts nothing, so a
+// replay holds no lock either. An id without one is inserted only by the
+// transaction that gets pg_try_advisory_xact_lock; one that does not get
+// it inserts nothing, so the INSERT never meets another claimer's
+// uncommitted row (every writer of a new row holds the lock), and
+// ON CONFLICT DO NOTHING is only for a row committed between the
+// statement's snapshot and the lock. When Insert inserts nothing, the
+// store reads the row (Read) and, unless it answers the claim (a live
+// record that cannot be claimed), runs Claim, which also covers expired
+// rows, lapsed leases and the races.
+//
+// Outside a transaction (leased mode) Insert takes the lock in shared
+// mode, as ClaimLeased does.
+const insert = `INSERT INTO %t (` + insertCols + `)
+SELECT $2::bytea, $3::varchar, $4::varchar, $5::varchar, $6::bytea, 1::smallint, $7::bigint, 1,
+       $8::timestamptz, $9::timestamptz, $10::timestamptz, 0
+ WHERE CASE WHEN EXISTS (SELECT FROM %t v WHERE v.id = $2) THEN FALSE ELSE %s END
+ON CONFLICT (id) DO NOTHING`
+
+// insertCols are the columns Insert writes (response stays NULL).
+const insertCols = `id, caller, scope, idem_key, fingerprint, state, token, attempt, lease_until, expires_at, created_at, status`
 
 // The claim is one statement. pg_try_advisory_xact_lock on a 64-bit key
 // derived from the id (and the table name, LockKey) is the non-blocking
@@ -104,15 +135,19 @@ SELECT lk.ok, FALSE, r.id, r.caller, r.scope, r.idem_key, r.fingerprint, r.state
 // New returns the statements of table t.
 func New(t string) Statements {
 	c := strings.ReplaceAll(claim, "%t", t)
+	ins := strings.ReplaceAll(insert, "%t", t)
 	return Statements{
-		Claim:       strings.Replace(c, "%s", `pg_try_advisory_xact_lock($1::bigint)`, 1),
-		ClaimLeased: strings.Replace(c, "%s", `pg_try_advisory_xact_lock_shared($1::bigint)`, 1),
-		Read:        `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1`,
-		Get:         `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
-		Exists:      `SELECT 1 FROM ` + t + ` WHERE id = $1`,
-		Complete:    `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
-		Extend:      `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
-		Release:     `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
+		Insert:       strings.Replace(ins, "%s", `pg_try_advisory_xact_lock($1::bigint)`, 1),
+		InsertLeased: strings.Replace(ins, "%s", `pg_try_advisory_xact_lock_shared($1::bigint)`, 1),
+		Claim:        strings.Replace(c, "%s", `pg_try_advisory_xact_lock($1::bigint)`, 1),
+		ClaimLeased:  strings.Replace(c, "%s", `pg_try_advisory_xact_lock_shared($1::bigint)`, 1),
+		Read:         `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1`,
+		ReadOther:    `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND token <> $2`,
+		Get:          `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
+		Exists:       `SELECT 1 FROM ` + t + ` WHERE id = $1`,
+		Complete:     `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
+		Extend:       `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
+		Release:      `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
 		// The batch is locked through the expires_at index and deleted by
 		// ctid (a TID scan of the locked rows). The earlier form,
 		// "WHERE id IN (SELECT id ... FOR UPDATE SKIP LOCKED)", got a generic
