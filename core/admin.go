@@ -94,7 +94,7 @@ type ResponseInfo struct {
 
 // Records lists the live records in q.State, oldest first (by creation,
 // then ID), one page at a time. The store must implement Inspector
-// (memstore, sqlstore, gormstore and pgxstore do); otherwise it fails with
+// (memstore, sqlstore, gormstore, pgxstore and redisstore do); otherwise it fails with
 // an error wrapping ErrConfig, as it does for an invalid query or cursor.
 // A listing carries no responses: Record reads one record whole.
 func (e *Engine) Records(ctx context.Context, q RecordQuery) (RecordPage, error) {

@@ -80,13 +80,21 @@ type Route struct {
 
 // Route compiles route options over the engine's defaults. Invalid route
 // options panic when they are created (like regexp.MustCompile): they are
-// programming errors found at start-up.
+// programming errors found at start-up; so does Atomic on an engine whose
+// store has no transactions, here.
 func (e *Engine) Route(opts ...RouteOption) *Route {
 	rt := &Route{e: e, p: e.cfg.policy}
 	for _, o := range opts {
 		o.applyRoute(&rt.p)
 	}
 	rt.atomic = e.tx != nil && !rt.p.leased
+	switch {
+	case rt.p.atomic && rt.p.leased:
+		panic(fmt.Errorf("%w: the route options Atomic and Leased exclude each other", ErrConfig))
+	case rt.p.atomic && e.tx == nil:
+		panic(fmt.Errorf("%w: the route asks for atomic mode (Atomic) but the engine's store, %T, has no transactions (it is not a TxStore): "+
+			"use a SQL store (sqlstore, gormstore or pgxstore), or drop Atomic to run the route in leased mode", ErrConfig, e.store))
+	}
 	return rt
 }
 

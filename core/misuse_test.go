@@ -74,3 +74,48 @@ func TestNoAttemptFailsLoudly(t *testing.T) {
 		}
 	})
 }
+
+// TestAtomicRouteNeedsTxStore: a route that asks for atomic mode (Atomic)
+// on an engine whose store has no transactions fails when it is built,
+// with an error wrapping ErrConfig that names the SQL stores; on a
+// TxStore it is atomic, and Atomic with Leased is refused.
+func TestAtomicRouteNeedsTxStore(t *testing.T) {
+	build := func(t *testing.T, s core.Store, opts ...core.RouteOption) (rt *core.Route, err error) {
+		t.Helper()
+		e, nerr := core.New(s, core.WithSingleCaller())
+		if nerr != nil {
+			t.Fatal(nerr)
+		}
+		defer func() {
+			if v := recover(); v != nil {
+				var ok bool
+				if err, ok = v.(error); !ok {
+					t.Fatalf("panic with %T %v, want an error", v, v)
+				}
+			}
+		}()
+		return e.Route(opts...), nil
+	}
+	t.Run("nok, a store without transactions", func(t *testing.T) {
+		_, err := build(t, memstore.New(), core.Atomic())
+		if !errors.Is(err, core.ErrConfig) {
+			t.Fatalf("Route(Atomic()) on memstore.New(): %v, want a panic with ErrConfig", err)
+		}
+		for _, name := range []string{"sqlstore", "gormstore", "pgxstore", "Atomic"} {
+			if !strings.Contains(err.Error(), name) {
+				t.Errorf("error %q does not name %s", err, name)
+			}
+		}
+	})
+	t.Run("ok, a TxStore", func(t *testing.T) {
+		rt, err := build(t, memstore.New().Atomic(), core.Atomic())
+		if err != nil || !rt.Atomic() {
+			t.Fatalf("Route(Atomic()) on a TxStore: (%v, %v), want an atomic route", rt, err)
+		}
+	})
+	t.Run("nok, Atomic and Leased", func(t *testing.T) {
+		if _, err := build(t, memstore.New().Atomic(), core.Atomic(), core.Leased()); !errors.Is(err, core.ErrConfig) {
+			t.Fatalf("Route(Atomic(), Leased()): %v, want a panic with ErrConfig", err)
+		}
+	})
+}

@@ -91,6 +91,7 @@ type policy struct {
 	retention   time.Duration
 	wait        time.Duration // 0 = reject in-flight duplicates at once
 	leased      bool          // force leased mode on a TxStore
+	atomic      bool          // require atomic mode (Atomic)
 	fingerprint Fingerprinter // nil: DefaultFingerprint
 	optionalKey bool
 	methods     []string
@@ -370,6 +371,17 @@ func WaitInFlight(d time.Duration) RouteOption {
 // disconnects, only when the lease is lost. Stores without transactions
 // are always in leased mode.
 func Leased() RouteOption { return routeOption(func(p *policy) { p.leased = true }) }
+
+// Atomic requires atomic mode: the handler's writes commit with the
+// record, in one transaction of the store. It changes nothing on an engine
+// over a TxStore (atomic is its default), and makes the route fail when
+// it is built on any other store (a Redis store, memstore without
+// Atomic()): Engine.Route, and so the adapters' New, panic with an error
+// wrapping ErrConfig that names the SQL stores. A route that relies on its
+// handler's writes rolling back with a failed attempt says so with it, so
+// that moving it to a store without transactions fails at start-up, not
+// as a second charge. Atomic and Leased exclude each other.
+func Atomic() RouteOption { return routeOption(func(p *policy) { p.atomic = true }) }
 
 // Fingerprint replaces the request fingerprint (default DefaultFingerprint,
 // which covers the method, path, query and body). f replaces all of it:

@@ -268,7 +268,7 @@ func (c Cursor) IsZero() bool { return c.CreatedAt.IsZero() && c.ID == ID{} }
 // Inspector is a Store whose records an operator can list: the records
 // stuck in a state for longer than they should be (indeterminate, or in
 // progress with a lapsed lease), which Engine.Records, idemctl and
-// Engine.AdminHandler show. memstore, sqlstore, gormstore and pgxstore
+// Engine.AdminHandler show. memstore, sqlstore, gormstore, pgxstore and redisstore
 // implement it; storetest checks it for every store that does. Reading one
 // record by its ID (the record_id of a problem document, ParseID) is
 // Store.Get.

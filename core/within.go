@@ -109,7 +109,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs a TxFunc and a handler", ErrConfig))
 		return
 	case !rt.atomic:
-		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs an atomic route: an engine over a TxStore (sqlstore, gormstore) and a route without Leased", ErrConfig))
+		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within needs an atomic route: an engine over a TxStore (sqlstore, gormstore, pgxstore) and a route without Leased; a store without transactions (redisstore) has no atomic mode", ErrConfig))
 		return
 	}
 	c := rt.prepare(w, r, pattern, native, func(w http.ResponseWriter, r *http.Request) { rt.withinUnprotected(w, r, inTx, handler) })

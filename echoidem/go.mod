@@ -1,9 +1,10 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/echoidem
 
 go 1.25.0
 
 require (
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 	github.com/labstack/echo/v4 v4.16.0
 )
 
@@ -19,5 +20,3 @@ require (
 	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 )
-
-replace github.com/idemkit/idem => ../

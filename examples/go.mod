@@ -1,3 +1,4 @@
+// idem release: not published: the example service, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/examples
 
 go 1.26.0
@@ -8,14 +9,14 @@ require (
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/chiidem v0.0.0
-	github.com/idemkit/idem/echoidem v0.0.0
-	github.com/idemkit/idem/ginidem v0.0.0
-	github.com/idemkit/idem/gormstore v0.0.0
-	github.com/idemkit/idem/idemclient v0.0.0
-	github.com/idemkit/idem/pgxstore v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/chiidem v0.1.0
+	github.com/idemkit/idem/echoidem v0.1.0
+	github.com/idemkit/idem/ginidem v0.1.0
+	github.com/idemkit/idem/gormstore v0.1.0
+	github.com/idemkit/idem/idemclient v0.1.0
+	github.com/idemkit/idem/pgxstore v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/prometheus/client_golang v1.24.1
@@ -63,7 +64,7 @@ require (
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idemkit/idem/otelidem v0.0.0
+	github.com/idemkit/idem/otelidem v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -100,16 +101,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/chiidem => ../chiidem
-	github.com/idemkit/idem/echoidem => ../echoidem
-	github.com/idemkit/idem/ginidem => ../ginidem
-	github.com/idemkit/idem/gormstore => ../gormstore
-	github.com/idemkit/idem/idemclient => ../idemclient
-	github.com/idemkit/idem/pgxstore => ../pgxstore
-	github.com/idemkit/idem/sqlstore => ../sqlstore
-)
-
-replace github.com/idemkit/idem/otelidem => ../otelidem

@@ -1,10 +1,11 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/ginidem
 
 go 1.25.0
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 )
 
 require (
@@ -38,5 +39,3 @@ require (
 	golang.org/x/text v0.34.0 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
-
-replace github.com/idemkit/idem => ../

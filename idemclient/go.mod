@@ -1,3 +1,4 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/idemclient
 
 go 1.25.0

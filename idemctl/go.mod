@@ -1,11 +1,12 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/idemctl
 
 go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	modernc.org/sqlite v1.62.0
 )
@@ -26,9 +27,4 @@ require (
 	modernc.org/libc v1.80.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

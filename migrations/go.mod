@@ -1,3 +1,4 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/migrations
 
 go 1.26.0
@@ -5,9 +6,9 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/golang-migrate/migrate/v4 v4.20.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/pgxstore v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/pgxstore v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.30.1
 )
@@ -33,10 +34,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/pgxstore => ../pgxstore
-	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

@@ -1,10 +1,11 @@
+// idem release: published, tagged with every release (docs/releasing.md).
 module github.com/idemkit/idem/pgxstore
 
 go 1.25.0
 
 require (
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -14,9 +15,4 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

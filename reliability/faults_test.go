@@ -196,83 +196,29 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 		opts = append(opts, core.Leased())
 	}
 	h := e.Handler(handler, opts...)
-	send := func(key string) faultAnswer {
-		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		r := httptest.NewRequestWithContext(rctx, "POST", "/orders", strings.NewReader(`{"order":"`+key+`"}`))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set(core.HeaderKey, key)
-		w := httptest.NewRecorder()
-		start := time.Now()
-		h.ServeHTTP(w, r)
-		return faultAnswer{key: key, took: time.Since(start), status: w.Code, replayed: w.Header().Get(core.HeaderReplayed) == "true",
-			body: w.Body.String(), retry: w.Header().Get("Retry-After")}
-	}
-
-	seed := *seedFlag
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	run := 4 * time.Second
-	if *long {
-		run = *duration
-	}
-	t.Logf("seed %d, hammering for %v (rerun with -run '^%s$' -reliability.seed=%d)", seed, run, t.Name(), seed)
-	// Half the requests reuse a few hot keys (duplicates, often
-	// concurrent), half use fresh keys (first executions all along).
-	const hot, workers = 20, 8
-	stop := time.Now().Add(run)
-	var (
-		mu      sync.Mutex
-		answers []faultAnswer
-		wg      sync.WaitGroup
-	)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			for i := 0; time.Now().Before(stop); i++ {
-				key := fmt.Sprintf("hot-%d", rng.IntN(hot))
-				if rng.IntN(2) == 0 {
-					key = fmt.Sprintf("order-%d-%d", w, i)
-				}
-				a := send(key)
-				mu.Lock()
-				answers = append(answers, a)
-				mu.Unlock()
-			}
-		}()
-	}
-	faults := map[string]int{}
-	wg.Add(1)
-	go func() { // the faults
-		defer wg.Done()
-		rng := rand.New(rand.NewPCG(seed, 1<<20))
-		for time.Now().Before(stop) {
-			time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
-			switch rng.IntN(6) {
-			case 0:
-				proxy.cutAll()
-				faults["cut all connections"]++
-			case 1:
-				proxy.cutBytes.Store(1 + rng.Int64N(4000))
-				faults["cut one connection after N bytes"]++
-			case 2:
-				proxy.cutCommit.Store(1)
-				faults["cut before COMMIT"]++
-			case 3:
-				proxy.cutCommit.Store(2)
-				faults["cut after COMMIT"]++
-			case 4:
-				proxy.maxLatency.Store(int64(time.Duration(rng.IntN(5000)) * time.Microsecond))
-				faults["latency"]++
-			default:
-				proxy.maxLatency.Store(0)
-			}
+	send := faultSender(h)
+	seed, run := faultSeed(t)
+	answers, faults := hammer(send, seed, run, func(rng *rand.Rand) string {
+		switch rng.IntN(6) {
+		case 0:
+			proxy.cutAll()
+			return "cut all connections"
+		case 1:
+			proxy.cutBytes.Store(1 + rng.Int64N(4000))
+			return "cut one connection after N bytes"
+		case 2:
+			proxy.cutCommit.Store(1)
+			return "cut before COMMIT"
+		case 3:
+			proxy.cutCommit.Store(2)
+			return "cut after COMMIT"
+		case 4:
+			proxy.maxLatency.Store(int64(time.Duration(rng.IntN(5000)) * time.Microsecond))
+			return "latency"
 		}
-	}()
-	wg.Wait()
+		proxy.maxLatency.Store(0)
+		return ""
+	})
 	proxy.maxLatency.Store(0)
 	proxy.cutBytes.Store(0)
 	proxy.cutCommit.Store(0)
@@ -309,23 +255,13 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	}
 
 	// A retry of every key, without faults.
-	sent := map[string]bool{}
-	for _, a := range answers {
-		sent[a.key] = true
-	}
-	for key := range sent {
-		a := send(key)
-		for try := 0; a.status == http.StatusServiceUnavailable && try < 3; try++ {
-			// A connection cut just before the faults stopped may still
-			// sit in the pool; a client retries a 503.
-			time.Sleep(100 * time.Millisecond)
-			a = send(key)
-		}
-		answers = append(answers, a)
+	sent, retries := retryAll(answers, send)
+	for _, a := range retries {
 		if !leased && a.status != http.StatusCreated {
 			t.Errorf("atomic mode, after the faults: %s got %d %s, want 201 (replayed or executed now; seed %d)", a.key, a.status, a.body, seed)
 		}
 	}
+	answers = append(answers, retries...)
 
 	// Business rows per key, and the attempts that wrote them.
 	type bizRows struct{ n, attempts, maxAttempt int }
@@ -403,4 +339,100 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 		}
 	}
 	t.Logf("records at the end: %v; leased takeovers that ran again after a lapsed lease: %d", byState, takeovers)
+}
+
+// faultSender returns a client of h: it POSTs an order with key to
+// /orders and returns the answer.
+func faultSender(h http.Handler) func(key string) faultAnswer {
+	return func(key string) faultAnswer {
+		rctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r := httptest.NewRequestWithContext(rctx, "POST", "/orders", strings.NewReader(`{"order":"`+key+`"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set(core.HeaderKey, key)
+		w := httptest.NewRecorder()
+		start := time.Now()
+		h.ServeHTTP(w, r)
+		return faultAnswer{key: key, took: time.Since(start), status: w.Code, replayed: w.Header().Get(core.HeaderReplayed) == "true",
+			body: w.Body.String(), retry: w.Header().Get("Retry-After")}
+	}
+}
+
+// faultSeed returns the seed of t's schedules (-reliability.seed, or a new
+// one) and how long to hammer, and logs both.
+func faultSeed(t *testing.T) (uint64, time.Duration) {
+	t.Helper()
+	seed := *seedFlag
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	run := 4 * time.Second
+	if *long {
+		run = *duration
+	}
+	t.Logf("seed %d, hammering for %v (rerun with -run '^%s$' -reliability.seed=%d)", seed, run, t.Name(), seed)
+	return seed, run
+}
+
+// hammer sends requests through send from 8 workers for run (half of
+// them reuse a few hot keys: duplicates, often concurrent; half use fresh
+// keys: first executions all along) while inject, every 20-140 ms,
+// injects a fault and names it ("" for none). It returns every answer and
+// how often each fault was injected.
+func hammer(send func(key string) faultAnswer, seed uint64, run time.Duration, inject func(rng *rand.Rand) string) ([]faultAnswer, map[string]int) {
+	const hot, workers = 20, 8
+	stop := time.Now().Add(run)
+	var (
+		mu      sync.Mutex
+		answers []faultAnswer
+		wg      sync.WaitGroup
+	)
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for i := 0; time.Now().Before(stop); i++ {
+				key := fmt.Sprintf("hot-%d", rng.IntN(hot))
+				if rng.IntN(2) == 0 {
+					key = fmt.Sprintf("order-%d-%d", w, i)
+				}
+				a := send(key)
+				mu.Lock()
+				answers = append(answers, a)
+				mu.Unlock()
+			}
+		})
+	}
+	faults := map[string]int{}
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(seed, 1<<20))
+		for time.Now().Before(stop) {
+			time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
+			if name := inject(rng); name != "" {
+				faults[name]++
+			}
+		}
+	})
+	wg.Wait()
+	return answers, faults
+}
+
+// retryAll sends every key of answers once more, with the faults off,
+// retrying a 503 up to three times (a connection cut just before the
+// faults stopped may still sit in the pool; a client retries a 503). It
+// returns the keys and the answers.
+func retryAll(answers []faultAnswer, send func(key string) faultAnswer) (map[string]bool, []faultAnswer) {
+	sent := map[string]bool{}
+	for _, a := range answers {
+		sent[a.key] = true
+	}
+	var out []faultAnswer
+	for key := range sent {
+		a := send(key)
+		for try := 0; a.status == http.StatusServiceUnavailable && try < 3; try++ {
+			time.Sleep(100 * time.Millisecond)
+			a = send(key)
+		}
+		out = append(out, a)
+	}
+	return sent, out
 }

@@ -1,3 +1,4 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/reliability
 
 go 1.26.0
@@ -7,11 +8,13 @@ require (
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/gormstore v0.0.0
-	github.com/idemkit/idem/pgxstore v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/gormstore v0.1.0
+	github.com/idemkit/idem/pgxstore v0.1.0
+	github.com/idemkit/idem/redisstore v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.23.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
@@ -19,6 +22,7 @@ require (
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -29,6 +33,7 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
@@ -36,11 +41,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/gormstore => ../gormstore
-	github.com/idemkit/idem/pgxstore => ../pgxstore
-	github.com/idemkit/idem/sqlstore => ../sqlstore
 )

@@ -42,6 +42,9 @@ func leaseStores() []leaseStore {
 		stores = append(stores, leaseStore{name: "gormstore " + d.String() + ", Leased route", route: []core.RouteOption{core.Leased()},
 			new: func(t *testing.T) core.Store { return newGormStore(t, d, openDB(t, d, dsn(t, d))) }})
 	}
+	stores = append(stores, leaseStore{name: "redisstore", new: func(t *testing.T) core.Store {
+		return newRedisStore(t, redisClient(t, redisAddrs(t, "IDEM_TEST_REDIS_ADDR")[0]))
+	}})
 	return stores
 }
 

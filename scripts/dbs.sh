@@ -11,13 +11,30 @@
 #   scripts/dbs.sh start-galera DIR
 #                              only the Galera cluster; DIR/env gets
 #                              IDEM_TEST_GALERA_DSNS.
+#   scripts/dbs.sh start-redis DIR
+#                              only the Redis servers (below); DIR/env gets
+#                              their IDEM_TEST_REDIS_* lines (other lines kept).
+#                              `start` starts them too unless IDEM_DBS_REDIS=0.
 #   scripts/dbs.sh stop DIR    stop every server by pid (idempotent).
+#
+# Redis (Debian's redis-server and redis-sentinel), every server on free
+# loopback ports, without persistence, debug commands allowed from loopback
+# (the failover test pauses servers with DEBUG SLEEP):
+#   IDEM_TEST_REDIS_ADDR             one server
+#   IDEM_TEST_REDIS_CLUSTER_ADDRS    a Redis Cluster of three primaries
+#                                    (no replicas), comma separated
+#   IDEM_TEST_REDIS_SENTINEL_ADDRS   three sentinels watching a primary and
+#                                    one replica, comma separated
+#   IDEM_TEST_REDIS_SENTINEL_MASTER  the master name they watch ("idemtest");
+#                                    the two replicate as the ACL user repl
 #
 # Layout of DIR:
 #   DIR/env          export lines (source it)
 #   DIR/pg.pid       postmaster pid      DIR/pg/      data + server.log (owned by postgres)
 #   DIR/mysql.pid    mariadbd pid        DIR/mysql/   data, tmp, server.log, mysql.sock (owned by mysql)
 #   DIR/galera/nN/   node N: my.cnf (every setting), data, tmp, server.log, node.pid
+#   DIR/redis/NAME/  one Redis server (single, cluster-N, primary, replica,
+#                    sentinel-N): redis.conf (every setting), redis.pid, server.log
 #
 # Galera: wsrep_provider libgalera_smm.so (Debian galera-4), state transfer
 # by rsync (so the servers run as the mysql user), binlog_format=ROW,
@@ -45,7 +62,7 @@ log() { printf 'dbs.sh: %s\n' "$*" >&2; }
 die() { printf 'dbs.sh: ERROR: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-	echo "usage: $0 start|start-galera|stop DIR" >&2
+	echo "usage: $0 start|start-galera|start-redis|stop DIR" >&2
 	exit 2
 }
 
@@ -174,6 +191,18 @@ check_reachable() {
 		die "user $u cannot reach $d (a parent directory is not world-executable); use a DIR under /tmp"
 }
 
+# close_fds: close every descriptor above 2 of this (sub)shell. Servers
+# are started from one that did, so that a daemon keeps no lock open: under
+# `flock FILE scripts/dbs.sh start DIR` a server that inherited flock's
+# descriptor would hold FILE's lock for as long as it runs.
+close_fds() {
+	local fd
+	for fd in /proc/$BASHPID/fd/*; do
+		fd=${fd##*/}
+		if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+	done
+}
+
 lock() {
 	exec 9>>"$LOCK_FILE"
 	chmod 0666 "$LOCK_FILE" 2>/dev/null || true
@@ -228,7 +257,7 @@ pg_start() {
 			logging_collector = off
 		EOF
 		log "postgres: starting on 127.0.0.1:$port (attempt $attempt)"
-		if (cd / && as_user postgres setsid "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$START_TIMEOUT" \
+		if (cd / && close_fds && as_user postgres setsid "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$START_TIMEOUT" \
 			start </dev/null >"$dir/pg-ctl.log" 2>&1); then
 			unlock
 			break
@@ -324,7 +353,7 @@ my_start() {
 		port=$(free_port)
 		log "mariadb: starting on 127.0.0.1:$port (attempt $attempt)"
 		rm -f "$sock" "$mydir/mysqld.pid"
-		(cd / && exec setsid "$server" --no-defaults \
+		(cd / && close_fds && exec setsid "$server" --no-defaults \
 			--user="$run_as" \
 			--datadir="$data" \
 			--pid-file="$mydir/mysqld.pid" \
@@ -479,7 +508,7 @@ galera_node_start() {
 	local extra=()
 	((n == 1)) && extra=(--wsrep-new-cluster)
 	log "galera: starting node $n on 127.0.0.1:${GALERA_PORT[n]} (gcomm ${GALERA_GCOMM[n]}, ist ${GALERA_IST[n]}, sst ${GALERA_SST[n]})"
-	(cd / && exec setsid "$server" --defaults-file="$cnf" "${extra[@]}" </dev/null >>"$logf" 2>&1) &
+	(cd / && close_fds && exec setsid "$server" --defaults-file="$cnf" "${extra[@]}" </dev/null >>"$logf" 2>&1) &
 	launcher=$!
 	local deadline=$(($(now) + START_TIMEOUT)) state=''
 	while (($(now) <= deadline)); do
@@ -593,6 +622,196 @@ galera_stop() {
 }
 
 # --------------------------------------------------------------------------
+# Redis: one server, a three-primary cluster, a Sentinel group
+
+REDIS_MASTER=idemtest
+REDIS_REPL_PASS=idemrepl
+
+have_redis() {
+	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 &&
+		command -v redis-sentinel >/dev/null 2>&1
+}
+
+ensure_redis_installed() {
+	if have_redis; then
+		return
+	fi
+	[[ $(id -u) -eq 0 ]] || die "Redis missing and not running as root: install redis-server redis-sentinel"
+	log "installing redis-server redis-sentinel with apt-get (first time only)"
+	local pkgs=(redis-server redis-sentinel)
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get install -y --no-install-recommends "${pkgs[@]}" >>/tmp/idem-dbs-apt.log 2>&1; then
+		apt-get update >>/tmp/idem-dbs-apt.log 2>&1 || { tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get update failed"; }
+		apt-get install -y --no-install-recommends "${pkgs[@]}" >>/tmp/idem-dbs-apt.log 2>&1 ||
+			{ tail -n 30 /tmp/idem-dbs-apt.log >&2; die "apt-get install ${pkgs[*]} failed (log: /tmp/idem-dbs-apt.log)"; }
+	fi
+	have_redis || die "Redis still missing after apt-get install (log: /tmp/idem-dbs-apt.log)"
+}
+
+# redis_conf DIR NAME PORT [SETTING...]: write DIR/redis/NAME/redis.conf
+# for a server on 127.0.0.1:PORT with the common settings and SETTING
+# lines. The process title names the file, which is how stop knows the
+# server is ours.
+redis_conf() {
+	local dir=$1 name=$2 port=$3 sdir
+	shift 3
+	sdir="$dir/redis/$name"
+	mkdir -p "$sdir"
+	{
+		echo "port $port"
+		echo "bind 127.0.0.1"
+		echo "dir $sdir"
+		echo "pidfile $sdir/redis.pid"
+		echo "logfile $sdir/server.log"
+		echo "daemonize yes"
+		echo 'proc-title-template "{title} {listen-addr} {server-mode} {config-file}"'
+		printf '%s\n' "$@"
+	} >"$sdir/redis.conf"
+}
+
+# redis_launch DIR NAME [--sentinel]: start the server of NAME's
+# redis.conf and wait until it answers PING. Returns 2 when its port was
+# taken, 1 on any other failure.
+redis_launch() {
+	local dir=$1 name=$2 mode=${3:-} sdir conf port deadline
+	sdir="$dir/redis/$name"
+	conf="$sdir/redis.conf"
+	port=$(awk '$1 == "port" { print $2 }' "$conf")
+	rm -f "$sdir/redis.pid"
+	(cd / && close_fds && exec redis-server "$conf" $mode </dev/null >>"$sdir/server.log" 2>&1) || true
+	deadline=$(($(now) + START_TIMEOUT))
+	until [[ -s "$sdir/redis.pid" ]] && redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; do
+		if grep -qiE 'Address already in use|bind: .*in use' "$sdir/server.log" 2>/dev/null; then
+			return 2
+		fi
+		if (($(now) > deadline)); then
+			tail_log "$sdir/server.log"
+			return 1
+		fi
+		sleep 0.1
+	done
+}
+
+# redis_up DIR: every Redis server, ports in REDIS_ADDR, REDIS_CLUSTER_ADDRS
+# and REDIS_SENTINEL_ADDRS.
+redis_up() {
+	local dir=$1 attempt rc n p ports=() all=" " t0
+	t0=$(now)
+	for attempt in 1 2 3; do
+		redis_stop "$dir"
+		rm -rf "$dir/redis"
+		mkdir -p "$dir/redis"
+		lock
+		ports=()
+		for ((n = 0; n < 10; n++)); do
+			while :; do
+				p=$(free_port)
+				if [[ "$all" != *" $p "* ]]; then break; fi
+			done
+			all+="$p "
+			ports+=("$p")
+		done
+		# 0 single; 1-3 cluster nodes, 4-6 their bus ports; 7 primary,
+		# 8 replica; sentinels on 9 and two more below.
+		local common=('save ""' 'appendonly no' 'enable-debug-command local')
+		redis_conf "$dir" single "${ports[0]}" "${common[@]}"
+		for n in 1 2 3; do
+			redis_conf "$dir" "cluster-$n" "${ports[n]}" "${common[@]}" "cluster-enabled yes" \
+				"cluster-port ${ports[n + 3]}" "cluster-config-file $dir/redis/cluster-$n/nodes.conf" \
+				"cluster-node-timeout 2000"
+		done
+		# The group's replication runs as the user repl, so that the
+		# failover test can cut the replica off (ACL SETUSER repl off)
+		# while clients go on.
+		local group=("${common[@]}" "user repl on >$REDIS_REPL_PASS ~* &* +@all" "masteruser repl" "masterauth $REDIS_REPL_PASS")
+		redis_conf "$dir" primary "${ports[7]}" "${group[@]}"
+		redis_conf "$dir" replica "${ports[8]}" "${group[@]}" "replicaof 127.0.0.1 ${ports[7]}"
+		rc=0
+		for name in single cluster-1 cluster-2 cluster-3 primary replica; do
+			redis_launch "$dir" "$name" || { rc=$?; break; }
+		done
+		REDIS_SENTINEL_ADDRS=''
+		if ((rc == 0)); then
+			local sp
+			for n in 1 2 3; do
+				if ((n == 1)); then sp=${ports[9]}; else
+					while :; do
+						sp=$(free_port)
+						if [[ "$all" != *" $sp "* ]]; then break; fi
+					done
+					all+="$sp "
+				fi
+				redis_conf "$dir" "sentinel-$n" "$sp" \
+					"sentinel monitor $REDIS_MASTER 127.0.0.1 ${ports[7]} 2" \
+					"sentinel down-after-milliseconds $REDIS_MASTER 1000" \
+					"sentinel failover-timeout $REDIS_MASTER 3000" \
+					"sentinel parallel-syncs $REDIS_MASTER 1"
+				redis_launch "$dir" "sentinel-$n" --sentinel || { rc=$?; break; }
+				REDIS_SENTINEL_ADDRS+="${REDIS_SENTINEL_ADDRS:+,}127.0.0.1:$sp"
+			done
+		fi
+		unlock
+		if ((rc == 0)); then break; fi
+		if ((rc == 2)); then
+			log "redis: a port was taken, retrying with other ports"
+			continue
+		fi
+		redis_stop "$dir"
+		die "redis: a server did not start (logs under $dir/redis)"
+	done
+	((rc == 0)) || { redis_stop "$dir"; die "redis: no free ports after 3 attempts"; }
+
+	REDIS_ADDR="127.0.0.1:${ports[0]}"
+	REDIS_CLUSTER_ADDRS="127.0.0.1:${ports[1]},127.0.0.1:${ports[2]},127.0.0.1:${ports[3]}"
+	redis-cli --cluster create 127.0.0.1:"${ports[1]}" 127.0.0.1:"${ports[2]}" 127.0.0.1:"${ports[3]}" \
+		--cluster-replicas 0 --cluster-yes >"$dir/redis/cluster-create.log" 2>&1 ||
+		{ tail_log "$dir/redis/cluster-create.log"; redis_stop "$dir"; die "redis: cluster create failed"; }
+	local deadline=$(($(now) + START_TIMEOUT)) ok
+	while :; do
+		ok=1
+		for n in 1 2 3; do
+			redis-cli -h 127.0.0.1 -p "${ports[n]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok' || ok=0
+		done
+		if ((ok)); then break; fi
+		(($(now) <= deadline)) || { redis_stop "$dir"; die "redis: the cluster did not reach cluster_state:ok"; }
+		sleep 0.2
+	done
+	# The Sentinel group is ready when every sentinel knows the replica and
+	# the two other sentinels.
+	while :; do
+		ok=1
+		for p in ${REDIS_SENTINEL_ADDRS//,/ }; do
+			p=${p##*:}
+			[[ $(redis-cli -h 127.0.0.1 -p "$p" sentinel master "$REDIS_MASTER" 2>/dev/null |
+				awk 'prev == "num-slaves" || prev == "num-other-sentinels" { printf "%s ", $0 } { prev = $0 }') == "1 2 " ]] || ok=0
+		done
+		if ((ok)); then break; fi
+		(($(now) <= deadline)) || { redis_stop "$dir"; die "redis: the sentinels did not find the replica and each other"; }
+		sleep 0.2
+	done
+	log "redis: server $REDIS_ADDR, cluster $REDIS_CLUSTER_ADDRS, sentinels $REDIS_SENTINEL_ADDRS ($(($(now) - t0))s)"
+}
+
+redis_stop() {
+	local dir=$1 conf
+	[[ -d "$dir/redis" ]] || return 0
+	for conf in "$dir"/redis/*/redis.conf; do
+		[[ -f "$conf" ]] || continue
+		stop_pid "redis $(basename "$(dirname "$conf")")" "$(dirname "$conf")/redis.pid" "$(dirname "$conf")/redis.pid" "$conf" TERM
+	done
+}
+
+# redis_env FILE: the export lines of the Redis servers.
+redis_env() {
+	cat <<-EOF
+		export IDEM_TEST_REDIS_ADDR='$REDIS_ADDR'
+		export IDEM_TEST_REDIS_CLUSTER_ADDRS='$REDIS_CLUSTER_ADDRS'
+		export IDEM_TEST_REDIS_SENTINEL_ADDRS='$REDIS_SENTINEL_ADDRS'
+		export IDEM_TEST_REDIS_SENTINEL_MASTER='$REDIS_MASTER'
+	EOF
+}
+
+# --------------------------------------------------------------------------
 # stop
 
 # stop_pid NAME PIDFILE SERVER_PIDFILE NEEDLE SIGNAL
@@ -637,6 +856,7 @@ cmd_stop() {
 	stop_pid postgres "$dir/pg.pid" "$dir/pg/data/postmaster.pid" "$dir/pg/data" INT
 	stop_pid mariadb "$dir/mysql.pid" "$dir/mysql/mysqld.pid" "$dir/mysql/data" TERM
 	galera_stop "$dir"
+	redis_stop "$dir"
 }
 
 cmd_start() {
@@ -644,7 +864,8 @@ cmd_start() {
 	t0=$(now)
 	if pid_is_ours "$(cat "$dir/pg.pid" 2>/dev/null || true)" "$dir/pg/data" &&
 		pid_is_ours "$(cat "$dir/mysql.pid" 2>/dev/null || true)" "$dir/mysql/data" &&
-		[[ -s "$dir/env" ]]; then
+		[[ -s "$dir/env" ]] &&
+		{ [[ "${IDEM_DBS_REDIS:-1}" != 1 ]] || pid_is_ours "$(cat "$dir/redis/single/redis.pid" 2>/dev/null || true)" "$dir/redis/single/redis.conf"; }; then
 		log "servers already running for $dir (see $dir/env)"
 		return 0
 	fi
@@ -660,7 +881,7 @@ cmd_start() {
 	mkdir -p "$dir"
 	chmod 0755 "$dir"
 
-	PG_PORT='' MY_PORT='' GALERA_DSNS=''
+	PG_PORT='' MY_PORT='' GALERA_DSNS='' REDIS_ADDR=''
 	# On failure, do not leave a half-started set behind.
 	trap 'rc=$?; if ((rc != 0)); then cmd_stop "'"$dir"'" || true; fi' EXIT
 	trap 'exit 130' INT
@@ -673,6 +894,12 @@ cmd_start() {
 		unlock
 		galera_start "$dir"
 	fi
+	if [[ "${IDEM_DBS_REDIS:-1}" == 1 ]]; then
+		lock
+		ensure_redis_installed
+		unlock
+		redis_up "$dir"
+	fi
 	trap - EXIT INT TERM
 
 	umask 022
@@ -682,6 +909,9 @@ cmd_start() {
 	EOF
 	if [[ -n "$GALERA_DSNS" ]]; then
 		echo "export IDEM_TEST_GALERA_DSNS='$GALERA_DSNS'" >>"$dir/env.tmp"
+	fi
+	if [[ -n "$REDIS_ADDR" ]]; then
+		redis_env >>"$dir/env.tmp"
 	fi
 	mv "$dir/env.tmp" "$dir/env"
 	log "servers up in $(($(now) - t0))s; source $dir/env"
@@ -714,6 +944,35 @@ cmd_start_galera() {
 	mv "$dir/env.tmp" "$dir/env"
 }
 
+# cmd_start_redis DIR: only the Redis servers; their lines replace any
+# IDEM_TEST_REDIS_* lines of DIR/env, the other lines are kept.
+cmd_start_redis() {
+	local dir=$1
+	if [[ -s "$dir/env" ]] && grep -q IDEM_TEST_REDIS_ADDR "$dir/env" &&
+		pid_is_ours "$(cat "$dir/redis/single/redis.pid" 2>/dev/null || true)" "$dir/redis/single/redis.conf"; then
+		log "redis already running for $dir (see $dir/env)"
+		return 0
+	fi
+	redis_stop "$dir"
+	command -v flock >/dev/null 2>&1 || die "flock (util-linux) is required"
+	lock
+	ensure_redis_installed
+	unlock
+	chmod 0755 "$dir"
+	REDIS_ADDR=''
+	trap 'rc=$?; if ((rc != 0)); then redis_stop "'"$dir"'" || true; fi' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	redis_up "$dir"
+	trap - EXIT INT TERM
+	umask 022
+	{
+		grep -v '^export IDEM_TEST_REDIS_' "$dir/env" 2>/dev/null || true
+		redis_env
+	} >"$dir/env.tmp"
+	mv "$dir/env.tmp" "$dir/env"
+}
+
 main() {
 	[[ $# -eq 2 ]] || usage
 	local cmd=$1 dir=$2
@@ -726,6 +985,10 @@ main() {
 	start-galera)
 		mkdir -p "$dir"
 		cmd_start_galera "$(cd "$dir" && pwd -P)"
+		;;
+	start-redis)
+		mkdir -p "$dir"
+		cmd_start_redis "$(cd "$dir" && pwd -P)"
 		;;
 	stop)
 		[[ -d "$dir" ]] || return 0

@@ -1,60 +1,87 @@
 #!/usr/bin/env bash
-# The outside-in check: each released module builds, as a user's program
-# would build it, with the requirements its go.mod publishes.
+# The outside-in check: each published module, got at a release's version
+# through a module proxy, builds as a user's program would build it, with
+# the requirements its go.mod publishes, and the README's quick starts
+# build against all of them.
 #
-#   scripts/outside-in.sh          (scripts/test.sh runs it)
+#   scripts/outside-in.sh REPO      (scripts/release.sh runs it, for a
+#                                    rehearsal and for every release)
 #
-# For each released module (scripts/modules.sh: every go.work module but
-# the example service and the test-only modules), a scratch module in a
-# temporary directory outside the repository, without go.work
-# (GOWORK=off, GOFLAGS=-mod=mod):
+# REPO is the release's repository at the release commit. The environment
+# names the version (IDEM_RELEASE_VERSION) and the module proxy that has
+# it (GOPROXY=file://...,<the usual proxy>, GONOSUMDB for idem's modules):
+# release.sh sets both. In temporary directories outside the repository,
+# without go.work (GOWORK=off, GOFLAGS=-mod=mod) and without replace lines:
 #
-#   - requires that module, with replace lines to the local directories of
-#     the idem modules only (the root and its siblings: nothing else);
-#   - has a main package importing every public package of the module,
-#     and a tool line for each of its commands (package main: idemctl);
-#   - go mod tidy, go build (a program: compiled and linked), and go build
-#     of each command (linked: what go install of it builds);
-#   - every third-party module the module's go.mod names is selected at the
-#     version named there: a newer one would mean the module's published
-#     requirements are not enough to build it (a go.mod not kept tidy).
-#
-# Third-party modules come from the module cache or the module proxy.
+#   - per published module, a scratch module that runs go get for it at
+#     the version, imports every public package of it in a main package,
+#     and go get -tool for each of its commands (idemctl: what go install
+#     builds); go mod tidy, go build (compiled and linked), go build of
+#     each command;
+#   - every third-party module the published go.mod names is selected at
+#     the version named there: a newer one would mean the module's
+#     published requirements are not enough to build it (a go.mod not kept
+#     tidy); every idem module is selected at the release's version;
+#   - one more module, scripts/quickstart (the README's quick starts made
+#     whole), gets every published library module at the version and
+#     builds.
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-root=$(pwd -P)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+root=$(cd "${1:?usage: scripts/outside-in.sh REPO (run by scripts/release.sh)}" && pwd -P)
+version=${IDEM_RELEASE_VERSION:?IDEM_RELEASE_VERSION is not set: scripts/release.sh --rehearse runs this check}
 # shellcheck source=modules.sh
-source "$root/scripts/modules.sh"
+source "$here/scripts/modules.sh"
 
 if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
 	export PATH="/usr/local/go/bin:$PATH"
 fi
-
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/idem-outside-in.XXXXXX")
-trap 'rm -rf "$scratch"' EXIT
-case "$scratch/" in
-"$root"/*)
-	echo "outside-in.sh: the scratch directory $scratch is inside the repository" >&2
-	exit 1
+case "${GOPROXY:-}" in
+file://*) ;;
+*)
+	echo "outside-in.sh: GOPROXY must name the release's module proxy first (file://...): run scripts/release.sh --rehearse" >&2
+	exit 2
 	;;
 esac
 
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/idem-outside-in.XXXXXX")
+trap 'chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
+for d in "$here" "$root"; do
+	case "$scratch/" in
+	"$d"/*)
+		echo "outside-in.sh: the scratch directory $scratch is inside the repository $d" >&2
+		exit 1
+		;;
+	esac
+done
+
 export GOWORK=off
-# -mod=mod in the scratch modules only: never let it touch the repository's
-# go.mod files.
-repo_goflags=${GOFLAGS:-}
-scratch_goflags="${GOFLAGS:+$GOFLAGS }-mod=mod"
+user_goflags=${GOFLAGS:-}
+user_goflags=${user_goflags//-mod=mod/}
+user_goflags=${user_goflags//-mod=readonly/}
+scratch_goflags="${user_goflags:+$user_goflags }-mod=mod"
+repo_goflags="${user_goflags:+$user_goflags }-mod=readonly"
 
 mapfile -t released < <(idem_released)
-# Every idem module of the workspace, released or not, may be replaced.
-declare -A dir_of=()
-while read -r dir; do
-	[[ -z "$dir" ]] && continue
-	dir_of[$(idem_path "$root/$dir")]=$dir
-done < <(idem_workspace_dirs)
+
+# idem_at_version DIR: every idem module the scratch module in DIR selects
+# is at $version.
+idem_at_version() {
+	local bad
+	bad=$(cd "$1" && GOFLAGS=$scratch_goflags go list -m -f '{{.Path}} {{.Version}}' all |
+		awk -v p="$idem_prefix" -v v="$version" '($1 == p || index($1, p "/") == 1) && $2 != v')
+	if [[ -n "$bad" ]]; then
+		echo "outside-in: $2 selects idem modules at other versions than $version:" >&2
+		sed 's/^/    /' <<<"$bad" >&2
+		return 1
+	fi
+}
+
+goline() { awk '$1 == "go" { print $2; exit }' "$1"; }
 
 failed=()
+libs=()
+quickstarts=0
 for dir in "${released[@]}"; do
 	path=$(idem_path "$root/$dir")
 	mod="$scratch/${dir//\//_}"
@@ -69,23 +96,9 @@ for dir in "${released[@]}"; do
 		failed+=("$dir")
 		continue
 	fi
+	((${#pkgs[@]} > 0)) && libs+=("$path")
 
-	{
-		echo "module example.com/outsidein"
-		echo
-		echo "go $(awk '$1 == "go" { print $2; exit }' "$root/$dir/go.mod")"
-		echo
-		echo "require $path v0.0.0"
-		echo
-		# Replace lines to local directories, for the idem modules only.
-		for p in "${!dir_of[@]}"; do
-			echo "replace $p => $root/${dir_of[$p]}"
-		done
-		# Commands are tools of the scratch module (go get -tool).
-		for c in "${cmds[@]+"${cmds[@]}"}"; do
-			echo "tool $c"
-		done
-	} >"$mod/go.mod"
+	printf 'module example.com/outsidein\n\ngo %s\n' "$(goline "$root/$dir/go.mod")" >"$mod/go.mod"
 	{
 		echo "// Command outsidein imports every public package of $path."
 		echo "package main"
@@ -99,12 +112,25 @@ for dir in "${released[@]}"; do
 		echo "func main() {}"
 	} >"$mod/main.go"
 
-	echo "=== outside-in: $path (${#pkgs[@]} packages, ${#cmds[@]} commands)"
-	if ! (cd "$mod" && export GOFLAGS=$scratch_goflags && go mod tidy && go build ./... &&
-		{ ((${#cmds[@]} == 0)) || go build -o "$mod/bin/" "${cmds[@]}"; }); then
+	echo "outside-in: go get $path@$version (${#pkgs[@]} packages, ${#cmds[@]} commands)"
+	if ! (cd "$mod" && export GOFLAGS=$scratch_goflags &&
+		{ ((${#pkgs[@]} == 0)) || go get "$path@$version"; } &&
+		for c in "${cmds[@]+"${cmds[@]}"}"; do go get -tool "$c@$version" || exit 1; done &&
+		go mod tidy && go build ./... &&
+		{ ((${#cmds[@]} == 0)) || go build -o "$mod/bin/" "${cmds[@]}"; }) >"$mod.log" 2>&1; then
+		cat "$mod.log" >&2
 		failed+=("$dir")
 		continue
 	fi
+	if grep -q '^replace\|=>' "$mod/go.mod"; then
+		echo "outside-in: the scratch module for $dir has a replace line" >&2
+		failed+=("$dir")
+		continue
+	fi
+	idem_at_version "$mod" "$dir" || {
+		failed+=("$dir")
+		continue
+	}
 
 	# The versions the scratch module selected against the ones the
 	# module's go.mod names.
@@ -114,21 +140,60 @@ for dir in "${released[@]}"; do
 	done < <(cd "$mod" && GOFLAGS=$scratch_goflags go list -m -f '{{.Path}} {{.Version}}' all)
 	bad=0
 	while read -r p v; do
-		[[ "$p" == "$idem_prefix" || "$p" == "$idem_prefix"/* ]] && continue
+		idem_is_idem "$p" && continue
 		if [[ -n "${selected[$p]:-}" && "${selected[$p]}" != "$v" ]]; then
 			echo "outside-in: $dir/go.mod requires $p $v, but a build of it selects ${selected[$p]}: run go mod tidy in $dir" >&2
 			bad=1
 		fi
-	done < <(cd "$root/$dir" && GOFLAGS=$repo_goflags go mod edit -print | sed -E 's/^[[:space:]]*require[[:space:]]+//' |
-		awk '$0 !~ /=>/ && $1 !~ /^(module|replace|go|toolchain|require|\)|\/\/)/ && NF >= 2 && $2 ~ /^v/ { print $1, $2 }')
+	done < <(_idem_directive "$root/$dir/go.mod" require | awk 'NF >= 2 { print $1, $2 }')
 	unset selected
 	if ((bad)); then
 		failed+=("$dir")
 	fi
 done
 
+# The README's quick starts, in one module that gets every published
+# library module, as a new user following the README would.
+qs="$root/scripts/quickstart"
+if [[ -d "$qs" ]]; then
+	echo "outside-in: the README's quick starts (scripts/quickstart), with go get of ${#libs[@]} modules at $version"
+	mkdir -p "$scratch/quickstart"
+	cp -R "$qs/." "$scratch/quickstart/"
+	gets=()
+	for p in "${libs[@]}"; do gets+=("$p@$version"); done
+	if (cd "$scratch/quickstart" && export GOFLAGS=$scratch_goflags &&
+		go get "${gets[@]}" && go mod tidy && go build ./... && go vet ./...) >"$scratch/quickstart.log" 2>&1; then
+		idem_at_version "$scratch/quickstart" quickstart || failed+=("quickstart")
+		quickstarts=$(cd "$scratch/quickstart" && GOFLAGS=$scratch_goflags go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -c . || true)
+	else
+		cat "$scratch/quickstart.log" >&2
+		failed+=("quickstart")
+	fi
+else
+	echo "outside-in: $qs is missing: the README's quick starts are not built" >&2
+	failed+=("quickstart")
+fi
+
+# The documentation's go get and go install lines name modules the checks
+# above got: every idem path in them is a published module's.
+declare -A published=()
+for dir in "${released[@]}"; do
+	published[$(idem_path "$root/$dir")]=1
+done
+while IFS=: read -r file line; do
+	for word in $line; do
+		p=${word%%@*}
+		p=${p%%[\`\)\"\']*}
+		idem_is_idem "$p" || continue
+		if [[ -z "${published[$p]:-}" ]]; then
+			echo "outside-in: ${file#"$root"/} says go get or go install $p, which is not a published module" >&2
+			failed+=("docs")
+		fi
+	done
+done < <(grep -roE --include='*.md' 'go (get|install)( -[a-z]+)* [^`|]*' "$root" || true)
+
 if ((${#failed[@]} > 0)); then
 	echo "outside-in: FAIL: ${failed[*]}" >&2
 	exit 1
 fi
-echo "outside-in: ok (${#released[@]} modules: ${released[*]})"
+echo "outside-in: ok (${#released[@]} modules got at $version through the proxy, each built by a scratch module of its own; $quickstarts quick starts built against all of them)"

@@ -8,13 +8,18 @@
 #    unless IDEM_TEST_POSTGRES_DSN and IDEM_TEST_MYSQL_DSN are both already
 #    set, or IDEM_TEST_SKIP_DB_START=1, and a three-node MariaDB Galera
 #    cluster (about 30 s) unless IDEM_TEST_GALERA_DSNS is set or
-#    IDEM_TEST_SKIP_DB_START=1. They are stopped again on exit.
-# 3. For every module of the workspace (go list -m): go vet ./...,
-#    go test -race -count=1 [flags] ./..., and GOWORK=off go vet ./...
-#    (the module must build on its own, without go.work).
-# 4. The outside-in check (scripts/outside-in.sh): each released module
-#    builds from a scratch module outside the repository, with replace lines
-#    to the local idem modules only, on the requirements its go.mod publishes.
+#    IDEM_TEST_SKIP_DB_START=1, and the Redis servers (one server, a
+#    three-primary cluster, a Sentinel group; a few seconds) unless
+#    IDEM_TEST_REDIS_ADDR is set or IDEM_TEST_SKIP_DB_START=1; a missing
+#    package is installed with apt-get. They are stopped again on exit.
+# 3. For every module of the workspace (go list -m): go vet ./... and
+#    go test -race -count=1 [flags] ./...
+# 4. The release rehearsal (scripts/release.sh --rehearse, about a minute):
+#    the release made in a throwaway copy at a version no one sees, a
+#    file:// module proxy from its tags, every module vetted on its own
+#    (GOWORK=off) against it, and each published module got through it by a
+#    scratch module outside the repository, with no replace line, and the
+#    README's quick starts built (docs/releasing.md).
 # 5. Prints a per-module PASS/FAIL summary; exits non-zero if anything failed.
 set -euo pipefail
 
@@ -146,6 +151,32 @@ if [[ -n "${IDEM_TEST_GALERA_DSNS:-}" ]]; then
 	echo "IDEM_TEST_GALERA_DSNS=$IDEM_TEST_GALERA_DSNS"
 fi
 
+# Redis (redisstore's tests): started with the servers above, or on its
+# own when they came from the environment.
+if [[ -n "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+	:
+elif [[ "${IDEM_TEST_SKIP_DB_START:-}" == 1 ]]; then
+	echo "note: IDEM_TEST_REDIS_ADDR is not set and IDEM_TEST_SKIP_DB_START=1"
+else
+	say "databases: starting Redis (a server, a three-primary cluster, a Sentinel group)"
+	if [[ -z "$dbdir" ]]; then
+		dbdir=$(mktemp -d /tmp/idem-test-db.XXXXXX)
+	fi
+	bash "$root/scripts/dbs.sh" start-redis "$dbdir"
+	# shellcheck disable=SC1091
+	source "$dbdir/env"
+	if [[ -z "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+		echo "test.sh: $dbdir/env did not set IDEM_TEST_REDIS_ADDR" >&2
+		exit 1
+	fi
+fi
+if [[ -n "${IDEM_TEST_REDIS_ADDR:-}" ]]; then
+	export IDEM_TEST_REDIS_ADDR IDEM_TEST_REDIS_CLUSTER_ADDRS IDEM_TEST_REDIS_SENTINEL_ADDRS IDEM_TEST_REDIS_SENTINEL_MASTER
+	echo "IDEM_TEST_REDIS_ADDR=$IDEM_TEST_REDIS_ADDR"
+	echo "IDEM_TEST_REDIS_CLUSTER_ADDRS=${IDEM_TEST_REDIS_CLUSTER_ADDRS:-}"
+	echo "IDEM_TEST_REDIS_SENTINEL_ADDRS=${IDEM_TEST_REDIS_SENTINEL_ADDRS:-}"
+fi
+
 if [[ -n "${IDEM_TEST_POSTGRES_DSN:-}" && -n "${IDEM_TEST_MYSQL_DSN:-}" ]]; then
 	# Database tests must fail, not skip, when a DSN is missing.
 	export IDEM_REQUIRE_DB=1
@@ -182,9 +213,6 @@ for dir in "${modules[@]}"; do
 	say "$rel: go test -race -count=1 $* ./..."
 	run_step "$dir" go test -race -count=1 "$@" ./... || problems+=("go test")
 
-	say "$rel: GOWORK=off go vet ./... (module on its own)"
-	run_step "$dir" env GOWORK=off go vet ./... || problems+=("GOWORK=off go vet")
-
 	secs=$(($(date +%s) - t0))
 	if ((${#problems[@]} == 0)); then
 		summary+=("$(printf 'PASS  %-16s %4ss' "$rel" "$secs")")
@@ -196,23 +224,23 @@ for dir in "${modules[@]}"; do
 done
 
 # --------------------------------------------------------------------------
-# outside-in: the modules as a user's program gets them
+# the release rehearsal: each module on its own, and as a user gets it
 
-say "outside-in: each released module from a scratch module outside the repository"
+say "release rehearsal: a module proxy from throwaway tags; each module on its own; each published one got from outside (scripts/release.sh --rehearse)"
 t0=$(date +%s)
-outside_in=0
-run_step "$root" bash "$root/scripts/outside-in.sh" || outside_in=1
+rehearsal=0
+run_step "$root" bash "$root/scripts/release.sh" --rehearse || rehearsal=1
 secs=$(($(date +%s) - t0))
-if ((outside_in == 0)); then
-	summary+=("$(printf 'PASS  %-16s %4ss' "outside-in" "$secs")")
+if ((rehearsal == 0)); then
+	summary+=("$(printf 'PASS  %-16s %4ss  (release rehearsal passed)' "release" "$secs")")
 else
-	summary+=("$(printf 'FAIL  %-16s %4ss  failed: scripts/outside-in.sh' "outside-in" "$secs")")
+	summary+=("$(printf 'FAIL  %-16s %4ss  failed: scripts/release.sh --rehearse' "release" "$secs")")
 fi
 
 say "summary"
 printf '%s\n' "${summary[@]}"
-if ((failed > 0 || outside_in != 0)); then
-	echo "test.sh: FAIL ($failed of ${#modules[@]} modules failed$( ((outside_in == 0)) || echo '; the outside-in check failed'))"
+if ((failed > 0 || rehearsal != 0)); then
+	echo "test.sh: FAIL ($failed of ${#modules[@]} modules failed$( ((rehearsal == 0)) || echo '; the release rehearsal failed'))"
 	exit 1
 fi
-echo "test.sh: PASS (all ${#modules[@]} modules, and the outside-in check)"
+echo "test.sh: PASS (all ${#modules[@]} modules, and the release rehearsal)"

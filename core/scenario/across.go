@@ -20,7 +20,7 @@ import (
 // as two replicas of one service would. a and b may be the same factory
 // (the renamed-parameter scenario then still registers the routes under
 // two spellings) or the factories of two adapters.
-func RunAcross(t *testing.T, a, b Factory) {
+func RunAcross(t *testing.T, a, b Factory, opts ...Option) {
 	t.Helper()
 	if a == nil || b == nil {
 		t.Fatal("scenario.RunAcross: nil Factory")
@@ -33,7 +33,7 @@ func RunAcross(t *testing.T, a, b Factory) {
 			fn(t, x)
 		}
 	}
-	run(t, list, builder(a), true)
+	run(t, list, builder(a), true, opts)
 }
 
 // acrossScenarios is the suite RunAcross runs.

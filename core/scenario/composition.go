@@ -28,12 +28,12 @@ type NestedFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handl
 
 // RunNested runs the scenarios of a route protected twice (a global
 // install plus a per-route one) through f.
-func RunNested(t *testing.T, f NestedFactory) {
+func RunNested(t *testing.T, f NestedFactory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunNested: nil NestedFactory")
 	}
-	run(t, nestedScenarios, builder(f), true)
+	run(t, nestedScenarios, builder(f), true, opts)
 }
 
 // nestedScenarios is the suite RunNested runs.
@@ -76,7 +76,7 @@ func testNestedOnce(t *testing.T, x *harness) {
 	if !found || info.Identity.Scope != "" {
 		t.Errorf("the handler ran with attempt %+v (found %v), want one for the empty scope", info, found)
 	}
-	if got := x.mem.Len(); got != 1 {
+	if got := x.count(); got != 1 {
 		t.Errorf("%d records in the store, want 1 (the outer layer must record nothing)", got)
 	}
 }
@@ -144,11 +144,11 @@ func testNestedScope(t *testing.T, x *harness) {
 	wantCalls(t, &nb, 0)
 	// The outer layer has no Scope option: its scope is the empty one.
 	outer := core.Identity{Caller: "alice", Scope: "", Key: "k1"}.ID()
-	if _, err := x.mem.Get(context.Background(), outer, x.clock.Now()); !errors.Is(err, core.ErrNotFound) {
+	if _, err := x.records.Get(context.Background(), outer, x.clock.Now()); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("the outer layer's (empty) scope has a record (err %v): the outer layer must record nothing", err)
 	}
 	id := core.Identity{Caller: "alice", Scope: "create-order", Key: "k1"}.ID()
-	if _, err := x.mem.Get(context.Background(), id, x.clock.Now()); err != nil {
+	if _, err := x.records.Get(context.Background(), id, x.clock.Now()); err != nil {
 		t.Errorf("no record under the inner scope create-order: %v", err)
 	}
 }
@@ -247,7 +247,7 @@ func testRouterAnswers(t *testing.T, x *harness) {
 		})
 	}
 	wantCalls(t, &n, 0)
-	if got := x.mem.Len(); got != 0 {
+	if got := x.count(); got != 0 {
 		t.Errorf("%d records in the store after the router's own answers, want 0", got)
 	}
 }

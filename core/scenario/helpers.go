@@ -293,3 +293,25 @@ func wantRetryAfter(t *testing.T, res result) {
 		t.Errorf("Retry-After %q, want a positive number of seconds", v)
 	}
 }
+
+// count returns how many live records the store holds, in every state,
+// at the suite's time (core.Inspector's List).
+func (x *harness) count() int {
+	x.t.Helper()
+	n := 0
+	for _, st := range []core.State{core.StateInProgress, core.StateCompleted, core.StateIndeterminate} {
+		q := core.ListQuery{State: st, Now: x.clock.Now(), Limit: core.MaxListLimit}
+		for {
+			recs, err := x.records.List(context.Background(), q)
+			if err != nil {
+				x.t.Fatalf("counting the records: %v", err)
+			}
+			n += len(recs)
+			if len(recs) < q.Limit {
+				break
+			}
+			q.After = core.CursorOf(recs[len(recs)-1])
+		}
+	}
+	return n
+}

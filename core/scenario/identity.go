@@ -163,7 +163,7 @@ func testScopeEmptyByDefault(t *testing.T, x *harness) {
 			t.Errorf("a %s decision is labelled with the route %q, want the route pattern (/orders/{id}/refunds as the router spells it)", ev.Decision, ev.Route)
 		}
 	}
-	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err != nil {
+	if _, err := x.records.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err != nil {
 		t.Errorf("no record under (alice, \"\", k1): %v", err)
 	}
 }

@@ -111,7 +111,7 @@ func testAtomicStreamPastCap(t *testing.T, x *harness) {
 	defer res.Body.Close()
 	// The headers arrived: the record must already be committed.
 	id := core.Identity{Caller: "alice", Key: "k1"}.ID()
-	rec, err := x.mem.Get(context.Background(), id, x.clock.Now())
+	rec, err := x.records.Get(context.Background(), id, x.clock.Now())
 	if err != nil || rec.State != core.StateCompleted || rec.Status != http.StatusCreated {
 		t.Errorf("when the client got the headers the record was %+v (%v), want committed as completed 201", rec, err)
 	}

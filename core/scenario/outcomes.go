@@ -796,7 +796,7 @@ func testSealing(t *testing.T, x *harness) {
 	if !ok {
 		t.Fatal("the handler found no attempt in its context")
 	}
-	rec, err := x.mem.Get(context.Background(), rid, x.clock.Now())
+	rec, err := x.records.Get(context.Background(), rid, x.clock.Now())
 	if err != nil {
 		t.Fatalf("reading the record: %v", err)
 	}

@@ -45,12 +45,12 @@ type GlobalFactory func(t *testing.T, e *core.Engine, routes []Route) http.Handl
 // Run runs every scenario through f, each as a subtest with its own engine
 // and store, in both modes (leased: memstore.New(); atomic:
 // memstore.New().Atomic()) where the scenario applies to both.
-func Run(t *testing.T, f Factory) {
+func Run(t *testing.T, f Factory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.Run: nil Factory")
 	}
-	run(t, scenarios, builder(f), true)
+	run(t, scenarios, builder(f), true, opts)
 }
 
 // RunGlobal runs the scenarios that concern a middleware installed for the
@@ -59,12 +59,35 @@ func Run(t *testing.T, f Factory) {
 // requests to /orders/1/refunds and /orders/2/refunds, or to /orders and
 // /orders/1/cancel, with the same key address one record, and the second
 // gets a 422; and that the router's own 404 and 405 pass untouched.
-func RunGlobal(t *testing.T, f GlobalFactory) {
+func RunGlobal(t *testing.T, f GlobalFactory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunGlobal: nil GlobalFactory")
 	}
-	run(t, globalScenarios, builder(f), true)
+	run(t, globalScenarios, builder(f), true, opts)
+}
+
+// Option changes what the suite runs on. See OnStore.
+type Option interface{ apply(*options) }
+
+type options struct {
+	newStore func(t *testing.T) core.Store
+}
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+// OnStore runs the scenarios on the stores newStore returns (a fresh,
+// empty one per scenario; it may register its own cleanup) instead of
+// memstore: leased mode always, atomic mode only when the store is a
+// core.TxStore (otherwise the atomic-mode scenarios are skipped, and
+// RunWithin skips all of its). The suite reads records back with Get and
+// counts them with core.Inspector's List, so the store must implement
+// core.Inspector. A store module's own test module runs the suite through
+// every adapter with it (redisstore/redistest).
+func OnStore(newStore func(t *testing.T) core.Store) Option {
+	return optionFunc(func(o *options) { o.newStore = newStore })
 }
 
 // builder is what both factory kinds have in common.
@@ -101,8 +124,14 @@ const both = leased | atomicMode
 // run runs list with routers from build; labelled: they label every
 // decision with the route pattern (the middleware does; Route.Within
 // called by hand does not know it).
-func run(t *testing.T, list []scenario, build builder, labelled bool) {
+func run(t *testing.T, list []scenario, build builder, labelled bool, opts []Option) {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		if opt != nil {
+			opt.apply(&o)
+		}
+	}
 	for _, m := range []mode{leased, atomicMode} {
 		if !slices.ContainsFunc(list, func(s scenario) bool { return s.modes&m != 0 }) {
 			continue
@@ -118,7 +147,7 @@ func run(t *testing.T, list []scenario, build builder, labelled bool) {
 							t.Logf("rule: %s", s.rule)
 						}
 					})
-					x := newHarness(t, m, build)
+					x := newHarness(t, m, build, o)
 					x.labelled = labelled
 					s.fn(t, x)
 				})
@@ -145,9 +174,9 @@ type harness struct {
 	// pattern, so every decision carries it (Event.Route).
 	labelled bool
 	clock    *clock
-	mem      *memstore.Store // the records, whatever the mode
-	hooks    *hookStore      // what the engine sees (wraps mem)
-	store    core.Store      // hooks, as a core.TxStore in atomic mode
+	records  core.Inspector // the records, whatever the mode: memstore, or OnStore's
+	hooks    *hookStore     // what the engine sees (wraps mem)
+	store    core.Store     // hooks, as a core.TxStore in atomic mode
 	logger   *slog.Logger
 	logRec   *logRecorder // what the logger wrote
 
@@ -162,16 +191,31 @@ type harness struct {
 	wg     sync.WaitGroup
 }
 
-func newHarness(t *testing.T, m mode, build builder) *harness {
-	x := &harness{t: t, mode: m, build: build, clock: newClock(epoch), mem: memstore.New()}
+func newHarness(t *testing.T, m mode, build builder, o options) *harness {
+	x := &harness{t: t, mode: m, build: build, clock: newClock(epoch)}
 	x.hooks = &hookStore{blocked: make(chan struct{}, 1)}
-	if m == atomicMode {
-		a := x.mem.Atomic()
-		x.hooks.inner = a
-		x.store = &hookTxStore{hookStore: x.hooks, tx: a}
+	var inner core.Store
+	if o.newStore == nil {
+		mem := memstore.New()
+		x.records, inner = mem, mem
+		if m == atomicMode {
+			inner = mem.Atomic()
+		}
 	} else {
-		x.hooks.inner = x.mem
-		x.store = x.hooks
+		inner = o.newStore(t)
+		ins, ok := inner.(core.Inspector)
+		if !ok {
+			t.Fatalf("scenario.OnStore: %T does not implement core.Inspector, which the suite counts records with", inner)
+		}
+		x.records = ins
+		if _, tx := inner.(core.TxStore); m == atomicMode && !tx {
+			t.Skipf("%T is not a core.TxStore: atomic mode does not apply", inner)
+		}
+	}
+	x.hooks.inner = inner
+	x.store = x.hooks
+	if m == atomicMode {
+		x.store = &hookTxStore{hookStore: x.hooks, tx: inner.(core.TxStore)}
 	}
 	x.logRec = newLogRecorder(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	x.logger = slog.New(x.logRec)

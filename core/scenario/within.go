@@ -46,12 +46,12 @@ var withinScenarios = []scenario{
 // must serve each route with Route.Within, with a TxFunc that opens the
 // transaction the service would (StoreTx gives one over the engine's
 // store): the handler is the route's Handler.
-func RunWithin(t *testing.T, f Factory) {
+func RunWithin(t *testing.T, f Factory, opts ...Option) {
 	t.Helper()
 	if f == nil {
 		t.Fatal("scenario.RunWithin: nil Factory")
 	}
-	run(t, withinScenarios, builder(f), false)
+	run(t, withinScenarios, builder(f), false, opts)
 }
 
 // StoreTx is the TxFunc of a service whose transactions are the engine's
@@ -126,7 +126,7 @@ func testWithinCommitFails(t *testing.T, x *harness) {
 	if strings.Contains(res.Body, "order") || res.Header.Get("Location") != "" {
 		t.Errorf("the client got part of the handler's answer with the 503: %v", res)
 	}
-	if _, err := x.mem.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
+	if _, err := x.records.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
 		t.Error("a record exists after the failed commit")
 	}
 	x.hooks.failing.Store(0)

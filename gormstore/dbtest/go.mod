@@ -1,3 +1,4 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/gormstore/dbtest
 
 go 1.26.0
@@ -6,9 +7,9 @@ require (
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/glebarez/sqlite v1.11.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/gormstore v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/gormstore v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
@@ -34,10 +35,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../../
-	github.com/idemkit/idem/gormstore => ../
-	github.com/idemkit/idem/sqlstore => ../../sqlstore
 )

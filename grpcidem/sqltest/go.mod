@@ -1,12 +1,13 @@
+// idem release: not published: tests only, never tagged (docs/releasing.md).
 module github.com/idemkit/idem/grpcidem/sqltest
 
 go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/grpcidem v0.0.0
-	github.com/idemkit/idem/sqlstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/grpcidem v0.1.0
+	github.com/idemkit/idem/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -31,10 +32,4 @@ require (
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ../../
-	github.com/idemkit/idem/grpcidem => ../
-	github.com/idemkit/idem/sqlstore => ../../sqlstore
 )
