@@ -113,7 +113,7 @@ SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.
 		{"lockinsertrow+hot", tx([]stmt{begin, lockInsertRow}, []stmt{completeHOT, commit})},
 	}
 
-	const workers, block, rounds = 8, 200, 5
+	const workers, block, rounds = 8, 250, 7
 	conns := make([]*pgx.Conn, workers)
 	pids := make([]int, workers)
 	for i := range conns {
