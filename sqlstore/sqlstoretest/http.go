@@ -302,3 +302,26 @@ func warm(t testing.TB, db *sql.DB, n int) {
 		}
 	}
 }
+
+// settleWindow bounds how long a retry after a failed end of a
+// transaction may still meet the dead transaction's claim: a session the
+// database killed, or a connection the driver dropped on a cancelled
+// commit, is rolled back by the server a moment later, and until then its
+// lock makes a claim of the same key answer 409 in-progress.
+const settleWindow = 5 * time.Second
+
+// postAfterEnd is post for the retry of a request whose transaction failed
+// to end: it sends again, as a client honouring Retry-After would (but
+// without waiting the whole second), while the answer is a 409 in-progress
+// problem and settleWindow has not passed. A 409 that outlasts the window
+// is returned: the claim outlived its transaction.
+func postAfterEnd(ctx context.Context, c *http.Client, url, key, body string) answer {
+	deadline := time.Now().Add(settleWindow)
+	for {
+		a := post(ctx, c, url, key, body)
+		if a.err != nil || a.status != http.StatusConflict || problemType(a) != "in-progress" || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -288,7 +288,7 @@ func (h *harness) transactionEnds(t *testing.T) {
 					}
 				}
 				for i := range 2 {
-					again := post(ctx, client, url, key, `{}`)
+					again := postAfterEnd(ctx, client, url, key, `{}`)
 					if again.err != nil {
 						t.Fatal(again.err)
 					}

@@ -308,7 +308,7 @@ func withinCommitFails(t *testing.T, cfg Config) {
 		t.Errorf("%d business rows after the failed commit, want 0", n)
 	}
 	srv.cancelCommit.Store(false)
-	retry := post(ctx, srv.client, srv.URL+"/orders", "commit-fails", body)
+	retry := postAfterEnd(ctx, srv.client, srv.URL+"/orders", "commit-fails", body)
 	if retry.err != nil || retry.status != http.StatusCreated || retry.replayed {
 		t.Fatalf("retry: %v, want the handler's 201 (nothing was recorded)", retry)
 	}
