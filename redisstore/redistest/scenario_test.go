@@ -23,15 +23,17 @@ func init() { gin.SetMode(gin.TestMode) }
 // param matches a ServeMux/chi path parameter ("{id}").
 var param = regexp.MustCompile(`\{(\w+)\}`)
 
-// colon translates "/orders/{id}" to Gin's and Echo's "/orders/:id".
+// colon translates "/orders/{id}" to Gin's, Echo's and Fiber's "/orders/:id".
 func colon(p string) string { return param.ReplaceAllString(p, ":$1") }
 
 // adapter is one adapter's three factories, as its own scenario tests
-// write them (no recovery: panics must reach the suite).
+// write them (no recovery: panics must reach the suite), and the
+// scenario.Except options its own per-route run passes (Fiber's notFiber).
 type adapter struct {
 	name           string
 	route          scenario.Factory
 	global, nested func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler
+	except         []scenario.Option
 }
 
 var adapters = []adapter{
@@ -141,6 +143,7 @@ var adapters = []adapter{
 			return r
 		},
 	},
+	fiberAdapter, // fiber_test.go
 }
 
 // TestScenarios runs the scenario suite through every adapter on Redis,
@@ -150,7 +153,7 @@ func TestScenarios(t *testing.T) {
 	on := scenario.OnStore(onRedis(t))
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
-			t.Run("Route", func(t *testing.T) { scenario.Run(t, a.route, on) })
+			t.Run("Route", func(t *testing.T) { scenario.Run(t, a.route, append([]scenario.Option{on}, a.except...)...) })
 			t.Run("Global", func(t *testing.T) { scenario.RunGlobal(t, a.global, on) })
 			t.Run("Nested", func(t *testing.T) { scenario.RunNested(t, a.nested, on) })
 		})
