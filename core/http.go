@@ -370,7 +370,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 			p = e.problemFor(ferr)
 			p.RecordID = ev.ID.String()
 		}
-		clear(w.Header())
+		rec.resetHeader()
 		e.cfg.errorWriter(w, r, p)
 		ev.Status = p.Status
 		e.emit(ctx, *ev, start)
@@ -385,7 +385,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// Atomic mode, and the database rolled the transaction back for a
 		// concurrent claim of the identity (another Galera node's): the
 		// handler's answer is void; answer as the duplicate this was.
-		clear(w.Header())
+		rec.resetHeader()
 		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
 		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
 		if ans.err != nil {
@@ -403,7 +403,7 @@ func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWrit
 		// give. (Leased mode without local writes and without MarkEffect,
 		// with a failing store: the handler's answer is delivered and the
 		// failure logged; the record's lease will lapse.)
-		clear(w.Header())
+		rec.resetHeader()
 		p := e.problemFor(err)
 		p.RecordID = ev.ID.String()
 		e.cfg.errorWriter(w, r, p)
@@ -752,10 +752,17 @@ type recorder struct {
 	// transparent: a nested layer took over (call.supersede); every call
 	// goes to w unchanged.
 	transparent bool
+	// outer is a copy of the response header as it was before the handler
+	// ran (what an outer middleware set: CORS), nil when it was empty;
+	// resetHeader restores it.
+	outer http.Header
 }
 
 func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int64) {
 	*rec = recorder{w: w, atomic: atomic, max: max, kept: true}
+	if h := w.Header(); len(h) > 0 {
+		rec.outer = h.Clone()
+	}
 	rec.buf = bufPool.Get().(*[]byte)
 	*rec.buf = (*rec.buf)[:0]
 }
@@ -773,6 +780,18 @@ func (rec *recorder) free() {
 }
 
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
+
+// resetHeader drops what the handler put in the response header and
+// restores what was there before it ran (an outer middleware's, such as
+// CORS headers a browser needs to read the answer at all), for an answer
+// of the engine's own that replaces the handler's.
+func (rec *recorder) resetHeader() {
+	h := rec.w.Header()
+	clear(h)
+	for k, v := range rec.outer {
+		h[k] = v
+	}
+}
 
 func (rec *recorder) WriteHeader(code int) {
 	if rec.transparent {

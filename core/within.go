@@ -188,7 +188,7 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 
 	r := c.rc
 	problem := func(err error) {
-		clear(w.Header())
+		rec.resetHeader()
 		p := e.problemFor(err)
 		p.RecordID = ev.ID.String()
 		e.cfg.errorWriter(w, r, p)
@@ -225,7 +225,7 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 		if ans.err != nil {
 			problem(ans.err)
 		} else {
-			clear(w.Header())
+			rec.resetHeader()
 			ev.Status = rt.writeReplay(w, r, &ans.resp)
 		}
 	case endErr != nil && !spilled:
@@ -290,7 +290,7 @@ func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx 
 		return nil
 	})
 	if txErr != nil && !failed {
-		clear(w.Header())
+		rec.resetHeader()
 		e.cfg.logger.ErrorContext(r.Context(), "idempotency: the transaction of an unprotected request did not commit", slog.String("error", txErr.Error()))
 		err := txErr
 		if !errors.Is(err, ErrTxAborted) {
