@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 )
 
 // afterAbort settles an attempt whose transaction the database aborted
@@ -49,6 +50,11 @@ import (
 // only after MarkEffect (see record): without an effect it is answered as
 // the duplicate it was (afterLostRace). If the new claim or its commit
 // loses a race too, another attempt holds the identity: 409, as above.
+// abortedHolderWait bounds how long afterAbort claims again while the
+// identity is held by a transaction it cannot see (the attempt's own dead
+// one, until the server has rolled it back).
+const abortedHolderWait = 3 * time.Second
+
 func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
 	e := a.e
 	if a.tx == nil && !a.owned {
@@ -85,11 +91,30 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	ctx := e.tx.WithoutTx(a.storeCtx())
 	req := a.rt.claimRequest(a.ident, a.id, a.fp, e.cfg.clock())
 	req.Token = a.token
-	tctx, tx, err := e.tx.Begin(ctx)
-	if err != nil {
-		return fail(err)
+	var (
+		tctx context.Context
+		tx   Tx
+		res  ClaimResult
+	)
+	// A session the database killed, or a connection dropped under the
+	// transaction, is rolled back by the server a moment after the engine
+	// learns of it; until then the dead transaction still holds the
+	// identity, and the claim's probe reports it as held by a transaction
+	// it cannot see (no token). Claim again until it is gone, for a
+	// bounded time: giving up would leave a marked effect unrecorded, to
+	// run again at the next retry.
+	for wait, deadline := 5*time.Millisecond, time.Now().Add(abortedHolderWait); ; wait = min(2*wait, 100*time.Millisecond) {
+		tctx, tx, err = e.tx.Begin(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		res, err = e.store.Claim(tctx, req)
+		if err != nil || res.Claimed || res.Record.Token != 0 || !time.Now().Add(wait).Before(deadline) || ctx.Err() != nil {
+			break
+		}
+		_ = tx.Rollback()
+		time.Sleep(wait)
 	}
-	res, err := e.store.Claim(tctx, req)
 	if err != nil || !res.Claimed {
 		_ = tx.Rollback()
 		switch {

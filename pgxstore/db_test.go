@@ -255,3 +255,10 @@ func TestCompleter(t *testing.T) {
 		return []sqlstoretest.Fixture{fixture(t)}
 	}})
 }
+
+// TestFinisher: sqlstoretest.RunFinisher on pgxstore.
+func TestFinisher(t *testing.T) {
+	sqlstoretest.RunFinisher(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.Postgres, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return []sqlstoretest.Fixture{fixture(t)}
+	}})
+}

@@ -288,3 +288,16 @@ func TestCompleter(t *testing.T) {
 		})
 	}
 }
+
+// TestFinisher: the completers of two replicas run the recorded request
+// again (core.Finish) when nothing was charged, racing a client's retry:
+// one charge (sqlstoretest.RunFinisher).
+func TestFinisher(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			sqlstoretest.RunFinisher(t, sqlstoretest.ClusterConfig{Dialect: d, New: func(t *testing.T) []sqlstoretest.Fixture {
+				return []sqlstoretest.Fixture{fixture(t, d)}
+			}})
+		})
+	}
+}

@@ -177,3 +177,159 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 		}
 	}
 }
+
+// RunFinisher runs the finisher's race on cfg's stores: a payment whose
+// first attempt marked the charge but failed before the provider took it
+// (502: indeterminate) meets, at the same moment, the completers of two
+// replicas whose route runs the recorded request again (core.Finish) when
+// the resolver answers that nothing was charged, and a client's retry on
+// the second replica, which runs the handler again for the same answer.
+// Exactly one of them charges (by the first attempt's downstream key), and
+// every later retry gets that one's 201. It runs leased and atomic routes,
+// each for several rounds.
+func RunFinisher(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true, false) }
+
+// RunFinisherLeased is RunFinisher on a leased route only.
+func RunFinisherLeased(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true) }
+
+func runFinisher(t *testing.T, cfg ClusterConfig, modes ...bool) {
+	for _, leased := range modes {
+		t.Run(map[bool]string{true: "leased", false: "atomic"}[leased], func(t *testing.T) {
+			fs := cfg.New(t)
+			stores := make([]core.TxStore, 0, 2)
+			for _, f := range fs {
+				stores = append(stores, f.Store)
+			}
+			if len(stores) == 1 {
+				stores = append(stores, fs[0].Twin(t))
+			}
+			finisherRace(t, stores[:2], leased)
+		})
+	}
+}
+
+func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
+	const rounds = 6
+	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
+	var (
+		mu      sync.Mutex
+		charges = map[string]int{} // charges the provider took, by downstream key
+		runs    atomic.Int32       // handler and finisher executions
+		first   atomic.Bool        // the next execution fails before the charge
+	)
+	quiet := core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	charge := func(ctx context.Context, body string) *core.Response {
+		runs.Add(1)
+		key, err := core.DownstreamKey(ctx, "charge")
+		if err == nil {
+			err = core.MarkEffect(ctx)
+		}
+		if err != nil {
+			t.Error(err)
+			return &core.Response{Status: http.StatusInternalServerError}
+		}
+		if first.CompareAndSwap(true, false) {
+			return &core.Response{Status: http.StatusBadGateway} // the provider never got it
+		}
+		mu.Lock()
+		charges[key]++
+		mu.Unlock()
+		return &core.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(`{"paid":"` + body + `"}`)}
+	}
+	reps := make([]*replica, len(stores))
+	for i, s := range stores {
+		e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resolver := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+			mu.Lock()
+			n := charges[core.DownstreamKeyFor(rec.ID, "charge")]
+			mu.Unlock()
+			if n == 0 {
+				return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
+			}
+			return core.Resolution{}, nil // charged: the attempt that charged records its own answer
+		})
+		finish := core.Finish(func(ctx context.Context, req core.RecordedRequest) *core.Response {
+			return charge(ctx, string(req.Body))
+		})
+		opts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver, finish}
+		if leased {
+			opts = append(opts, core.Leased())
+		}
+		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			resp := charge(r.Context(), string(b))
+			for k, v := range resp.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(resp.Status)
+			_, _ = w.Write(resp.Body)
+		}), opts...)
+		c := e.Completer()
+		if err := c.Check(); err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = &replica{e: e, mux: h, c: c}
+	}
+	pay := func(rp *replica, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+		r.Header.Set(core.HeaderKey, key)
+		w := httptest.NewRecorder()
+		rp.mux.ServeHTTP(w, r)
+		return w
+	}
+	for round := range rounds {
+		runs.Store(0)
+		key := fmt.Sprintf("finisher-%d-%s", round, Table())
+		body := key
+		first.Store(true)
+		if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
+			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
+		}
+		clock.add(2 * core.DefaultLease)
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		results := make([]core.CompleteResult, len(reps))
+		for i, rp := range reps {
+			wg.Go(func() {
+				<-gate
+				res, err := rp.c.Complete(ctxT(t))
+				if err != nil {
+					t.Errorf("round %d: replica %d's completer: %v", round, i, err)
+				}
+				results[i] = res
+			})
+		}
+		var retry *httptest.ResponseRecorder
+		wg.Go(func() {
+			<-gate
+			retry = pay(reps[1], key, body)
+		})
+		close(gate)
+		wg.Wait()
+		want := `{"paid":"` + body + `"}`
+		if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
+			t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+		}
+		for i, rp := range reps {
+			if w := pay(rp, key, body); w.Code != http.StatusCreated || w.Body.String() != want {
+				t.Errorf("round %d: a later retry on replica %d: %d %s, want the one charge's 201", round, i, w.Code, w.Body)
+			}
+		}
+		mu.Lock()
+		total := 0
+		for _, c := range charges {
+			total += c
+		}
+		mu.Unlock()
+		if total != round+1 { // one charge per round, each by its own key
+			t.Errorf("round %d: %d charges in all, want %d: exactly one for this key (completers: %+v, %+v)", round, total, round+1, results[0], results[1])
+		}
+		if r := runs.Load(); r != 2 {
+			t.Errorf("round %d: the handler and the finisher ran %d times in all, want twice (the failed attempt and one run)", round, r)
+		}
+	}
+}
