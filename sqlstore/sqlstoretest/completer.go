@@ -126,13 +126,6 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 		}
 		reps[i] = &replica{e: e, mux: h, c: c}
 	}
-	pay := func(rp *replica, key, body string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
-		r.Header.Set(core.HeaderKey, key)
-		w := httptest.NewRecorder()
-		rp.mux.ServeHTTP(w, r)
-		return w
-	}
 	for round := range rounds {
 		ran.Store(0)
 		key := fmt.Sprintf("completer-%d-%s", round, Table())
@@ -141,26 +134,7 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
 		}
 		clock.add(2 * core.DefaultLease)
-		var wg sync.WaitGroup
-		gate := make(chan struct{})
-		results := make([]core.CompleteResult, len(reps))
-		for i, rp := range reps {
-			wg.Go(func() {
-				<-gate
-				res, err := rp.c.Complete(ctxT(t))
-				if err != nil {
-					t.Errorf("round %d: replica %d's completer: %v", round, i, err)
-				}
-				results[i] = res
-			})
-		}
-		var retry *httptest.ResponseRecorder
-		wg.Go(func() {
-			<-gate
-			retry = pay(reps[1], key, body)
-		})
-		close(gate)
-		wg.Wait()
+		results, retry := raceSettlers(t, round, reps, key, body)
 		if retry.Code != http.StatusCreated && retry.Code != http.StatusBadGateway {
 			t.Errorf("round %d: the racing retry got %d %s, want the recorded 502 or the resolved 201", round, retry.Code, retry.Body)
 		}
@@ -274,13 +248,6 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 		}
 		reps[i] = &replica{e: e, mux: h, c: c}
 	}
-	pay := func(rp *replica, key, body string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
-		r.Header.Set(core.HeaderKey, key)
-		w := httptest.NewRecorder()
-		rp.mux.ServeHTTP(w, r)
-		return w
-	}
 	for round := range rounds {
 		runs.Store(0)
 		key := fmt.Sprintf("finisher-%d-%s", round, Table())
@@ -290,26 +257,7 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
 		}
 		clock.add(2 * core.DefaultLease)
-		var wg sync.WaitGroup
-		gate := make(chan struct{})
-		results := make([]core.CompleteResult, len(reps))
-		for i, rp := range reps {
-			wg.Go(func() {
-				<-gate
-				res, err := rp.c.Complete(ctxT(t))
-				if err != nil {
-					t.Errorf("round %d: replica %d's completer: %v", round, i, err)
-				}
-				results[i] = res
-			})
-		}
-		var retry *httptest.ResponseRecorder
-		wg.Go(func() {
-			<-gate
-			retry = pay(reps[1], key, body)
-		})
-		close(gate)
-		wg.Wait()
+		results, retry := raceSettlers(t, round, reps, key, body)
 		want := `{"paid":"` + body + `"}`
 		if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
 			t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
@@ -332,4 +280,40 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			t.Errorf("round %d: the handler and the finisher ran %d times in all, want twice (the failed attempt and one run)", round, r)
 		}
 	}
+}
+
+// pay sends one payment to a replica.
+func pay(rp *replica, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+	r.Header.Set(core.HeaderKey, key)
+	w := httptest.NewRecorder()
+	rp.mux.ServeHTTP(w, r)
+	return w
+}
+
+// raceSettlers starts, at one moment, every replica's completer and a
+// client's retry of the payment on the second replica, and returns the
+// completers' results and the retry's answer.
+func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([]core.CompleteResult, *httptest.ResponseRecorder) {
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	results := make([]core.CompleteResult, len(reps))
+	for i, rp := range reps {
+		wg.Go(func() {
+			<-gate
+			res, err := rp.c.Complete(ctxT(t))
+			if err != nil {
+				t.Errorf("round %d: replica %d's completer: %v", round, i, err)
+			}
+			results[i] = res
+		})
+	}
+	var retry *httptest.ResponseRecorder
+	wg.Go(func() {
+		<-gate
+		retry = pay(reps[1], key, body)
+	})
+	close(gate)
+	wg.Wait()
+	return results, retry
 }
