@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
+	"github.com/idemkit/idem/internal/benchtest"
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/labstack/echo/v5"
 )

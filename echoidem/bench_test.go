@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
+	"github.com/idemkit/idem/internal/benchtest"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/labstack/echo/v4"
 )

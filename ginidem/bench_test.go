@@ -6,7 +6,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
+	"github.com/idemkit/idem/internal/benchtest"
 	"github.com/idemkit/idem/ginidem"
 )
 
