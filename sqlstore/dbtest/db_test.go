@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
@@ -25,7 +26,7 @@ const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragm
 
 // openDB opens a fresh pool on the dialect's test database, counting its
 // statements, and closes it at cleanup. SQLite gets a new file per call.
-func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
+func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlmeasure.Counter) {
 	t.Helper()
 	db, c, _ := openDBAt(t, d, "")
 	return db, c
@@ -33,7 +34,7 @@ func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 
 // openDBAt is openDB on the SQLite file path ("": a new file), which it
 // returns.
-func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlstoretest.Counter, string) {
+func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlmeasure.Counter, string) {
 	t.Helper()
 	var (
 		conn driver.Connector
@@ -61,7 +62,7 @@ func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlstore
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := new(sqlstoretest.Counter)
+	c := new(sqlmeasure.Counter)
 	db := sql.OpenDB(c.Connector(conn))
 	// Keep the connections the races of the conformance suite open (32
 	// claimers), instead of opening them again for every round.
@@ -74,7 +75,7 @@ func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlstore
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
-func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
+func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlmeasure.Counter) {
 	t.Helper()
 	s, db, c, _ := newStoreAt(t, d, opts...)
 	return s, db, c
@@ -82,7 +83,7 @@ func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlst
 
 // newStoreAt is newStore that also returns a function opening another
 // store on the same table through a pool of its own (another process).
-func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter, func(t testing.TB) *sqlstore.Store) {
+func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlmeasure.Counter, func(t testing.TB) *sqlstore.Store) {
 	t.Helper()
 	db, c, path := openDBAt(t, d, "")
 	table := sqlstoretest.Table()
@@ -261,7 +262,7 @@ func TestLifetime(t *testing.T) {
 // from other processes do).
 func TestPool(t *testing.T) {
 	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunPool)
-	if sqlstoretest.Measure() {
+	if sqlmeasure.Measure() {
 		t.Run("without-registry", func(t *testing.T) {
 			sqlstoretest.PerDialect(t, dialects, func(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
 				return fixtureWith(t, d, sqlstore.WithoutRegistry())

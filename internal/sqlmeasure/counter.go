@@ -1,4 +1,4 @@
-package sqlstoretest
+package sqlmeasure
 
 import (
 	"context"
