@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
+	"github.com/idemkit/idem/sqlstore/internal/testhook"
 )
 
 // DefaultTable is the table name used when WithTable is not given.
@@ -39,7 +40,7 @@ type Store struct {
 	lock     uint64                   // mixed into Postgres advisory lock keys (per table)
 	reg      registry                 // ids held by this store's open transactions
 	// noRegistry makes every claim ask the database, as a claim from
-	// another process does (WithoutRegistry).
+	// another process does (testhook.WithoutRegistry).
 	noRegistry bool
 	// waitingInsert: the MySQL-dialect server has no SET STATEMENT
 	// (MySQL, not MariaDB), so an INSERT cannot be told not to wait for
@@ -106,18 +107,15 @@ func WithRequireSyncWait() Option {
 	})
 }
 
-// WithoutRegistry makes every claim ask the database, as a claim from
-// another process does, instead of first answering a duplicate of an id
-// that one of the store's own open transactions holds from its registry of
-// in-flight ids. The answers are the same, only slower: it exists for
-// tests and measurements of the cross-process path (the conformance suite
-// runs every store both ways), and production code has no reason to use
-// it.
-func WithoutRegistry() Option {
-	return optionFunc(func(s *Store) error {
-		s.noRegistry = true
-		return nil
-	})
+// The option without the registry is for idem's own tests of the
+// cross-process path (testhook.WithoutRegistry).
+func init() {
+	testhook.WithoutRegistry = func() any {
+		return Option(optionFunc(func(s *Store) error {
+			s.noRegistry = true
+			return nil
+		}))
+	}
 }
 
 // New returns a store that keeps records in a table of db, written in

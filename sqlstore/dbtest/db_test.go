@@ -265,7 +265,7 @@ func TestPool(t *testing.T) {
 	if sqlmeasure.Measure() {
 		t.Run("without-registry", func(t *testing.T) {
 			sqlstoretest.PerDialect(t, dialects, func(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
-				return fixtureWith(t, d, sqlstore.WithoutRegistry())
+				return fixtureWith(t, d, withoutRegistry())
 			}, sqlstoretest.RunPool)
 		})
 	}
