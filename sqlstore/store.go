@@ -150,7 +150,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	}
 	s.q = d.queries(s.table)
 	s.mq = storeutil.MarkSQL(s.table, d.flavor())
-	s.lock = fnv64(s.table)
+	s.lock = pgsql.Fnv64(s.table)
 	return s, nil
 }
 
@@ -188,7 +188,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	if s.d == Postgres && !inTx {
 		return s.inShortTx(ctx, func(c Conn) error {
-			if _, err := c.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(fnv64("idem/migrate/"+s.table))); err != nil {
+			if _, err := c.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, pgsql.MigrateLockKey(s.table)); err != nil {
 				return unavailable("migrate lock", err)
 			}
 			return execAll(ctx, c, stmts)
@@ -430,7 +430,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // trip, on every dialect; on SQLite, which cannot probe, that is the only
 // way to answer without waiting.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	req.Caller, req.Scope, req.Key = storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key)
 	// A claim may wait in the registry for another claim of the same id
 	// only while it holds no lock and no connection: outside any
 	// transaction, or in a transaction of Begin that has not begun. Only
@@ -709,10 +709,6 @@ func nullBytes(b []byte) any {
 	}
 	return b
 }
-
-func debugString(s string) string { return storeutil.DebugString(s) }
-
-func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
 // live reports whether rec is live at now.
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
