@@ -104,11 +104,11 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 		fs[i] = sqlstoretest.Fixture{
 			Store: s,
 			Insert: func(ctx context.Context, name string) error {
-				tx := sqlstore.TxFrom(ctx)
-				if tx == nil {
-					return errors.New("no transaction in the context")
+				tx, err := sqlstore.Tx(ctx) // the handler's accessor
+				if err != nil {
+					return err
 				}
-				_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
+				_, err = tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
 				return err
 			},
 			Count: func(t testing.TB, name string) int {
