@@ -11,22 +11,48 @@ import (
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/ginidem"
 )
 
-// newRouter builds the orders API on one framework. Each framework reads the
-// caller the way its users usually do: an auth middleware stores the
-// account, and the engine's caller function reads it back.
-func newRouter(framework string, store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
+// newRouter builds the orders API on one framework, behind auth: one
+// net/http middleware in front of every framework puts the account in the
+// request's context, where the engine's caller function and the handlers
+// read it. The benchmark mode's routes (bench) are registered too, the
+// protected ones behind idem's middleware.
+func newRouter(framework string, store core.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
+	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
+		return accountFrom(r.Context()), nil
+	}))...)
+	if err != nil {
+		return nil, nil, err
+	}
 	switch framework {
 	case "gin":
-		return ginRouter(store, a, opts)
+		return auth(ginRouter(e, a, bench)), e, nil
 	case "echo":
-		return echoRouter(store, a, opts)
+		return auth(echoRouter(e, a, bench)), e, nil
 	case "chi":
-		return chiRouter(store, a, opts)
+		return auth(chiRouter(e, a, bench)), e, nil
 	}
 	return nil, nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
+}
+
+// auth takes the caller from "Authorization: Bearer <account>" (a stand-in
+// for real authentication): every route but GET /healthz needs one.
+func auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		account := bearer(r)
+		if account == "" {
+			problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(withAccount(r.Context(), account)))
+	})
 }
 
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
@@ -41,107 +67,53 @@ func (a *app) paymentRoute() []core.RouteOption {
 		core.Name("payments"), core.RecordRequest(nil)}
 }
 
-func unauthorized(w http.ResponseWriter) {
-	problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
-}
-
-func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
-		return c.GetString("account"), nil
-	})))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery())
 	r.GET("/healthz", gin.WrapF(healthz))
-	auth := func(c *gin.Context) {
-		account := bearer(c.Request)
-		if account == "" {
-			unauthorized(c.Writer)
-			c.Abort()
-			return
+	r.POST("/orders", ginidem.New(e), gin.WrapF(a.createOrder))
+	r.GET("/orders", gin.WrapF(a.listOrders))
+	r.POST("/orders/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
+	for _, b := range bench {
+		if b.Protected {
+			r.POST(b.Path, ginidem.New(e), gin.WrapF(b.Handler))
+		} else {
+			r.POST(b.Path, gin.WrapF(b.Handler))
 		}
-		c.Set("account", account)
-		c.Request = c.Request.WithContext(withAccount(c.Request.Context(), account))
 	}
-	if a.begin != nil {
-		r.POST("/orders-unprotected", auth, gin.WrapF(inTx(a.begin, a.createOrder)))
-		r.POST("/settle-unprotected", auth, gin.WrapF(inTx(a.begin, a.settle)))
-		r.POST("/settle", auth, ginidem.New(e), gin.WrapF(a.settle))
-	}
-	orders := r.Group("/orders", auth)
-	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
-	orders.GET("", gin.WrapF(a.listOrders))
-	orders.POST("/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
-	return r, e, nil
+	return r
 }
 
-func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
-		s, _ := c.Get("account").(string)
-		return s, nil
-	})))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := echo.New()
 	r.HideBanner, r.HidePort = true, true
 	r.GET("/healthz", echo.WrapHandler(http.HandlerFunc(healthz)))
-	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			account := bearer(c.Request())
-			if account == "" {
-				unauthorized(c.Response())
-				return nil
-			}
-			c.Set("account", account)
-			c.SetRequest(c.Request().WithContext(withAccount(c.Request().Context(), account)))
-			return next(c)
+	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
+	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
+	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, a.paymentRoute()...))
+	for _, b := range bench {
+		if b.Protected {
+			r.POST(b.Path, echo.WrapHandler(b.Handler), echoidem.New(e))
+		} else {
+			r.POST(b.Path, echo.WrapHandler(b.Handler))
 		}
 	}
-	if a.begin != nil {
-		r.POST("/orders-unprotected", echo.WrapHandler(inTx(a.begin, a.createOrder)), auth)
-		r.POST("/settle-unprotected", echo.WrapHandler(inTx(a.begin, a.settle)), auth)
-		r.POST("/settle", echo.WrapHandler(http.HandlerFunc(a.settle)), auth, echoidem.New(e))
-	}
-	g := r.Group("/orders", auth)
-	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
-	g.GET("", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
-	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, a.paymentRoute()...))
-	return r, e, nil
+	return r
 }
 
-func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
-		return accountFrom(r.Context()), nil
-	}))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func chiRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/healthz", healthz)
-	auth := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			account := bearer(req)
-			if account == "" {
-				unauthorized(w)
-				return
-			}
-			next.ServeHTTP(w, req.WithContext(withAccount(req.Context(), account)))
-		})
+	r.With(chiidem.New(e)).Post("/orders", a.createOrder)
+	r.Get("/orders", a.listOrders)
+	r.With(chiidem.New(e, a.paymentRoute()...)).Post("/orders/{id}/payments", a.pay)
+	for _, b := range bench {
+		if b.Protected {
+			r.With(chiidem.New(e)).Post(b.Path, b.Handler)
+		} else {
+			r.Post(b.Path, b.Handler)
+		}
 	}
-	if a.begin != nil {
-		r.With(auth).Post("/orders-unprotected", inTx(a.begin, a.createOrder))
-		r.With(auth).Post("/settle-unprotected", inTx(a.begin, a.settle))
-		r.With(auth, chiidem.New(e)).Post("/settle", a.settle)
-	}
-	r.Route("/orders", func(r chi.Router) {
-		r.Use(auth)
-		r.With(chiidem.New(e)).Post("/", a.createOrder)
-		r.Get("/", a.listOrders)
-		r.With(chiidem.New(e, a.paymentRoute()...)).Post("/{id}/payments", a.pay)
-	})
-	return r, e, nil
+	return r
 }
