@@ -23,7 +23,6 @@ import (
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/sqlstore"
-	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
@@ -42,7 +41,7 @@ func (c driverConnector) Driver() driver.Driver                        { return 
 
 // openGorm opens GORM on a fresh, statement-counting pool on the dialect's
 // test database, closed at cleanup. SQLite gets a new file per call.
-func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlmeasure.Counter) {
+func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	db, c, _ := openGormAt(t, d, "")
 	return db, c
@@ -50,9 +49,9 @@ func openGorm(t testing.TB, d sqlstore.Dialect) (*gorm.DB, *sqlmeasure.Counter) 
 
 // openGormAt is openGorm on the SQLite file path ("": a new file), which
 // it returns.
-func openGormAt(t testing.TB, d sqlstore.Dialect, path string) (*gorm.DB, *sqlmeasure.Counter, string) {
+func openGormAt(t testing.TB, d sqlstore.Dialect, path string) (*gorm.DB, *sqlstoretest.Counter, string) {
 	t.Helper()
-	c := new(sqlmeasure.Counter)
+	c := new(sqlstoretest.Counter)
 	var dialector gorm.Dialector
 	switch d {
 	case sqlstore.Postgres:
@@ -97,20 +96,20 @@ func openGormAt(t testing.TB, d sqlstore.Dialect, path string) (*gorm.DB, *sqlme
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
-func newStore(t testing.TB, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sqlmeasure.Counter) {
+func newStore(t testing.TB, d sqlstore.Dialect) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
 	return newStoreOn(t, d, nil)
 }
 
 // newStoreOn is newStore on the *gorm.DB that session returns (nil: as
 // opened).
-func newStoreOn(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlmeasure.Counter) {
+func newStoreOn(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter) {
 	s, db, c, _ := newStoreTwin(t, d, session)
 	return s, db, c
 }
 
 // newStoreTwin is newStoreOn that also returns a function opening another
 // store on the same table through a pool of its own (another process).
-func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlmeasure.Counter, func(t testing.TB) *gormstore.Store) {
+func newStoreTwin(t testing.TB, d sqlstore.Dialect, session func(*gorm.DB) *gorm.DB) (*gormstore.Store, *gorm.DB, *sqlstoretest.Counter, func(t testing.TB) *gormstore.Store) {
 	t.Helper()
 	db, c, path := openGormAt(t, d, "")
 	if session != nil {

@@ -1,8 +1,8 @@
-// Package sqlmeasure is the measurement kit of idem's SQL store tests
-// (sqlstore/dbtest, gormstore/dbtest, pgxstore): the flags that turn the
-// long measurements on and a Counter of the statements a pool sends. It is
-// internal: no user runs these measurements, and sqlstoretest exports only
-// the suites a store author runs.
+// Package sqlmeasure holds the flags of the measurements in idem's SQL
+// store tests (sqlstore/dbtest, gormstore/dbtest, pgxstore), which turn
+// the long runs on. It is internal: no user runs these measurements, and
+// sqlstoretest exports only the suites a store author runs (and what their
+// fixtures need, such as its statement Counter).
 package sqlmeasure
 
 import "flag"

@@ -25,7 +25,7 @@ const sqliteOpts = "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragm
 
 // openDB opens a fresh pool on the dialect's test database, counting its
 // statements, and closes it at cleanup. SQLite gets a new file per call.
-func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlmeasure.Counter) {
+func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	db, c, _ := openDBAt(t, d, "")
 	return db, c
@@ -33,7 +33,7 @@ func openDB(t testing.TB, d sqlstore.Dialect) (*sql.DB, *sqlmeasure.Counter) {
 
 // openDBAt is openDB on the SQLite file path ("": a new file), which it
 // returns.
-func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlmeasure.Counter, string) {
+func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlstoretest.Counter, string) {
 	t.Helper()
 	var (
 		conn driver.Connector
@@ -61,7 +61,7 @@ func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlmeasu
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := new(sqlmeasure.Counter)
+	c := new(sqlstoretest.Counter)
 	db := sql.OpenDB(c.Connector(conn))
 	// Keep the connections the races of the conformance suite open (32
 	// claimers), instead of opening them again for every round.
@@ -74,7 +74,7 @@ func openDBAt(t testing.TB, d sqlstore.Dialect, path string) (*sql.DB, *sqlmeasu
 }
 
 // newStore returns a store on a fresh table (dropped at cleanup).
-func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlmeasure.Counter) {
+func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter) {
 	t.Helper()
 	s, db, c, _ := newStoreAt(t, d, opts...)
 	return s, db, c
@@ -82,7 +82,7 @@ func newStore(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlst
 
 // newStoreAt is newStore that also returns a function opening another
 // store on the same table through a pool of its own (another process).
-func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlmeasure.Counter, func(t testing.TB) *sqlstore.Store) {
+func newStoreAt(t testing.TB, d sqlstore.Dialect, opts ...sqlstore.Option) (*sqlstore.Store, *sql.DB, *sqlstoretest.Counter, func(t testing.TB) *sqlstore.Store) {
 	t.Helper()
 	db, c, path := openDBAt(t, d, "")
 	table := sqlstoretest.Table()

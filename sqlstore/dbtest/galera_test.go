@@ -172,7 +172,7 @@ func TestGaleraStormMeasure(t *testing.T) {
 			{"three-nodes-sync-wait", galeraLayout{syncWait: true}},
 		} {
 			t.Run(mode+"/"+l.name, func(t *testing.T) {
-				st := sqlmeasure.MeasureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
+				st := measureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
 				t.Logf("MEASURE %s %s: %d storms of %d in %v: %.0f storms/s, %.0f requests/s; %d handler runs, %d lost certification (%.1f %% of first executions); %d unexpected answers",
 					mode, l.name, st.Storms, dup, st.Elapsed.Round(time.Millisecond), float64(st.Storms)/st.Elapsed.Seconds(),
 					float64(st.Requests)/st.Elapsed.Seconds(), st.Runs, st.Lost, 100*float64(st.Lost)/float64(max(st.Runs, 1)), st.Unexpected)

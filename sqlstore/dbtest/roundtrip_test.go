@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
-	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
@@ -73,11 +72,11 @@ func TestRoundTrips(t *testing.T) {
 					_, _ = io.WriteString(w, `{"id":1}`)
 				})
 				h, h2 := e.Handler(handler, opts...), e2.Handler(handler, opts...)
-				var sendTo func(h http.Handler, counter *sqlmeasure.Counter, key string, hdr ...string) (int, int64, int64)
+				var sendTo func(h http.Handler, counter *sqlstoretest.Counter, key string, hdr ...string) (int, int64, int64)
 				send := func(key string, hdr ...string) (int, int64, int64) {
 					return sendTo(h, counter, key, hdr...)
 				}
-				sendTo = func(h http.Handler, counter *sqlmeasure.Counter, key string, hdr ...string) (int, int64, int64) {
+				sendTo = func(h http.Handler, counter *sqlstoretest.Counter, key string, hdr ...string) (int, int64, int64) {
 					r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"item":"coffee"}`))
 					r.Header.Set("Content-Type", "application/json")
 					r.Header.Set(core.HeaderKey, key)
@@ -100,7 +99,7 @@ func TestRoundTrips(t *testing.T) {
 				// In-flight duplicates: from the same store (the registry of
 				// in-flight ids answers) and from the other one (the database's
 				// lock probe answers; SQLite waits for the writer instead).
-				dup := func(h http.Handler, counter *sqlmeasure.Counter, key string) string {
+				dup := func(h http.Handler, counter *sqlstoretest.Counter, key string) string {
 					if d == sqlstore.SQLite && !leased && counter == counter2 {
 						return "waits for the first transaction (one writer at a time), then replays"
 					}

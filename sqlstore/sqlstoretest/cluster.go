@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"

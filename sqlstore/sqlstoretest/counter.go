@@ -1,4 +1,4 @@
-package sqlmeasure
+package sqlstoretest
 
 import (
 	"context"
