@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/internal/sqlmeasure"
+	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 

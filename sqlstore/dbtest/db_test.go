@@ -13,8 +13,8 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/internal/sqlmeasure"
+	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 

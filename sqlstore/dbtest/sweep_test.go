@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/internal/sqlmeasure"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // Sweeping never fails live traffic: while DeleteExpired deletes batches of
