@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,6 +49,9 @@ type Completer struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+	// multi is what the store said of its database (MultiPrimary):
+	// unasked (0), single-primary (1) or multi-primary (2).
+	multi atomic.Int32
 }
 
 // CompleteResult counts what one pass of a Completer did.
@@ -101,11 +105,56 @@ func (c *Completer) Check() error {
 	return nil
 }
 
-// Start checks the completer (Check), then runs a pass now and then
-// every c.Every until Stop or ctx ends. Calling Start on a running
-// completer is a no-op.
+// checkCluster refuses to run a finisher (Finish) on an atomic route
+// when the store's database is a multi-primary cluster (MultiPrimary):
+// there a finisher on one node and a client's retry on another would
+// both claim the record before either commits, and both run (a second
+// charge). It asks the store once, when a route needs it.
+func (c *Completer) checkCluster(ctx context.Context) error {
+	mp, ok := c.e.store.(MultiPrimary)
+	if !ok {
+		return nil
+	}
+	var names []string
+	c.e.routesMu.Lock()
+	for name, rt := range c.e.routes {
+		if rt.atomic && rt.p.finish != nil {
+			names = append(names, name)
+		}
+	}
+	c.e.routesMu.Unlock()
+	if len(names) == 0 {
+		return nil
+	}
+	if c.multi.Load() == 0 {
+		multi, err := mp.MultiPrimary(c.e.adminCtx(ctx))
+		if err != nil {
+			return storeErr(err)
+		}
+		v := int32(1)
+		if multi {
+			v = 2
+		}
+		c.multi.Store(v)
+	}
+	if c.multi.Load() == 1 {
+		return nil
+	}
+	sort.Strings(names)
+	return fmt.Errorf("%w: route %q runs the recorded request again (core.Finish) in atomic mode, but the store's database is a multi-primary cluster (%T: MariaDB Galera) "+
+		"where a claim on one node is seen on another only when it commits, so a finisher and a client's retry on two nodes could both run it (a second charge): "+
+		"make the route core.Leased, or send every write through one node and tell the store so (sqlstore.WithOneWriterNode)", ErrConfig, names[0], c.e.store)
+}
+
+// Start checks the completer (Check, and, when an atomic route has a
+// finisher, whether the store is on a multi-primary cluster:
+// MultiPrimary), then runs a pass now and then every c.Every until Stop
+// or ctx ends. Calling Start on a running completer is a no-op.
 func (c *Completer) Start(ctx context.Context) error {
 	if err := c.Check(); err != nil {
+		return err
+	}
+	if err := c.checkCluster(ctx); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -154,11 +203,16 @@ func (c *Completer) Stop() {
 // Complete runs one pass: it reads at most Batch due marks (Settler.Due)
 // and visits each. It returns what it did, and an error only when the
 // store could not be read (each record's failure is counted in Failed,
-// logged and reported to the Observer).
+// logged and reported to the Observer), or when it must not run: an
+// atomic route's finisher on a multi-primary cluster (see Start), an
+// error wrapping ErrConfig, before any record is visited.
 func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 	var res CompleteResult
 	if c.e == nil || c.e.settler == nil {
 		return res, c.Check()
+	}
+	if err := c.checkCluster(ctx); err != nil {
+		return res, err
 	}
 	e := c.e
 	batch := c.Batch

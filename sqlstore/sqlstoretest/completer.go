@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -160,15 +161,41 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 // the second replica, which runs the handler again for the same answer.
 // Exactly one of them charges (by the first attempt's downstream key), and
 // every later retry gets that one's 201. It runs leased and atomic routes,
-// each for several rounds.
-func RunFinisher(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true, false) }
+// and leased routes of engines that do not take lapsed leases over
+// (core.WithoutTakeover), each for several rounds. On the leased routes
+// it then crashes a first attempt right after its claim (the claim
+// commits, and nothing else of that attempt reaches the database: no
+// completion, no heartbeat) and shows that the replicas' completers,
+// with no client, finish it once: the claim wrote the record's mark
+// itself (core.ClaimRequest.Mark).
+func RunFinisher(t *testing.T, cfg ClusterConfig) {
+	runFinisher(t, cfg, finisherLeased, finisherAtomic, finisherWithoutTakeover)
+}
 
-// RunFinisherLeased is RunFinisher on a leased route only.
-func RunFinisherLeased(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true) }
+// RunFinisherLeased is RunFinisher on leased routes only.
+func RunFinisherLeased(t *testing.T, cfg ClusterConfig) {
+	runFinisher(t, cfg, finisherLeased, finisherWithoutTakeover)
+}
 
-func runFinisher(t *testing.T, cfg ClusterConfig, modes ...bool) {
-	for _, leased := range modes {
-		t.Run(map[bool]string{true: "leased", false: "atomic"}[leased], func(t *testing.T) {
+// RunFinisherAtomic is RunFinisher on an atomic route only.
+func RunFinisherAtomic(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, finisherAtomic) }
+
+// finisherMode is how a finisher's route runs.
+type finisherMode struct {
+	name            string
+	leased          bool
+	withoutTakeover bool // the engines' core.WithoutTakeover
+}
+
+var (
+	finisherLeased          = finisherMode{name: "leased", leased: true}
+	finisherAtomic          = finisherMode{name: "atomic"}
+	finisherWithoutTakeover = finisherMode{name: "leased-without-takeover", leased: true, withoutTakeover: true}
+)
+
+func runFinisher(t *testing.T, cfg ClusterConfig, modes ...finisherMode) {
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
 			fs := cfg.New(t)
 			stores := make([]core.TxStore, 0, 2)
 			for _, f := range fs {
@@ -177,12 +204,52 @@ func runFinisher(t *testing.T, cfg ClusterConfig, modes ...bool) {
 			if len(stores) == 1 {
 				stores = append(stores, fs[0].Twin(t))
 			}
-			finisherRace(t, stores[:2], leased)
+			finisherRace(t, stores[:2], mode, false)
+			if mode.leased {
+				t.Run("crash-after-claim", func(t *testing.T) { finisherRace(t, stores[:2], mode, true) })
+			}
 		})
 	}
 }
 
-func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
+// errCrashed is the claim's answer that never arrived.
+var errCrashed = errors.New("sqlstoretest: the process died right after its claim committed")
+
+// crashAfterClaim is a store whose next claim that claims (crash set)
+// is the last thing its attempt does: the claim commits in the database,
+// and its answer never reaches the engine, which therefore writes
+// nothing more for it (no mark of its own, no completion, no
+// heartbeat), as if its process had died right after the claim.
+type crashAfterClaim struct {
+	core.TxStore
+	set   core.Settler
+	crash atomic.Bool
+}
+
+func (s *crashAfterClaim) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	res, err := s.TxStore.Claim(ctx, req)
+	if err == nil && res.Claimed && s.crash.CompareAndSwap(true, false) {
+		return core.ClaimResult{}, errCrashed
+	}
+	return res, err
+}
+
+func (s *crashAfterClaim) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	return s.set.Mark(ctx, id, token, m)
+}
+
+func (s *crashAfterClaim) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	return s.set.Due(ctx, now, limit)
+}
+
+func (s *crashAfterClaim) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	return s.set.Visit(ctx, id, token, seen, next, tries)
+}
+
+// finisherRace runs the rounds of the finisher's race in mode; with
+// crash, each round's first attempt dies right after its claim on the
+// first replica, and only the replicas' completers race to settle it.
+func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, crash bool) {
 	const rounds = 6
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	var (
@@ -212,8 +279,22 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			Body: []byte(`{"paid":"` + body + `"}`)}
 	}
 	reps := make([]*replica, len(stores))
+	var crasher *crashAfterClaim
 	for i, s := range stores {
-		e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+		opts := []core.Option{core.WithSingleCaller(), quiet, core.WithClock(clock.Now)}
+		if mode.withoutTakeover {
+			opts = append(opts, core.WithoutTakeover())
+		}
+		var store core.Store = s
+		if crash && i == 0 {
+			set, ok := s.(core.Settler)
+			if !ok {
+				t.Fatalf("%T keeps no marks (core.Settler)", s)
+			}
+			crasher = &crashAfterClaim{TxStore: s, set: set}
+			store = crasher
+		}
+		e, err := core.New(store, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,9 +310,9 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 		finish := core.Finish(func(ctx context.Context, req core.RecordedRequest) *core.Response {
 			return charge(ctx, string(req.Body))
 		})
-		opts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver, finish}
-		if leased {
-			opts = append(opts, core.Leased())
+		ropts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver, finish}
+		if mode.leased {
+			ropts = append(ropts, core.Leased())
 		}
 		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
@@ -241,7 +322,7 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			}
 			w.WriteHeader(resp.Status)
 			_, _ = w.Write(resp.Body)
-		}), opts...)
+		}), ropts...)
 		c := e.Completer()
 		if err := c.Check(); err != nil {
 			t.Fatal(err)
@@ -250,17 +331,31 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 	}
 	for round := range rounds {
 		runs.Store(0)
-		key := fmt.Sprintf("finisher-%d-%s", round, Table())
+		key := fmt.Sprintf("finisher-%d-%v-%s", round, crash, Table())
 		body := key
-		first.Store(true)
-		if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
-			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
-		}
-		clock.add(2 * core.DefaultLease)
-		results, retry := raceSettlers(t, round, reps, key, body)
 		want := `{"paid":"` + body + `"}`
-		if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
-			t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+		var results []core.CompleteResult
+		if crash {
+			crasher.crash.Store(true)
+			if w := pay(reps[0], key, body); w.Code != http.StatusServiceUnavailable || runs.Load() != 0 {
+				t.Fatalf("round %d: the attempt that died after its claim: %d %s (%d runs), want the engine's 503 and no run", round, w.Code, w.Body, runs.Load())
+			}
+			clock.add(2 * core.DefaultLease)
+			results = raceCompleters(t, round, reps)
+			if n := results[0].Finished + results[1].Finished; n != 1 {
+				t.Errorf("round %d: the completers finished %d times (%+v, %+v), want once, without a client", round, n, results[0], results[1])
+			}
+		} else {
+			first.Store(true)
+			if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
+				t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
+			}
+			clock.add(2 * core.DefaultLease)
+			var retry *httptest.ResponseRecorder
+			results, retry = raceSettlers(t, round, reps, key, body)
+			if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
+				t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+			}
 		}
 		for i, rp := range reps {
 			if w := pay(rp, key, body); w.Code != http.StatusCreated || w.Body.String() != want {
@@ -276,10 +371,35 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 		if total != round+1 { // one charge per round, each by its own key
 			t.Errorf("round %d: %d charges in all, want %d: exactly one for this key (completers: %+v, %+v)", round, total, round+1, results[0], results[1])
 		}
-		if r := runs.Load(); r != 2 {
-			t.Errorf("round %d: the handler and the finisher ran %d times in all, want twice (the failed attempt and one run)", round, r)
+		wantRuns := int32(2) // the failed attempt and one run
+		if crash {
+			wantRuns = 1 // the attempt that died never ran
+		}
+		if r := runs.Load(); r != wantRuns {
+			t.Errorf("round %d: the handler and the finisher ran %d times in all, want %d", round, r, wantRuns)
 		}
 	}
+}
+
+// raceCompleters runs every replica's completer at one moment and
+// returns their results.
+func raceCompleters(t *testing.T, round int, reps []*replica) []core.CompleteResult {
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	results := make([]core.CompleteResult, len(reps))
+	for i, rp := range reps {
+		wg.Go(func() {
+			<-gate
+			res, err := rp.c.Complete(ctxT(t))
+			if err != nil {
+				t.Errorf("round %d: replica %d's completer: %v", round, i, err)
+			}
+			results[i] = res
+		})
+	}
+	close(gate)
+	wg.Wait()
+	return results
 }
 
 // pay sends one payment to a replica.
