@@ -44,6 +44,13 @@ type Completer struct {
 	// settle it, doubled at every further visit up to MaxBackoff
 	// (defaults DefaultBackoff, DefaultMaxBackoff).
 	Backoff, MaxBackoff time.Duration
+	// Parallel is how many records of a pass are visited at once
+	// (default 1: one after another). A visit that runs a finisher
+	// (Finish) lasts as long as the route's work; with Parallel above 1
+	// up to Parallel of them run side by side, each an attempt of its own
+	// holding what an attempt holds (a store connection, in atomic mode
+	// for as long as it runs).
+	Parallel int
 
 	e      *Engine
 	mu     sync.Mutex
@@ -64,6 +71,16 @@ type CompleteResult struct {
 	// Visited counts the records this completer visited (another
 	// replica's visits and live attempts are not counted).
 	Visited int
+}
+
+// add adds what o counted to r.
+func (r *CompleteResult) add(o CompleteResult) {
+	r.Settled += o.Settled
+	r.Released += o.Released
+	r.Finished += o.Finished
+	r.Left += o.Left
+	r.Failed += o.Failed
+	r.Visited += o.Visited
 }
 
 // Completer returns a completer over the engine's store and named
@@ -223,6 +240,9 @@ func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 	if err != nil {
 		return res, storeErr(err)
 	}
+	if c.Parallel > 1 && len(due) > 1 {
+		return c.visitParallel(ctx, due)
+	}
 	for _, p := range due {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
@@ -230,6 +250,42 @@ func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 		c.visit(ctx, p, &res)
 	}
 	return res, nil
+}
+
+// visitParallel visits due with at most c.Parallel visits at once; a
+// visit begun completes, and no visit begins once ctx ends.
+func (c *Completer) visitParallel(ctx context.Context, due []Pending) (CompleteResult, error) {
+	var (
+		res  CompleteResult
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		next = make(chan Pending)
+	)
+	for range min(c.Parallel, len(due)) {
+		wg.Go(func() {
+			for p := range next {
+				var r CompleteResult
+				c.visit(ctx, p, &r)
+				mu.Lock()
+				res.add(r)
+				mu.Unlock()
+			}
+		})
+	}
+feed:
+	for _, p := range due {
+		if ctx.Err() != nil {
+			break
+		}
+		select {
+		case next <- p:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return res, ctx.Err()
 }
 
 // backoff is the wait after the tries-th visit.

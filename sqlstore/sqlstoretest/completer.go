@@ -167,7 +167,8 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 // commits, and nothing else of that attempt reaches the database: no
 // completion, no heartbeat) and shows that the replicas' completers,
 // with no client, finish it once: the claim wrote the record's mark
-// itself (core.ClaimRequest.Mark).
+// itself (core.ClaimRequest.Mark); every other such round, a client's
+// retry races them.
 func RunFinisher(t *testing.T, cfg ClusterConfig) {
 	runFinisher(t, cfg, finisherLeased, finisherAtomic, finisherWithoutTakeover)
 }
@@ -204,10 +205,11 @@ func runFinisher(t *testing.T, cfg ClusterConfig, modes ...finisherMode) {
 			if len(stores) == 1 {
 				stores = append(stores, fs[0].Twin(t))
 			}
-			finisherRace(t, stores[:2], mode, false)
+			finisherRace(t, stores[:2], mode, finisherRun{})
 			if mode.leased {
-				t.Run("crash-after-claim", func(t *testing.T) { finisherRace(t, stores[:2], mode, true) })
+				t.Run("crash-after-claim", func(t *testing.T) { finisherRace(t, stores[:2], mode, finisherRun{crash: true}) })
 			}
+			t.Run("parallel", func(t *testing.T) { finisherRace(t, stores[:2], mode, finisherRun{parallel: 4}) })
 		})
 	}
 }
@@ -246,10 +248,23 @@ func (s *crashAfterClaim) Visit(ctx context.Context, id core.ID, token int64, se
 	return s.set.Visit(ctx, id, token, seen, next, tries)
 }
 
-// finisherRace runs the rounds of the finisher's race in mode; with
-// crash, each round's first attempt dies right after its claim on the
-// first replica, and only the replicas' completers race to settle it.
-func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, crash bool) {
+// finisherRun says what finisherRace does in its rounds.
+type finisherRun struct {
+	// crash: each round's first attempt dies right after its claim on
+	// the first replica, and the replicas' completers race to settle it
+	// (every other round with a client's retry).
+	crash bool
+	// parallel, when not zero, replaces the rounds with one batch: the
+	// first attempts of several payments fail, and the replicas'
+	// completers, visiting parallel records at once
+	// (core.Completer.Parallel), race to finish them all, no client.
+	parallel int
+}
+
+// finisherRace runs the rounds of the finisher's race in mode, as run
+// says.
+func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run finisherRun) {
+	crash := run.crash
 	const rounds = 6
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	var (
@@ -327,7 +342,40 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, crash 
 		if err := c.Check(); err != nil {
 			t.Fatal(err)
 		}
+		c.Parallel = run.parallel
 		reps[i] = &replica{e: e, mux: h, c: c}
+	}
+	if run.parallel > 0 {
+		const n = 8
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("finisher-parallel-%d-%s", i, Table())
+			first.Store(true)
+			if w := pay(reps[i%2], keys[i], keys[i]); w.Code != http.StatusBadGateway {
+				t.Fatalf("payment %d: first attempt %d %s, want 502 (indeterminate)", i, w.Code, w.Body)
+			}
+		}
+		clock.add(2 * core.DefaultLease)
+		results := raceCompleters(t, 0, reps)
+		if f := results[0].Finished + results[1].Finished; f != n {
+			t.Errorf("the completers finished %d of %d payments (%+v, %+v), want each once", f, n, results[0], results[1])
+		}
+		for i, key := range keys {
+			if w := pay(reps[1], key, key); w.Code != http.StatusCreated || w.Body.String() != `{"paid":"`+key+`"}` {
+				t.Errorf("payment %d: a later retry: %d %s, want its one charge's 201", i, w.Code, w.Body)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for k, c := range charges {
+			if c != 1 {
+				t.Errorf("downstream key %s charged %d times, want once", k, c)
+			}
+		}
+		if len(charges) != n || runs.Load() != 2*n {
+			t.Errorf("%d keys charged and %d runs, want %d and %d (each payment's failed attempt and one finisher)", len(charges), runs.Load(), n, 2*n)
+		}
+		return
 	}
 	for round := range rounds {
 		runs.Store(0)
@@ -341,9 +389,21 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, crash 
 				t.Fatalf("round %d: the attempt that died after its claim: %d %s (%d runs), want the engine's 503 and no run", round, w.Code, w.Body, runs.Load())
 			}
 			clock.add(2 * core.DefaultLease)
-			results = raceCompleters(t, round, reps)
-			if n := results[0].Finished + results[1].Finished; n != 1 {
-				t.Errorf("round %d: the completers finished %d times (%+v, %+v), want once, without a client", round, n, results[0], results[1])
+			if round%2 == 0 {
+				// No client: the completers alone settle it.
+				results = raceCompleters(t, round, reps)
+				if n := results[0].Finished + results[1].Finished; n != 1 {
+					t.Errorf("round %d: the completers finished %d times (%+v, %+v), want once, without a client", round, n, results[0], results[1])
+				}
+			} else {
+				// A client's retry meets the completers: it takes the
+				// lapsed lease over, or (WithoutTakeover) settles it as
+				// indeterminate and resolves it, and runs.
+				var retry *httptest.ResponseRecorder
+				results, retry = raceSettlers(t, round, reps, key, body)
+				if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
+					t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+				}
 			}
 		} else {
 			first.Store(true)
