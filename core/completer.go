@@ -158,7 +158,7 @@ func (c *Completer) checkCluster(ctx context.Context) error {
 		return nil
 	}
 	sort.Strings(names)
-	return fmt.Errorf("%w: route %q runs the recorded request again (core.Finish) in atomic mode, but the store's database is a multi-primary cluster (%T: MariaDB Galera) "+
+	return fmt.Errorf("%w: route %q runs the recorded request again (core.Finish) in atomic mode, but the store (%T) is on a multi-primary cluster (such as MariaDB Galera), "+
 		"where a claim on one node is seen on another only when it commits, so a finisher and a client's retry on two nodes could both run it (a second charge): "+
 		"make the route core.Leased, or send every write through one node and tell the store so (sqlstore.WithOneWriterNode)", ErrConfig, names[0], c.e.store)
 }

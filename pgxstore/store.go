@@ -358,7 +358,7 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 		stmt{s.q.ReadOther, []any{req.ID[:], req.Token}})
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 	case inserted:
 		if l != nil {
 			l.claimed(req.ID, req.Token)
@@ -407,7 +407,7 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 			return scanRecord(br.QueryRow(), &rec, &ok, &inserted)
 		}, claim)
 		if err != nil {
-			return core.ClaimResult{}, s.failure(ctx, "claim", err)
+			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		if l != nil && ok && !inserted {
 			l.lockHeld() // the transaction holds the id's lock without its row

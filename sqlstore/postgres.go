@@ -83,7 +83,7 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 		nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
 	res, err := c.ExecContext(ctx, q, s.markArgs(args, req.Mark)...)
 	if err != nil {
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 	}
 	switch n, err := res.RowsAffected(); {
 	case err != nil:
@@ -132,7 +132,7 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 		}
 		found, err := scanRecord(c.QueryRowContext(ctx, q, s.markArgs(args, req.Mark)...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, s.failure(ctx, "claim", err)
+			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		switch {
 		case inserted:

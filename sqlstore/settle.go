@@ -71,6 +71,15 @@ func (s *Store) markArgs(args []any, m *core.Mark) []any {
 	return append(args, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries)
 }
 
+// claimFailure is the error of a Postgres claim statement: a marked one
+// (req.Mark) writes the marks table too, which may be missing.
+func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err error) error {
+	if req.Mark != nil {
+		return s.markFailure(ctx, "claim", err)
+	}
+	return s.failure(ctx, "claim", err)
+}
+
 // claimMark writes the mark of a claim that claimed (res, err: the
 // claim's answer) on c, the claim's transaction, and returns err, or the
 // mark's error (MySQL, SQLite: the claim and its mark commit together;
