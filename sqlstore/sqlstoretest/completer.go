@@ -401,8 +401,11 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 				// indeterminate and resolves it, and runs.
 				var retry *httptest.ResponseRecorder
 				results, retry = raceSettlers(t, round, reps, key, body)
-				if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
-					t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+				// WithoutTakeover: the retry settled the lapsed lease as
+				// indeterminate (500), and its resolver, asked after the
+				// finisher charged, could not tell (see racingRetryOK).
+				if !racingRetryOK(retry.Code, http.StatusInternalServerError) {
+					t.Errorf("round %d: the racing retry got %d %s, want the 201, or 409 while a finisher runs", round, retry.Code, retry.Body)
 				}
 			}
 		} else {
@@ -413,8 +416,8 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 			clock.add(2 * core.DefaultLease)
 			var retry *httptest.ResponseRecorder
 			results, retry = raceSettlers(t, round, reps, key, body)
-			if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
-				t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+			if !racingRetryOK(retry.Code, http.StatusBadGateway) {
+				t.Errorf("round %d: the racing retry got %d %s, want the 201, 409 while a finisher runs, or the recorded 502", round, retry.Code, retry.Body)
 			}
 		}
 		for i, rp := range reps {
@@ -439,6 +442,18 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 			t.Errorf("round %d: the handler and the finisher ran %d times in all, want %d", round, r, wantRuns)
 		}
 	}
+}
+
+// racingRetryOK reports whether code is an answer a client's retry may
+// get while the completers finish its payment: the finisher's 201, 409
+// while the finisher runs, or the record's indeterminate answer
+// (indeterminate): the retry read the record indeterminate, then a
+// completer released it and its finisher charged, and the retry's
+// resolver, asked after the charge, answered that it could not tell
+// (the charging attempt records its own answer), so the retry replayed
+// what it had read. Every later retry gets the 201 (checked after).
+func racingRetryOK(code, indeterminate int) bool {
+	return code == http.StatusCreated || code == http.StatusConflict || code == indeterminate
 }
 
 // raceCompleters runs every replica's completer at one moment and
