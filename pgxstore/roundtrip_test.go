@@ -128,6 +128,20 @@ func (p payment) run(ctx context.Context, tx pgx.Tx, order int) error {
 	return err
 }
 
+// serveHTTP is the payment route's handler: the payment in the request's
+// transaction (pgxstore.Tx), then 201.
+func (p payment) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	tx, err := pgxstore.Tx(r.Context())
+	if err == nil {
+		err = p.run(r.Context(), tx, p.order())
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
 // protectedPayment is the payment route in middleware-managed atomic mode;
 // hold, when not nil, is waited for inside the handler.
 func protectedPayment(t *testing.T, s *pgxstore.Store, p payment, hold <-chan struct{}, entered chan<- struct{}) http.Handler {
@@ -288,17 +302,7 @@ func BenchmarkPayment(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := pgxstore.Tx(r.Context())
-		if err == nil {
-			err = p.run(r.Context(), tx, p.order())
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
+	h := e.Handler(http.HandlerFunc(p.serveHTTP))
 	b.Run("unprotected", func(b *testing.B) {
 		for b.Loop() {
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.run(ctx, tx, p.order()) }); err != nil {
@@ -491,15 +495,7 @@ func TestRoundTripsNamed(t *testing.T) {
 					w.WriteHeader(http.StatusBadGateway)
 					return
 				}
-				tx, err := pgxstore.Tx(r.Context())
-				if err == nil {
-					err = p.run(r.Context(), tx, p.order())
-				}
-				if err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
+				p.serveHTTP(w, r)
 			}
 			var opts []core.RouteOption
 			if leased {

@@ -356,7 +356,7 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 			}
 		}
 		clock.add(2 * core.DefaultLease)
-		results := raceCompleters(t, 0, reps)
+		results, _ := raceSettlers(t, 0, reps, "", "")
 		if f := results[0].Finished + results[1].Finished; f != n {
 			t.Errorf("the completers finished %d of %d payments (%+v, %+v), want each once", f, n, results[0], results[1])
 		}
@@ -391,7 +391,7 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 			clock.add(2 * core.DefaultLease)
 			if round%2 == 0 {
 				// No client: the completers alone settle it.
-				results = raceCompleters(t, round, reps)
+				results, _ = raceSettlers(t, round, reps, "", "")
 				if n := results[0].Finished + results[1].Finished; n != 1 {
 					t.Errorf("round %d: the completers finished %d times (%+v, %+v), want once, without a client", round, n, results[0], results[1])
 				}
@@ -456,27 +456,6 @@ func racingRetryOK(code, indeterminate int) bool {
 	return code == http.StatusCreated || code == http.StatusConflict || code == indeterminate
 }
 
-// raceCompleters runs every replica's completer at one moment and
-// returns their results.
-func raceCompleters(t *testing.T, round int, reps []*replica) []core.CompleteResult {
-	var wg sync.WaitGroup
-	gate := make(chan struct{})
-	results := make([]core.CompleteResult, len(reps))
-	for i, rp := range reps {
-		wg.Go(func() {
-			<-gate
-			res, err := rp.c.Complete(ctxT(t))
-			if err != nil {
-				t.Errorf("round %d: replica %d's completer: %v", round, i, err)
-			}
-			results[i] = res
-		})
-	}
-	close(gate)
-	wg.Wait()
-	return results
-}
-
 // pay sends one payment to a replica.
 func pay(rp *replica, key, body string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
@@ -486,9 +465,10 @@ func pay(rp *replica, key, body string) *httptest.ResponseRecorder {
 	return w
 }
 
-// raceSettlers starts, at one moment, every replica's completer and a
-// client's retry of the payment on the second replica, and returns the
-// completers' results and the retry's answer.
+// raceSettlers starts, at one moment, every replica's completer and,
+// unless key is empty, a client's retry of the payment on the second
+// replica, and returns the completers' results and the retry's answer
+// (nil without one).
 func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([]core.CompleteResult, *httptest.ResponseRecorder) {
 	var wg sync.WaitGroup
 	gate := make(chan struct{})
@@ -504,10 +484,12 @@ func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([
 		})
 	}
 	var retry *httptest.ResponseRecorder
-	wg.Go(func() {
-		<-gate
-		retry = pay(reps[1], key, body)
-	})
+	if key != "" {
+		wg.Go(func() {
+			<-gate
+			retry = pay(reps[1], key, body)
+		})
+	}
 	close(gate)
 	wg.Wait()
 	return results, retry
