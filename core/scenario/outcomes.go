@@ -827,6 +827,11 @@ func testExplicitScope(t *testing.T, x *harness) {
 	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
 	wantCalls(t, &na, 1)
 	wantCalls(t, &nb, 0)
+	for _, ev := range x.observed() {
+		if ev.Scope != "create-order" {
+			t.Errorf("a %s decision reports the scope %q, want the route's create-order", ev.Decision, ev.Scope)
+		}
+	}
 }
 
 func testHandlerContext(t *testing.T, x *harness) {
