@@ -93,10 +93,10 @@ func route(r *http.Request) (pattern string, reached bool) {
 	routePath := cmp.Or(rctx.RoutePath, r.URL.RawPath, r.URL.Path, "/")
 	s := chi.NewRouteContext()
 	if p := routes.Find(s, r.Method, routePath); p != "" {
-		return label(prefix + p), true
+		return label(s, prefix+p), true
 	}
 	if p := rewritten(s, routes, r.Method, routePath, 0); p != "" {
-		return label(prefix + p), false
+		return label(s, prefix+p), false
 	}
 	return "", false
 }
@@ -143,8 +143,8 @@ func installed(routes chi.Routes, patterns []string, seq int) bool {
 }
 
 // label joins p as chi's RoutePattern does ("/api/" → "/api").
-func label(p string) string {
-	s := chi.NewRouteContext()
+func label(s *chi.Context, p string) string {
+	s.Reset()
 	s.RoutePatterns = append(s.RoutePatterns, p)
 	return s.RoutePattern()
 }

@@ -2,7 +2,6 @@ package chiidem_test
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"testing"

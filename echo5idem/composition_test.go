@@ -1,7 +1,6 @@
 package echo5idem_test
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"

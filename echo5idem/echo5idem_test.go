@@ -16,7 +16,6 @@ import (
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
-	"github.com/labstack/echo/v5/middleware"
 )
 
 // counter is a handler that counts its runs and answers 201 with the count.

@@ -1,7 +1,6 @@
 package echoidem_test
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -123,4 +122,3 @@ func TestUseAfterPreRewrites(t *testing.T) {
 		}
 	}
 }
-

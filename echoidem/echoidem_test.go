@@ -16,7 +16,6 @@ import (
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v4"
-	"github.com/labstack/echo/v4/middleware"
 )
 
 // counter is a handler that counts its runs and answers 201 with the count.

@@ -3,7 +3,6 @@ package ginidem_test
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -77,4 +76,3 @@ func TestBodyBoundUpstream(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 1", runs)
 	}
 }
-

@@ -160,7 +160,9 @@ func TestScenarios(t *testing.T) {
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
 			t.Run("Route", func(t *testing.T) { scenario.Run(t, a.route, append([]scenario.Option{on}, a.except...)...) })
-			t.Run("Global", func(t *testing.T) { scenario.RunGlobal(t, a.global, append([]scenario.Option{on, notSkipped}, a.exceptGlobal...)...) })
+			t.Run("Global", func(t *testing.T) {
+				scenario.RunGlobal(t, a.global, append([]scenario.Option{on, notSkipped}, a.exceptGlobal...)...)
+			})
 			t.Run("Nested", func(t *testing.T) { scenario.RunNested(t, a.nested, on) })
 		})
 	}
