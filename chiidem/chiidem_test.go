@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/go-chi/chi/v5"
@@ -141,26 +140,6 @@ func TestRoutePathOverride(t *testing.T) {
 				t.Fatalf("replayed=%v runs=%d route=%q, want a replay labelled /orders", adaptertest.Replayed(w), n, ev.Route())
 			}
 		})
-	}
-}
-
-func TestFlushStreams(t *testing.T) {
-	e, _ := adaptertest.NewEngine(t, nil)
-	r := chi.NewRouter()
-	r.Use(chiidem.New(e))
-	r.Post("/stream", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "part 1,")
-		if err := http.NewResponseController(w).Flush(); err != nil {
-			panic(err)
-		}
-		_, _ = io.WriteString(w, "part 2")
-	})
-	first, second := adaptertest.Do(r, "POST", "/stream", "k"), adaptertest.Do(r, "POST", "/stream", "k")
-	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
-		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
-	}
-	if !adaptertest.Replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
-		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
 	}
 }
 
