@@ -14,8 +14,7 @@ import (
 type Config struct {
 	// Engine is the idempotency engine. Required.
 	Engine *core.Engine
-	// Skipper selects requests that pass through unprotected (default:
-	// none, middleware.DefaultSkipper).
+	// Skipper selects requests that pass through unprotected (default: none).
 	Skipper middleware.Skipper
 	// Options are the route options over the engine's defaults (default: none).
 	Options []core.RouteOption
@@ -24,10 +23,8 @@ type Config struct {
 var _ echo.MiddlewareConfigurator = Config{}
 
 // New returns Echo middleware that protects the requests it sees with e and
-// the route options opts, installed globally (e.Use), on a group or on one
-// route (see the package documentation; installed with e.Pre it refuses
-// every covered request). It panics with an error wrapping core.ErrConfig
-// when e is nil.
+// the route options opts (see the package documentation). It panics with
+// an error wrapping core.ErrConfig when e is nil.
 func New(e *core.Engine, opts ...core.RouteOption) echo.MiddlewareFunc {
 	return NewWithConfig(Config{Engine: e, Options: opts})
 }
@@ -103,11 +100,8 @@ func captured(c *echo.Context, w http.ResponseWriter, r *http.Request, h echo.Ha
 
 // Within serves c's request for a service that owns its transaction, as
 // core.Route.Within does (rt atomic), passing the Echo context on (Caller
-// finds it; c.Path() labels the decisions). handler runs with c, whose
-// Request() carries the transaction and the attempt and whose Response()
-// writes into the capture; the client gets the answer after inTx returned:
-//
-//	return echo5idem.Within(c, route, svc.InTx, createPayment)
+// finds it; c.Path() labels the decisions); the client gets the answer
+// after inTx returned: return echo5idem.Within(c, route, svc.InTx, create).
 func Within(c *echo.Context, rt *core.Route, inTx core.TxFunc, handler echo.HandlerFunc) error {
 	var h http.HandlerFunc
 	if handler != nil {
@@ -132,11 +126,9 @@ func routed(c *echo.Context) bool {
 	return c.Path() != "" || c.RouteInfo().Name != ""
 }
 
-// Caller adapts a function reading the caller from the Echo context (a
-// value an authentication middleware stored with c.Set) to a
-// core.CallerFunc. It needs the Echo context, which the middleware and
-// Within pass to the engine; anywhere else it fails with an error wrapping
-// core.ErrNotProtected that names the fix (a 500 not-protected, never 401).
+// Caller adapts a function reading the caller from the Echo context to a
+// core.CallerFunc. Outside the middleware and Within it fails with an error
+// wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
 func Caller(f func(*echo.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*echo.Context)
@@ -150,9 +142,8 @@ func Caller(f func(*echo.Context) (string, error)) core.CallerFunc {
 var errNoContext = fmt.Errorf("%w: echo5idem.Caller found no Echo context: the request is served neither by an echo5idem middleware nor by echo5idem.Within "+
 	"(core.Route.Within called by hand from an Echo handler? return echo5idem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
-// DownstreamKey is core.DownstreamKey(c.Request().Context(), step): the
-// deterministic key of step for an external API; outside a protected
-// request an error wrapping core.ErrNoAttempt, never an empty key.
+// DownstreamKey is core.DownstreamKey(c.Request().Context(), step), an
+// error wrapping core.ErrNoAttempt outside a protected request.
 func DownstreamKey(c *echo.Context, step string) (string, error) {
 	return core.DownstreamKey(c.Request().Context(), step)
 }

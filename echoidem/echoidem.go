@@ -111,11 +111,8 @@ func captured(c echo.Context, w http.ResponseWriter, r *http.Request, h echo.Han
 
 // Within serves c's request for a service that owns its transaction, as
 // core.Route.Within does (rt atomic), passing the Echo context on (Caller
-// finds it; c.Path() labels the decisions). handler runs with c, whose
-// Request() carries the transaction and the attempt and whose Response()
-// writes into the capture; the client gets the answer after inTx returned:
-//
-//	return echoidem.Within(c, route, svc.InTx, createPayment)
+// finds it; c.Path() labels the decisions); the client gets the answer
+// after inTx returned: return echoidem.Within(c, route, svc.InTx, create).
 func Within(c echo.Context, rt *core.Route, inTx core.TxFunc, handler echo.HandlerFunc) error {
 	var h http.HandlerFunc
 	if handler != nil {
@@ -194,11 +191,9 @@ func (l *layer) matched(c echo.Context) bool {
 // notFound is Echo's global 404 handler, as the router sets it.
 var notFound = reflect.ValueOf(echo.NotFoundHandler).Pointer()
 
-// Caller adapts a function reading the caller from the Echo context (a
-// value an authentication middleware stored with c.Set) to a
-// core.CallerFunc. It needs the Echo context, which the middleware and
-// Within pass to the engine; anywhere else it fails with an error wrapping
-// core.ErrNotProtected that names the fix (a 500 not-protected, never 401).
+// Caller adapts a function reading the caller from the Echo context to a
+// core.CallerFunc. Outside the middleware and Within it fails with an error
+// wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
 func Caller(f func(echo.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(echo.Context)
@@ -212,9 +207,8 @@ func Caller(f func(echo.Context) (string, error)) core.CallerFunc {
 var errNoContext = fmt.Errorf("%w: echoidem.Caller found no Echo context: the request is served neither by an echoidem middleware nor by echoidem.Within "+
 	"(core.Route.Within called by hand from an Echo handler? return echoidem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
-// DownstreamKey is core.DownstreamKey(c.Request().Context(), step): the
-// deterministic key of step for an external API; outside a protected
-// request an error wrapping core.ErrNoAttempt, never an empty key.
+// DownstreamKey is core.DownstreamKey(c.Request().Context(), step), an
+// error wrapping core.ErrNoAttempt outside a protected request.
 func DownstreamKey(c echo.Context, step string) (string, error) {
 	return core.DownstreamKey(c.Request().Context(), step)
 }

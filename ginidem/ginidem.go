@@ -112,11 +112,8 @@ func captured(c *gin.Context, w http.ResponseWriter, r *http.Request, fn func())
 
 // Within serves c's request for a service that owns its transaction, as
 // core.Route.Within does (rt atomic), passing the Gin context on (Caller
-// finds it; c.FullPath() labels the decisions). handler runs with c, whose
-// Request carries the transaction and the attempt and whose Writer writes
-// into the capture; the client gets the answer after inTx returned:
-//
-//	ginidem.Within(c, route, svc.InTx, createPayment)
+// finds it; c.FullPath() labels the decisions); the client gets the answer
+// after inTx returned: ginidem.Within(c, route, svc.InTx, create).
 func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.HandlerFunc) {
 	var h http.HandlerFunc
 	if handler != nil {
@@ -125,11 +122,9 @@ func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.Handle
 	rt.ServeWithin(c.Writer, c.Request, c.FullPath(), c, inTx, h)
 }
 
-// Caller adapts a function reading the caller from the Gin context (a
-// value an authentication middleware stored with c.Set) to a
-// core.CallerFunc. It needs the Gin context, which the middleware and
-// Within pass to the engine; anywhere else it fails with an error wrapping
-// core.ErrNotProtected that names the fix (a 500 not-protected, never 401).
+// Caller adapts a function reading the caller from the Gin context to a
+// core.CallerFunc. Outside the middleware and Within it fails with an error
+// wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
 func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*gin.Context)
@@ -143,10 +138,8 @@ func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 var errNoContext = fmt.Errorf("%w: ginidem.Caller found no Gin context: the request is served neither by a ginidem middleware nor by ginidem.Within "+
 	"(core.Route.Within called by hand from a Gin handler? call ginidem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
-// DownstreamKey is core.DownstreamKey(c.Request.Context(), step) (a
-// *gin.Context is a context.Context, but not the request's): the key of
-// step for an external API; outside a protected request an error wrapping
-// core.ErrNoAttempt, never an empty key.
+// DownstreamKey is core.DownstreamKey(c.Request.Context(), step), an
+// error wrapping core.ErrNoAttempt outside a protected request.
 func DownstreamKey(c *gin.Context, step string) (string, error) {
 	return core.DownstreamKey(c.Request.Context(), step)
 }
