@@ -7,9 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -145,89 +143,6 @@ func TestRoutePathOverride(t *testing.T) {
 	}
 }
 
-func TestExplicitScope(t *testing.T) {
-	e, ev := adaptertest.NewEngine(t, nil)
-	n := 0
-	r := chi.NewRouter()
-	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v1/orders", counter(&n))
-	r.With(chiidem.New(e, core.Scope("create-order"))).Post("/v2/orders", counter(&n))
-	adaptertest.Do(r, "POST", "/v1/orders", "k")
-	if w := adaptertest.Do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.Last() != "create-order" {
-		// One record for both routes (a record of its own would run the
-		// handler); the path is part of the fingerprint, so: 422.
-		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.Last())
-	}
-}
-
-func TestPassThrough(t *testing.T) {
-	e, ev := adaptertest.NewEngine(t, nil)
-	n := 0
-	r := chi.NewRouter()
-	r.Use(chiidem.New(e))
-	r.Get("/orders/{id}", counter(&n))
-	r.Route("/api", func(r chi.Router) { r.Get("/orders", counter(&n)) })
-	r.Route("/v2", func(r chi.Router) {
-		r.Use(chiidem.New(e))
-		r.Post("/orders", counter(&n))
-	})
-	tests := []struct {
-		name, method, path string
-		code               int
-	}{
-		{"ok, a method that is not covered runs every time", "GET", "/orders/1", 201},
-		{"ok, an unknown route is chi's 404", "POST", "/nope", 404},
-		{"ok, an unknown route under a sub-router is chi's 404", "POST", "/api/nope", 404},
-		{"ok, a method the route lacks is chi's 405", "POST", "/orders/1", 405},
-		{"ok, an unknown route under a sub-router with its own middleware is chi's 404", "POST", "/v2/nope", 404},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for range 2 {
-				if w := adaptertest.Do(r, tt.method, tt.path, "k"); w.Code != tt.code || adaptertest.Replayed(w) {
-					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, adaptertest.Replayed(w), tt.code)
-				}
-			}
-		})
-	}
-	if n != 2 || ev.Len() != 0 {
-		t.Fatalf("runs %d, %d decisions (the last labelled %q); want 2 runs and no decision", n, ev.Len(), ev.Route())
-	}
-}
-
-func TestFlushStreams(t *testing.T) {
-	e, _ := adaptertest.NewEngine(t, nil)
-	r := chi.NewRouter()
-	r.Use(chiidem.New(e))
-	r.Post("/stream", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "part 1,")
-		if err := http.NewResponseController(w).Flush(); err != nil {
-			panic(err)
-		}
-		_, _ = io.WriteString(w, "part 2")
-	})
-	first, second := adaptertest.Do(r, "POST", "/stream", "k"), adaptertest.Do(r, "POST", "/stream", "k")
-	if first.Code != 200 || first.Body.String() != "part 1,part 2" || !first.Flushed {
-		t.Fatalf("ok, the first client gets the stream: %d %q flushed=%v", first.Code, first.Body, first.Flushed)
-	}
-	if !adaptertest.Replayed(second) || second.Code != 200 || !strings.HasPrefix(second.Header().Get("Content-Type"), "application/problem+json") {
-		t.Fatalf("ok, a flushed response is not kept: the replay is %d %q %q", second.Code, second.Header().Get("Content-Type"), second.Body)
-	}
-}
-
-func TestAtomicModeReachesTheTransaction(t *testing.T) {
-	e, _ := adaptertest.NewEngine(t, memstore.New().Atomic())
-	r := chi.NewRouter()
-	r.Use(chiidem.New(e))
-	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
-		info, ok := core.AttemptFrom(r.Context())
-		w.WriteHeader(201)
-		fmt.Fprintf(w, "protected=%v atomic=%v", ok, info.Atomic)
-	})
-	if w := adaptertest.Do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != "protected=true atomic=true" {
-		t.Fatalf("ok, r.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
-	}
-}
-
 type accountKey struct{}
 
 func TestCallerFromTheRequestContext(t *testing.T) {
@@ -271,54 +186,6 @@ func TestCallerFromTheRequestContext(t *testing.T) {
 		})
 	}
 }
-
-func TestPanics(t *testing.T) {
-	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
-		e, _ := adaptertest.NewEngine(t, nil)
-		r := chi.NewRouter()
-		r.Use(chiidem.New(e))
-		r.Post("/x", func(http.ResponseWriter, *http.Request) { panic("boom") })
-		defer func() {
-			if v := recover(); v != "boom" {
-				t.Fatalf("recovered %v, want the handler's panic", v)
-			}
-		}()
-		adaptertest.Do(r, "POST", "/x", "k")
-		t.Fatal("no panic")
-	})
-	t.Run("ok, middleware.Recoverer answers 500 and the record is released", func(t *testing.T) {
-		e, _ := adaptertest.NewEngine(t, nil)
-		n := 0
-		r := chi.NewRouter()
-		r.Use(recoverer, chiidem.New(e))
-		r.Post("/x", func(w http.ResponseWriter, r *http.Request) {
-			n++
-			if n == 1 {
-				panic("boom")
-			}
-			w.WriteHeader(201)
-		})
-		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 500 {
-			t.Fatalf("first %d, want Recoverer's 500", w.Code)
-		}
-		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 201 || adaptertest.Replayed(w) || n != 2 {
-			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, adaptertest.Replayed(w), n)
-		}
-	})
-}
-
-// recoverer is chi's Recoverer with a log entry that prints no stack.
-func recoverer(next http.Handler) http.Handler {
-	rec := middleware.Recoverer(next)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec.ServeHTTP(w, middleware.WithLogEntry(r, quietEntry{}))
-	})
-}
-
-type quietEntry struct{}
-
-func (quietEntry) Write(int, int, http.Header, time.Duration, any) {}
-func (quietEntry) Panic(any, []byte)                               {}
 
 func TestNilEngine(t *testing.T) {
 	defer func() {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,11 +44,21 @@ type Completer struct {
 	// settle it, doubled at every further visit up to MaxBackoff
 	// (defaults DefaultBackoff, DefaultMaxBackoff).
 	Backoff, MaxBackoff time.Duration
+	// Parallel is how many records of a pass are visited at once
+	// (default 1: one after another). A visit that runs a finisher
+	// (Finish) lasts as long as the route's work; with Parallel above 1
+	// up to Parallel of them run side by side, each an attempt of its own
+	// holding what an attempt holds (a store connection, in atomic mode
+	// for as long as it runs).
+	Parallel int
 
 	e      *Engine
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+	// multi is what the store said of its database (MultiPrimary):
+	// unasked (0), single-primary (1) or multi-primary (2).
+	multi atomic.Int32
 }
 
 // CompleteResult counts what one pass of a Completer did.
@@ -60,6 +71,16 @@ type CompleteResult struct {
 	// Visited counts the records this completer visited (another
 	// replica's visits and live attempts are not counted).
 	Visited int
+}
+
+// add adds what o counted to r.
+func (r *CompleteResult) add(o CompleteResult) {
+	r.Settled += o.Settled
+	r.Released += o.Released
+	r.Finished += o.Finished
+	r.Left += o.Left
+	r.Failed += o.Failed
+	r.Visited += o.Visited
 }
 
 // Completer returns a completer over the engine's store and named
@@ -101,11 +122,56 @@ func (c *Completer) Check() error {
 	return nil
 }
 
-// Start checks the completer (Check), then runs a pass now and then
-// every c.Every until Stop or ctx ends. Calling Start on a running
-// completer is a no-op.
+// checkCluster refuses to run a finisher (Finish) on an atomic route
+// when the store's database is a multi-primary cluster (MultiPrimary):
+// there a finisher on one node and a client's retry on another would
+// both claim the record before either commits, and both run (a second
+// charge). It asks the store once, when a route needs it.
+func (c *Completer) checkCluster(ctx context.Context) error {
+	mp, ok := c.e.store.(MultiPrimary)
+	if !ok {
+		return nil
+	}
+	var names []string
+	c.e.routesMu.Lock()
+	for name, rt := range c.e.routes {
+		if rt.atomic && rt.p.finish != nil {
+			names = append(names, name)
+		}
+	}
+	c.e.routesMu.Unlock()
+	if len(names) == 0 {
+		return nil
+	}
+	if c.multi.Load() == 0 {
+		multi, err := mp.MultiPrimary(c.e.adminCtx(ctx))
+		if err != nil {
+			return storeErr(err)
+		}
+		v := int32(1)
+		if multi {
+			v = 2
+		}
+		c.multi.Store(v)
+	}
+	if c.multi.Load() == 1 {
+		return nil
+	}
+	sort.Strings(names)
+	return fmt.Errorf("%w: route %q runs the recorded request again (core.Finish) in atomic mode, but the store (%T) is on a multi-primary cluster (such as MariaDB Galera), "+
+		"where a claim on one node is seen on another only when it commits, so a finisher and a client's retry on two nodes could both run it (a second charge): "+
+		"make the route core.Leased, or send every write through one node and tell the store so (sqlstore.WithOneWriterNode)", ErrConfig, names[0], c.e.store)
+}
+
+// Start checks the completer (Check, and, when an atomic route has a
+// finisher, whether the store is on a multi-primary cluster:
+// MultiPrimary), then runs a pass now and then every c.Every until Stop
+// or ctx ends. Calling Start on a running completer is a no-op.
 func (c *Completer) Start(ctx context.Context) error {
 	if err := c.Check(); err != nil {
+		return err
+	}
+	if err := c.checkCluster(ctx); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -154,11 +220,16 @@ func (c *Completer) Stop() {
 // Complete runs one pass: it reads at most Batch due marks (Settler.Due)
 // and visits each. It returns what it did, and an error only when the
 // store could not be read (each record's failure is counted in Failed,
-// logged and reported to the Observer).
+// logged and reported to the Observer), or when it must not run: an
+// atomic route's finisher on a multi-primary cluster (see Start), an
+// error wrapping ErrConfig, before any record is visited.
 func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 	var res CompleteResult
 	if c.e == nil || c.e.settler == nil {
 		return res, c.Check()
+	}
+	if err := c.checkCluster(ctx); err != nil {
+		return res, err
 	}
 	e := c.e
 	batch := c.Batch
@@ -169,6 +240,9 @@ func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 	if err != nil {
 		return res, storeErr(err)
 	}
+	if c.Parallel > 1 && len(due) > 1 {
+		return c.visitParallel(ctx, due)
+	}
 	for _, p := range due {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
@@ -176,6 +250,42 @@ func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 		c.visit(ctx, p, &res)
 	}
 	return res, nil
+}
+
+// visitParallel visits due with at most c.Parallel visits at once; a
+// visit begun completes, and no visit begins once ctx ends.
+func (c *Completer) visitParallel(ctx context.Context, due []Pending) (CompleteResult, error) {
+	var (
+		res  CompleteResult
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		next = make(chan Pending)
+	)
+	for range min(c.Parallel, len(due)) {
+		wg.Go(func() {
+			for p := range next {
+				var r CompleteResult
+				c.visit(ctx, p, &r)
+				mu.Lock()
+				res.add(r)
+				mu.Unlock()
+			}
+		})
+	}
+feed:
+	for _, p := range due {
+		if ctx.Err() != nil {
+			break
+		}
+		select {
+		case next <- p:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return res, ctx.Err()
 }
 
 // backoff is the wait after the tries-th visit.

@@ -490,3 +490,70 @@ func (s *countCompletions) Complete(ctx context.Context, id core.ID, token int64
 	}
 	return err
 }
+
+// multiPrimary is an atomic memstore that says what a store on a
+// multi-primary cluster says (core.MultiPrimary); asked counts the
+// questions.
+type multiPrimary struct {
+	*memstore.AtomicStore
+	multi bool
+	asked atomic.Int32
+}
+
+func (s *multiPrimary) MultiPrimary(context.Context) (bool, error) {
+	s.asked.Add(1)
+	return s.multi, nil
+}
+
+// A completer refuses to run a finisher on an atomic route over a store
+// on a multi-primary cluster, at Start and at every pass, with an error
+// that names the route and the fixes; a leased finisher, an atomic route
+// without one, and a single-primary store run. The store is asked once.
+func TestCompleterRefusesAtomicFinisherOnMultiPrimary(t *testing.T) {
+	resolver := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })
+	finish := core.Finish(func(context.Context, core.RecordedRequest) *core.Response { return &core.Response{Status: 201} })
+	for _, tc := range []struct {
+		name    string
+		multi   bool
+		opts    []core.RouteOption
+		refused bool
+	}{
+		{"nok, atomic finisher on a multi-primary cluster", true, []core.RouteOption{finish}, true},
+		{"ok, leased finisher on a multi-primary cluster", true, []core.RouteOption{finish, core.Leased()}, false},
+		{"ok, atomic route without a finisher on a multi-primary cluster", true, nil, false},
+		{"ok, atomic finisher on a single primary", false, []core.RouteOption{finish}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &multiPrimary{AtomicStore: memstore.New().Atomic(), multi: tc.multi}
+			e, err := core.New(store, core.WithSingleCaller(), quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Route(append([]core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver}, tc.opts...)...)
+			c := e.Completer()
+			c.Every = time.Hour
+			err = c.Start(t.Context())
+			c.Stop()
+			_, perr := c.Complete(t.Context())
+			if !tc.refused {
+				if err != nil || perr != nil {
+					t.Fatalf("Start: %v; Complete: %v; want both to run", err, perr)
+				}
+				return
+			}
+			for what, err := range map[string]error{"Start": err, "Complete": perr} {
+				if !errors.Is(err, core.ErrConfig) {
+					t.Fatalf("%s: %v, want an error wrapping ErrConfig", what, err)
+				}
+				for _, want := range []string{`"payments"`, "multi-primary", "core.Leased", "WithOneWriterNode"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("%s: %q does not name %s", what, err, want)
+					}
+				}
+			}
+			if n := store.asked.Load(); n != 1 {
+				t.Errorf("the store was asked %d times, want once", n)
+			}
+		})
+	}
+}

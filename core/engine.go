@@ -296,6 +296,9 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
 		req.Takeover, takeover = takeover, false
+		if rt.p.name != "" && e.settler != nil {
+			req.Mark = rt.mark(ctx, now) // written with the claim, atomically
+		}
 		cctx, tx, stop := sctx, Tx(nil), func() {}
 		if rt.atomic && !joined {
 			// The attempt outlives its client, as in leased mode: a client
@@ -314,19 +317,6 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
-		if err == nil && res.Claimed && rt.p.name != "" && e.settler != nil {
-			if err = rt.mark(cctx, ctx, id, req); err != nil {
-				// The record would be invisible to the completer: undo the
-				// claim and answer as for a store that failed.
-				if tx != nil {
-					_ = tx.Rollback()
-				} else if !joined {
-					_ = e.store.Release(cctx, id, req.Token)
-				}
-				stop()
-				return nil, answer{err: storeErr(err), decision: DecisionStoreError}
-			}
-		}
 		if err == nil && res.Claimed {
 			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, expires: req.ExpiresAt, cancel: cancel, stop: stop}
@@ -410,17 +400,17 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 	}
 }
 
-// mark writes the mark of the record that req claimed, with the
-// route's name and the recorded request that ctx's call carries (a
-// finisher's: also its tries), in the claim's context cctx: in atomic mode
-// in the claim's transaction. The completer first looks at the record a
-// lease after the claim: most attempts have completed by then.
-func (rt *Route) mark(cctx, ctx context.Context, id ID, req ClaimRequest) error {
-	m := Mark{Route: rt.p.name, After: req.Now.Add(rt.e.cfg.lease)}
+// mark is the mark that a claim of the route made at now writes with its
+// record (ClaimRequest.Mark): the route's name and the recorded request
+// that ctx's call carries (a finisher's: also its tries). The completer
+// first looks at the record a lease after the claim: most attempts have
+// completed by then.
+func (rt *Route) mark(ctx context.Context, now time.Time) *Mark {
+	m := &Mark{Route: rt.p.name, After: now.Add(rt.e.cfg.lease)}
 	if c, ok := ctx.Value(attemptKey{}).(*call); ok {
 		m.Request, m.Tries = c.markRequest, c.markTries
 	}
-	return rt.e.settler.Mark(cctx, id, req.Token, m)
+	return m
 }
 
 // busyRetryAfter is the Retry-After of a 409 in-progress for rec, read at

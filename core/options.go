@@ -420,7 +420,9 @@ func Methods(methods ...string) RouteOption {
 
 // Name names the route for the Completer (default: unnamed, so its records
 // are settled only when a client comes back). A named route marks every
-// record it claims (Settler.Mark, a small row beside the record), and the
+// record it claims (ClaimRequest.Mark: a small row beside the record,
+// written by the claim itself, so that a process that dies right after
+// its claim leaves a marked record), and the
 // completer settles the records of a marked route that are indeterminate
 // or whose lease lapsed with that route's resolver (WithResolver), without
 // a client. The name identifies the route across deployments and
@@ -471,7 +473,9 @@ type FinishFunc func(ctx context.Context, req RecordedRequest) *Response
 // attempt of its own (a client retrying meanwhile gets 409 with
 // Retry-After, and a finisher that dies is a lapsed lease like any
 // other); fn's answer is classified and recorded as a handler's. It needs
-// RecordRequest and Name: fn runs only what was recorded.
+// RecordRequest and Name: fn runs only what was recorded. On a store on a
+// multi-primary cluster (MultiPrimary: MariaDB Galera) the completer
+// refuses to run it on an atomic route; make such a route Leased.
 func Finish(fn FinishFunc) RouteOption {
 	if fn == nil {
 		panic("idem: Finish(nil)")

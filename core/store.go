@@ -85,6 +85,14 @@ type ClaimRequest struct {
 	// (LeaseUntil <= Now, LeaseUntil not zero). When false such a record is
 	// returned as it is, and the engine decides.
 	Takeover bool
+	// Mark, when not nil, is the mark of the record the claim creates
+	// (a route named with Name, on a Settler): a Settler writes it with
+	// the claim, atomically (in the claim's statement or transaction),
+	// under Token, when and only when the claim claims. So a claimed
+	// record is never without its mark, even if the process dies right
+	// after the claim. The engine sets it only for a Settler; nil for
+	// every other route, which pays nothing for it.
+	Mark *Mark
 }
 
 // ClaimResult is the answer to Store.Claim.
@@ -296,7 +304,7 @@ type Inspector interface {
 }
 
 // Mark says that a record is to be settled without a client: a route
-// named with Name writes it with its claim (Settler.Mark), and a
+// named with Name writes it with its claim (ClaimRequest.Mark), and a
 // Completer reads it back (Settler.Due).
 type Mark struct {
 	// Route is the name of the route that claimed the record (Name): the
@@ -327,9 +335,16 @@ const MaxRouteName = 100
 // Settler is a Store that keeps marks, so a Completer can find the
 // records that need settling without a client. memstore, sqlstore,
 // gormstore and pgxstore implement it (the SQL stores in a table of its
-// own, <table>_settle, which Migrate creates); storetest checks it for
+// own, <table>_marks, which Migrate creates); storetest checks it for
 // every store that does. Marks are written only for routes that opt in
 // (Name): nothing of this interface runs for other routes.
+//
+// Claim writes the marks: a Settler's Claim given a ClaimRequest.Mark
+// writes it, replacing any earlier mark of the id (whatever its token),
+// in the same statement or transaction as the record it creates or takes
+// over, and only then (a claim that does not claim writes no mark: the
+// holder's stays). In atomic mode the mark commits or rolls back with
+// the claim's transaction.
 //
 // A mark belongs to the record id under the token it was written with. A
 // mark is live while its record is live (ExpiresAt > now), in progress or
@@ -338,10 +353,12 @@ const MaxRouteName = 100
 type Settler interface {
 	Store
 
-	// Mark writes the mark of the record id under token, replacing any
-	// earlier mark of id (whatever its token). It does not read the
-	// record: the engine calls it right after a claim, with the claim's
-	// context (in atomic mode, in the claim's transaction).
+	// Mark writes the mark of the record id under token on its own,
+	// replacing any earlier mark of id (whatever its token), in the
+	// transaction ctx carries, if any. It does not read the record. The
+	// engine does not call it (its claims carry their marks,
+	// ClaimRequest.Mark); it is for tools and tests that set a mark
+	// without a claim (storetest seeds marks with it).
 	Mark(ctx context.Context, id ID, token int64, m Mark) error
 
 	// Due returns at most limit live marks whose After <= now, ordered
@@ -360,4 +377,24 @@ type Settler interface {
 	//   - no mark of id, another token, or After differs from seen:
 	//     false, nil (nothing written).
 	Visit(ctx context.Context, id ID, token int64, seen, next time.Time, tries int) (bool, error)
+}
+
+// MultiPrimary is a Store that can tell whether its database takes
+// writes on several nodes at once, each node seeing another's only when
+// it commits (a multi-primary cluster: MariaDB Galera). There an atomic
+// claim on one node does not exclude an atomic claim of the same record
+// on another until one of them commits, so two attempts may both run
+// before certification rolls one back, and an effect outside the
+// database (a provider's charge) is not rolled back with it. A Completer
+// refuses to run a finisher (Finish) on an atomic route over such a
+// store (Completer.Start, Completer.Complete: an error wrapping
+// ErrConfig). sqlstore and gormstore implement it.
+type MultiPrimary interface {
+	Store
+
+	// MultiPrimary reports whether the database is a multi-primary
+	// cluster that the store's connections write to on more than one
+	// node (sqlstore: @@wsrep_on on MariaDB, unless the store was told
+	// that every process writes through one node).
+	MultiPrimary(ctx context.Context) (bool, error)
 }

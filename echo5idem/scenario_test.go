@@ -9,6 +9,7 @@ import (
 	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/labstack/echo/v5"
+	"github.com/labstack/echo/v5/middleware"
 )
 
 // param matches a ServeMux/chi path parameter ("{id}").
@@ -27,14 +28,33 @@ func TestScenarios(t *testing.T) {
 	})
 }
 
+// global installs the middleware for the whole router, skipping the
+// routes marked Skip with Config.Skipper, behind the middleware before.
+func global(e *core.Engine, routes []scenario.Route, before ...echo.MiddlewareFunc) http.Handler {
+	r := echo.New()
+	skipped := map[string]bool{}
+	for _, rt := range routes {
+		skipped[echoPattern(rt.Pattern)] = rt.Skip
+	}
+	r.Use(before...)
+	r.Use(echo5idem.NewWithConfig(echo5idem.Config{Engine: e, Skipper: func(c *echo.Context) bool { return skipped[c.Path()] }}))
+	for _, rt := range routes {
+		r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler))
+	}
+	return r
+}
+
 func TestScenariosGlobal(t *testing.T) {
 	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
-		r := echo.New()
-		r.Use(echo5idem.New(e))
-		for _, rt := range routes {
-			r.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler))
-		}
-		return r
+		return global(e, routes)
+	})
+}
+
+// TestScenariosRecovered: middleware.Recover before the middleware answers
+// a handler's panic inside the router, with Echo's own response given back.
+func TestScenariosRecovered(t *testing.T) {
+	scenario.RunRecovered(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		return global(e, routes, middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true}))
 	})
 }
 

@@ -20,21 +20,6 @@ type exchange struct {
 	cp    capture             // this layer's, while its chain runs
 	url   url.URL
 	body  body
-	a     arena // the bytes of the header fields, request's and response's
-	vals  [16]string
-	nvals int // of vals, used
-}
-
-// add appends v to h's values of key; the first values of the first keys
-// take no allocation of their own (x.vals).
-func (x *exchange) add(h http.Header, key, v string) {
-	if vs, ok := h[key]; ok || x.nvals == len(x.vals) {
-		h[key] = append(vs, v)
-		return
-	}
-	x.vals[x.nvals] = v
-	h[key] = x.vals[x.nvals : x.nvals+1 : x.nvals+1]
-	x.nvals++
 }
 
 // captureKey is the c.Locals (user value) key of the capture of the
@@ -65,30 +50,25 @@ func (x *exchange) writer() http.ResponseWriter { return x.outer }
 // request returns the net/http view of c's request: method, URL (path as
 // sent, decoded as net/http decodes it; raw query), host, header fields
 // and body, with c.Context() as its context. Everything but the body is
-// copied (into an arena: one allocation, usually), since the engine keeps
-// some of it (the key, the caller read from a header) past the handler;
-// the body is read in place, while c's request is valid, and the engine
-// copies what it keeps.
+// copied, since the engine keeps some of it (the key, the caller read from
+// a header) past the handler; the body is read in place, while c's request
+// is valid, and the engine copies what it keeps. Header names are
+// canonicalised as net/http does, so Header.Get finds them whatever the
+// client sent and whether or not the app disables Fiber's normalizing.
 func (x *exchange) request() *http.Request {
 	c := x.c
 	fr := c.Request()
 	uri := fr.URI()
 	rawPath, query, host := uri.PathOriginal(), uri.QueryString(), fr.Host()
-
-	// The header block as received bounds the bytes of the fields (a
-	// request built in process has none: the arena grows). The response's
-	// fields (moveResponse) usually fit in what is left.
-	x.a = newArena(len(rawPath) + len(query) + len(host) + len(fr.Header.RawHeaders()) + 256)
-	a := &x.a
 	header := make(http.Header, 8)
 	for k, v := range fr.Header.All() {
 		if !skipRequestField(k) {
-			x.add(header, a.canonicalKey(k), a.str(v))
+			header.Add(string(k), string(v)) // canonical, as net/http's
 		}
 	}
 
-	x.url.RawQuery = a.str(query)
-	raw := a.str(rawPath)
+	x.url.RawQuery = string(query)
+	raw := string(rawPath)
 	x.url.Path = raw
 	if p, err := url.PathUnescape(raw); err == nil && p != raw {
 		// As net/http's URL parsing sets it: RawPath only when the path as
@@ -104,7 +84,7 @@ func (x *exchange) request() *http.Request {
 	base.URL = &x.url
 	base.Proto, base.ProtoMajor, base.ProtoMinor = "HTTP/1.1", 1, 1
 	base.Header = header
-	base.Host = a.str(host)
+	base.Host = string(host)
 	if b := fr.Body(); len(b) > 0 {
 		x.body.b = b
 		base.Body = &x.body
@@ -189,14 +169,14 @@ func (x *exchange) moveResponse(w http.ResponseWriter, atomic bool) {
 }
 
 // moveHeader moves the header fields of res (but Content-Length, which
-// fasthttp computes) into h, their bytes copied into an arena (the engine may
-// record them), and deletes them from res.
+// fasthttp computes) into h, copied (the engine may record them), and
+// deletes them from res.
 func (x *exchange) moveHeader(h http.Header, res *fasthttp.ResponseHeader) {
 	for k, v := range res.All() {
-		if string(k) != fiber.HeaderContentLength {
+		if key := string(k); key != fiber.HeaderContentLength {
 			// The name as fasthttp spells it (normalized unless the app
 			// disables it).
-			x.add(h, x.a.str(k), x.a.str(v))
+			h[key] = append(h[key], string(v))
 		}
 	}
 	for k := range h {

@@ -14,54 +14,16 @@ type Config struct {
 	Engine *core.Engine
 	// Next selects requests that pass through unprotected, as in Fiber's
 	// own middleware configs (default: nil, none). Installed with Use it
-	// runs before Fiber routes the request, so it sees the request, not
-	// the route:
-	//
-	//	Next: func(c fiber.Ctx) bool { return strings.HasPrefix(c.Path(), "/webhooks/") }
+	// runs before Fiber routes the request: it sees the path, not the route.
 	Next func(c fiber.Ctx) bool
-	// Options are the route options (core.Scope, core.Retention,
-	// core.Leased, ...) over the engine's defaults (default: none).
+	// Options are the route options over the engine's defaults (default: none).
 	Options []core.RouteOption
 }
 
 // New returns Fiber middleware that protects the requests it sees with e
-// and the route options opts. Install it for the whole app
-// (app.Use(fiberidem.New(e))), on a group, or on one route
-// (app.Post("/orders", fiberidem.New(e), createOrder)).
-//
-// A record is (caller, scope, key), the scope empty unless a core.Scope
-// option names one: the route is never part of it, so the same key on
-// another route (or another order's path) is a key reused for another
-// request, 422. The route's pattern ("/orders/:id/refunds") labels the
-// decisions for observability (core.Event.Route). Installed with Use (for
-// the app or a group) the middleware runs before Fiber routes the request:
-// it looks the route up in the app's stack, and a request that reaches no
-// route (Fiber's 404 or 405) passes through untouched. Installed both with
-// Use and on a route, the two run as one layer with the route's options
-// (the inner layer takes the request over); Config.Next leaves requests
-// out.
-//
-// The handlers write their answer with c as usual (c.Status, c.JSON,
-// c.SendString, or an error, which goes through the app's ErrorHandler
-// inside the capture, so it is recorded and a replay equals the first
-// answer; the middleware then returns nil). While the rest of the chain
-// runs, c.Context() carries the engine's context (core.MarkEffect,
-// core.Release, DownstreamKey; in atomic mode the transaction:
-// sqlstore.Tx(c.Context()), gormstore.DB(c.Context())); it is restored
-// afterwards. A replay or a rejection is written into c's response and the
-// chain does not run.
-//
-// Fiber reuses a request's buffers once the handler returns, so the engine
-// reads the request through a net/http view of it that holds its own copy
-// of what outlives the handler: the method, the path and query, the host
-// and the header fields (one allocation for all their bytes); the body is
-// read in place and copied once by the engine, as under every adapter. A
-// streamed answer (c.SendStream, c.SendStreamWriter) is sent as a stream
-// and not kept in leased mode (a duplicate gets its status with a
-// response-not-kept problem, as after a Flush under net/http); in atomic
-// mode it is read to its end before the commit.
-//
-// New panics with an error wrapping core.ErrConfig when e is nil.
+// and the route options opts, installed for the whole app (app.Use), on a
+// group or on one route (see the package documentation). It panics with an
+// error wrapping core.ErrConfig when e is nil.
 func New(e *core.Engine, opts ...core.RouteOption) fiber.Handler {
 	return NewWithConfig(Config{Engine: e, Options: opts})
 }

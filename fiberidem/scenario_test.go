@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gofiber/fiber/v3"
+	fiberrecover "github.com/gofiber/fiber/v3/middleware/recover"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/scenario"
 	"github.com/idemkit/idem/fiberidem"
@@ -13,6 +14,8 @@ import (
 // notFiber are the scenarios of net/http features Fiber does not have,
 // each with the reason; README.md says what a Fiber service gets instead.
 var notFiber = []scenario.Option{
+	scenario.Except("fasthttp reads the whole body before any handler runs: a Fiber middleware cannot consume it (c.Body() is a buffer), and a net/http one in front of the bridge hands Fiber an empty body",
+		"BodyConsumedUpstream"),
 	scenario.Except("Fiber has no synchronous Hijack: fasthttp hands the connection over only after the handler returned (c.RequestCtx().Hijack)",
 		"LeasedHijack"),
 	scenario.Except("Fiber holds an answer whole in memory (fasthttp's response buffer): the engine spills what it records past the cap, but delivers into that buffer",
@@ -25,14 +28,49 @@ func TestScenarios(t *testing.T) {
 	scenario.Run(t, perRoute, notFiber...)
 }
 
+// notFiberGlobal are the global scenarios Fiber cannot express.
+var notFiberGlobal = scenario.Except("fasthttp reads the whole body before any handler runs: a Fiber middleware cannot consume it (c.Body() is a buffer), and a net/http one in front of the bridge hands Fiber an empty body",
+	"BodyConsumedUpstream")
+
+// global installs the middleware with app.Use, behind the handlers
+// before; Config.Next skips the routes marked Skip (it runs before the
+// route is known: it matches the path against their patterns).
+func global(e *core.Engine, routes []scenario.Route, before ...any) http.Handler {
+	var skipped []string
+	for _, rt := range routes {
+		if rt.Skip {
+			skipped = append(skipped, fiberPattern(rt.Pattern))
+		}
+	}
+	app := newApp()
+	for _, h := range before {
+		app.Use(h)
+	}
+	app.Use(fiberidem.NewWithConfig(fiberidem.Config{Engine: e, Next: func(c fiber.Ctx) bool {
+		for _, p := range skipped {
+			if fiber.RoutePatternMatch(c.Path(), p) {
+				return true
+			}
+		}
+		return false
+	}}))
+	for _, rt := range routes {
+		app.Add([]string{rt.Method}, fiberPattern(rt.Pattern), handler(rt.Handler))
+	}
+	return serve(app)
+}
+
 func TestScenariosGlobal(t *testing.T) {
 	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
-		app := newApp()
-		app.Use(fiberidem.New(e))
-		for _, rt := range routes {
-			app.Add([]string{rt.Method}, fiberPattern(rt.Pattern), handler(rt.Handler))
-		}
-		return serve(app)
+		return global(e, routes)
+	}, notFiberGlobal)
+}
+
+// TestScenariosRecovered: Fiber's recover middleware before the
+// middleware answers a handler's panic inside the app.
+func TestScenariosRecovered(t *testing.T) {
+	scenario.RunRecovered(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		return global(e, routes, fiberrecover.New())
 	})
 }
 

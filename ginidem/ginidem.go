@@ -11,33 +11,9 @@ import (
 )
 
 // New returns Gin middleware that protects the requests it sees with e and
-// the route options opts (core.Scope, core.Retention, core.Leased, ...).
-// Install it globally (r.Use(ginidem.New(e))), on a group, or on one route.
-//
-// A record is (caller, scope, key), the scope empty unless a core.Scope
-// option names one: the route is never part of it, so the same key on
-// another route (or another order's path) is a key reused for another
-// request, 422, and a request keeps its identity under another router or
-// a renamed path parameter. c.FullPath(), the route pattern
-// ("/orders/:id/refunds"), labels the decisions for observability
-// (core.Event.Route). Requests that matched no route (404, 405) pass
-// through untouched. When the engine
-// answers without running the handlers (replay, 409, 422, 400, ...), the
-// chain is stopped with c.Abort. While the rest of the chain runs,
-// c.Request carries the engine's context (in atomic mode the transaction:
-// sqlstore.Tx(c.Request.Context()), gormstore.DB(c.Request.Context()))
-// and c.Writer captures the response; both are restored afterwards.
-//
-// Installed both globally and on a route, the two run as one layer with
-// the route's options (the inner layer takes the request over). To leave a
-// route out of a global install, use NewWithConfig with a Skipper.
-//
-// A middleware before it that read the body with c.ShouldBindBodyWith
-// leaves the bytes Gin cached (gin.BodyBytesKey): they are what is
-// fingerprinted. A body consumed otherwise is refused (500, logged with
-// the fix), never fingerprinted as empty.
-//
-// New panics with an error wrapping core.ErrConfig when e is nil.
+// the route options opts, installed globally, on a group or on one route
+// (see the package documentation). It panics with an error wrapping
+// core.ErrConfig when e is nil.
 func New(e *core.Engine, opts ...core.RouteOption) gin.HandlerFunc {
 	return NewWithConfig(Config{Engine: e, Options: opts})
 }
@@ -47,12 +23,9 @@ type Config struct {
 	// Engine is the idempotency engine. Required.
 	Engine *core.Engine
 	// Skipper selects requests that pass through unprotected (default:
-	// none). It runs after routing, so c.FullPath() is the route pattern:
-	//
-	//	Skipper: func(c *gin.Context) bool { return c.FullPath() == "/webhooks/:provider" }
+	// none). It runs after routing: c.FullPath() is the route pattern.
 	Skipper gin.Skipper
-	// Options are the route options (core.Scope, core.Retention,
-	// core.Leased, ...) over the engine's defaults (default: none).
+	// Options are the route options over the engine's defaults (default: none).
 	Options []core.RouteOption
 }
 
@@ -96,9 +69,8 @@ func (config Config) ToMiddleware() (gin.HandlerFunc, error) {
 	}, nil
 }
 
-// useCachedBody gives the request the body a middleware before this one
-// read with c.ShouldBindBodyWith, which Gin keeps under gin.BodyBytesKey:
-// the request's own body is consumed by then.
+// useCachedBody gives the request the body an earlier c.ShouldBindBodyWith
+// consumed and Gin kept under gin.BodyBytesKey.
 func useCachedBody(c *gin.Context) {
 	v, ok := c.Get(gin.BodyBytesKey)
 	if !ok {
@@ -139,19 +111,9 @@ func captured(c *gin.Context, w http.ResponseWriter, r *http.Request, fn func())
 }
 
 // Within serves c's request for a service that owns its transaction, as
-// core.Route.Within does (rt an atomic route: a TxStore, not Leased),
-// and passes the Gin context on, which core.Route.Within called by hand
-// cannot: Caller finds it, and the decisions are labelled with
-// c.FullPath(). handler is a Gin handler; it runs with c, whose Request
-// carries the transaction and the attempt (sqlstore.Tx(c.Request.Context()),
-// core.MarkEffect) and whose Writer writes into the engine's capture
-// (both are restored afterwards). The client gets the answer after inTx
-// returned (the commit):
-//
-//	route := e.Route()
-//	r.POST("/payments", func(c *gin.Context) {
-//		ginidem.Within(c, route, svc.InTx, createPayment)
-//	})
+// core.Route.Within does (rt atomic), passing the Gin context on (Caller
+// finds it; c.FullPath() labels the decisions); the client gets the answer
+// after inTx returned: ginidem.Within(c, route, svc.InTx, create).
 func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.HandlerFunc) {
 	var h http.HandlerFunc
 	if handler != nil {
@@ -160,20 +122,9 @@ func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.Handle
 	rt.ServeWithin(c.Writer, c.Request, c.FullPath(), c, inTx, h)
 }
 
-// Caller adapts a function reading the caller from the Gin context (typically
-// a value an authentication middleware stored with c.Set) to a
-// core.CallerFunc:
-//
-//	core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
-//		return c.GetString("account"), nil
-//	}))
-//
-// It needs the Gin context, which the ginidem middleware and Within pass
-// to the engine. Anywhere else (core.Route.Within or Route.Serve called by
-// hand, net/http's Handler) it fails with an error wrapping
-// core.ErrNotProtected that names the fix: the request is refused with a
-// 500 not-protected problem (a wiring fault of the server, not the
-// client's: never a 401), logged at WARN.
+// Caller adapts a function reading the caller from the Gin context to a
+// core.CallerFunc. Outside the middleware and Within it fails with an error
+// wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
 func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*gin.Context)
@@ -187,13 +138,8 @@ func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
 var errNoContext = fmt.Errorf("%w: ginidem.Caller found no Gin context: the request is served neither by a ginidem middleware nor by ginidem.Within "+
 	"(core.Route.Within called by hand from a Gin handler? call ginidem.Within(c, route, inTx, handler) instead)", core.ErrNotProtected)
 
-// DownstreamKey is core.DownstreamKey for a Gin handler: the deterministic
-// key of step (such as "charge") of the protected request c runs, to pass
-// to an external API. It reads c.Request.Context(), which is what
-// core.DownstreamKey needs (a *gin.Context is a context.Context, but not
-// the request's: core.DownstreamKey(c, step) fails). Outside a protected
-// request it returns an error wrapping core.ErrNoAttempt, never an empty
-// key.
+// DownstreamKey is core.DownstreamKey(c.Request.Context(), step), an
+// error wrapping core.ErrNoAttempt outside a protected request.
 func DownstreamKey(c *gin.Context, step string) (string, error) {
 	return core.DownstreamKey(c.Request.Context(), step)
 }

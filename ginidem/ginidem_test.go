@@ -25,62 +25,6 @@ func counter(n *int) gin.HandlerFunc {
 	}
 }
 
-// TestRouteIsALabel: the identity never depends on the route (the scope is
-// empty): two ids of one route with one key address one record, and the
-// second, another request, gets a 422. The route pattern, wherever the
-// middleware is installed, labels the decisions (core.Event.Route).
-func TestRouteIsALabel(t *testing.T) {
-	install := map[string]func(e *core.Engine, h gin.HandlerFunc) *gin.Engine{
-		"global": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
-			r := gin.New()
-			r.Use(ginidem.New(e))
-			r.POST("/api/orders/:id/refunds", h)
-			return r
-		},
-		"group": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
-			r := gin.New()
-			g := r.Group("/api", ginidem.New(e))
-			g.POST("/orders/:id/refunds", h)
-			return r
-		},
-		"per route": func(e *core.Engine, h gin.HandlerFunc) *gin.Engine {
-			r := gin.New()
-			r.POST("/api/orders/:id/refunds", ginidem.New(e), h)
-			return r
-		},
-	}
-	for name, build := range install {
-		t.Run("ok, "+name+": two ids with the same key and body share one record (the second is a 422)", func(t *testing.T) {
-			e, ev := adaptertest.NewEngine(t, nil)
-			n := 0
-			r := build(e, counter(&n))
-			first := adaptertest.Do(r, "POST", "/api/orders/1/refunds", "k")
-			second := adaptertest.Do(r, "POST", "/api/orders/2/refunds", "k")
-			if first.Code != 201 || second.Code != 422 || adaptertest.Replayed(second) || n != 1 {
-				t.Fatalf("first %d %q, second %d %q replayed=%v, runs %d; want the second to meet the first's record: 422 (another path)",
-					first.Code, first.Body, second.Code, second.Body, adaptertest.Replayed(second), n)
-			}
-			if got := ev.Route(); got != "/api/orders/:id/refunds" || ev.Last() != "" {
-				t.Fatalf("route %q scope %q, want the route pattern and the empty scope", got, ev.Last())
-			}
-		})
-	}
-}
-
-func TestExplicitScope(t *testing.T) {
-	e, ev := adaptertest.NewEngine(t, nil)
-	n := 0
-	r := gin.New()
-	r.POST("/v1/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
-	r.POST("/v2/orders", ginidem.New(e, core.Scope("create-order")), counter(&n))
-	adaptertest.Do(r, "POST", "/v1/orders", "k")
-	if w := adaptertest.Do(r, "POST", "/v2/orders", "k"); w.Code != 422 || n != 1 || ev.Last() != "create-order" {
-		// One record for both routes (a record of its own would run the
-		// handler); the path is part of the fingerprint, so: 422.
-		t.Fatalf("ok, a named scope is one record for both paths: status %d runs=%d scope=%q; want 422, 1, create-order", w.Code, n, ev.Last())
-	}
-}
-
 func TestAbortAndRestore(t *testing.T) {
 	e, _ := adaptertest.NewEngine(t, nil)
 	type seen struct {
@@ -194,19 +138,6 @@ func TestWriterInterfaces(t *testing.T) {
 	}
 }
 
-func TestAtomicModeReachesTheTransaction(t *testing.T) {
-	e, _ := adaptertest.NewEngine(t, memstore.New().Atomic())
-	r := gin.New()
-	r.Use(ginidem.New(e))
-	r.POST("/orders", func(c *gin.Context) {
-		info, ok := core.AttemptFrom(c.Request.Context())
-		c.JSON(201, gin.H{"protected": ok, "atomic": info.Atomic})
-	})
-	if w := adaptertest.Do(r, "POST", "/orders", "k"); w.Code != 201 || w.Body.String() != `{"atomic":true,"protected":true}` {
-		t.Fatalf("ok, c.Request.Context() carries the atomic attempt: %d %s", w.Code, w.Body)
-	}
-}
-
 func TestCaller(t *testing.T) {
 	e, err := core.New(memstore.New(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 		core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
@@ -248,70 +179,6 @@ func TestCaller(t *testing.T) {
 	// a wiring fault of the server, refused as not-protected.
 	if _, err := ginidem.Caller(func(*gin.Context) (string, error) { return "x", nil })(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, core.ErrNotProtected) {
 		t.Fatalf("nok, Caller outside the middleware: %v, want ErrNotProtected", err)
-	}
-}
-
-func TestPanics(t *testing.T) {
-	t.Run("ok, a panic propagates out of the router", func(t *testing.T) {
-		e, _ := adaptertest.NewEngine(t, nil)
-		r := gin.New()
-		r.POST("/x", ginidem.New(e), func(c *gin.Context) { panic("boom") })
-		defer func() {
-			if v := recover(); v != "boom" {
-				t.Fatalf("recovered %v, want the handler's panic", v)
-			}
-		}()
-		adaptertest.Do(r, "POST", "/x", "k")
-		t.Fatal("no panic")
-	})
-	t.Run("ok, gin.Recovery answers 500 and the record is released", func(t *testing.T) {
-		e, _ := adaptertest.NewEngine(t, nil)
-		n := 0
-		r := gin.New()
-		r.Use(gin.RecoveryWithWriter(io.Discard), ginidem.New(e))
-		r.POST("/x", func(c *gin.Context) {
-			n++
-			if n == 1 {
-				panic("boom")
-			}
-			c.String(201, "ok")
-		})
-		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 500 {
-			t.Fatalf("first %d, want Recovery's 500", w.Code)
-		}
-		if w := adaptertest.Do(r, "POST", "/x", "k"); w.Code != 201 || adaptertest.Replayed(w) || n != 2 {
-			t.Fatalf("retry %d replayed=%v runs=%d, want a new execution", w.Code, adaptertest.Replayed(w), n)
-		}
-	})
-}
-
-func TestPassThrough(t *testing.T) {
-	e, ev := adaptertest.NewEngine(t, nil)
-	n := 0
-	r := gin.New()
-	r.HandleMethodNotAllowed = true
-	r.Use(ginidem.New(e))
-	r.GET("/orders/:id", counter(&n))
-	r.PUT("/orders/:id", counter(&n))
-	tests := []struct {
-		name, method, path string
-		code               int
-	}{
-		{"ok, a method that is not covered runs every time", "GET", "/orders/1", 201},
-		{"ok, an unknown route is Gin's 404", "POST", "/nope", 404},
-		{"ok, a method the route lacks is Gin's 405", "POST", "/orders/1", 405},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for range 2 {
-				if w := adaptertest.Do(r, tt.method, tt.path, "k"); w.Code != tt.code || adaptertest.Replayed(w) {
-					t.Fatalf("%d replayed=%v, want %d untouched", w.Code, adaptertest.Replayed(w), tt.code)
-				}
-			}
-		})
-	}
-	if n != 2 || ev.Len() != 0 {
-		t.Fatalf("runs %d, %d decisions (the last labelled %q); want 2 runs and no decision", n, ev.Len(), ev.Route())
 	}
 }
 

@@ -1,6 +1,7 @@
 package ginidem_test
 
 import (
+	"io"
 	"net/http"
 	"regexp"
 	"testing"
@@ -29,15 +30,34 @@ func TestScenarios(t *testing.T) {
 	})
 }
 
+// global installs the middleware for the whole router, skipping the
+// routes marked Skip with Config.Skipper, behind the middleware before.
+func global(e *core.Engine, routes []scenario.Route, before ...gin.HandlerFunc) http.Handler {
+	r := gin.New()
+	r.HandleMethodNotAllowed = true // so the router's own 405 is checked too
+	skipped := map[string]bool{}
+	for _, rt := range routes {
+		skipped[ginPattern(rt.Pattern)] = rt.Skip
+	}
+	r.Use(before...)
+	r.Use(ginidem.NewWithConfig(ginidem.Config{Engine: e, Skipper: func(c *gin.Context) bool { return skipped[c.FullPath()] }}))
+	for _, rt := range routes {
+		r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapF(rt.Handler))
+	}
+	return r
+}
+
 func TestScenariosGlobal(t *testing.T) {
 	scenario.RunGlobal(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
-		r := gin.New()
-		r.HandleMethodNotAllowed = true // so the router's own 405 is checked too
-		r.Use(ginidem.New(e))
-		for _, rt := range routes {
-			r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapF(rt.Handler))
-		}
-		return r
+		return global(e, routes)
+	})
+}
+
+// TestScenariosRecovered: gin.Recovery before the middleware answers a
+// handler's panic inside the router, with Gin's own writer given back.
+func TestScenariosRecovered(t *testing.T) {
+	scenario.RunRecovered(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		return global(e, routes, gin.RecoveryWithWriter(io.Discard))
 	})
 }
 

@@ -12,11 +12,9 @@ import (
 )
 
 // writer is the gin.ResponseWriter the handlers write to while the engine
-// captures the response. Like Gin's own writer it holds the status until the
-// first byte (or WriteHeaderNow), so Status reports a pending status and a
-// later c.Status can still change it. Flush, Hijack and Unwrap reach the
-// engine's writer, which decides what a stream or a hijack means for the
-// record.
+// captures the response. Like Gin's own it holds the status until the first
+// byte (or WriteHeaderNow); Flush, Hijack and Unwrap reach the engine's
+// writer, which decides what a stream or a hijack means for the record.
 type writer struct {
 	w      http.ResponseWriter // the engine's capture writer
 	ctx    context.Context     // the request's, for CloseNotify

@@ -27,10 +27,11 @@ type Store struct {
 }
 
 var (
-	_ core.Store     = (*Store)(nil)
-	_ core.TxStore   = (*Store)(nil)
-	_ core.Inspector = (*Store)(nil)
-	_ core.Settler   = (*Store)(nil)
+	_ core.Store        = (*Store)(nil)
+	_ core.TxStore      = (*Store)(nil)
+	_ core.Inspector    = (*Store)(nil)
+	_ core.Settler      = (*Store)(nil)
+	_ core.MultiPrimary = (*Store)(nil)
 )
 
 // Option configures New. gormstore takes sqlstore's options.
@@ -49,6 +50,11 @@ func WithTxOptions(opts *sql.TxOptions) Option { return sqlstore.WithTxOptions(o
 // connections read without wsrep_sync_wait=1 (set it in the DSN); see
 // sqlstore.WithRequireSyncWait.
 func WithRequireSyncWait() Option { return sqlstore.WithRequireSyncWait() }
+
+// WithOneWriterNode tells the store that every process writes through
+// one node of its MariaDB Galera cluster, so that a completer runs
+// finishers on atomic routes; see sqlstore.WithOneWriterNode.
+func WithOneWriterNode() Option { return sqlstore.WithOneWriterNode() }
 
 // New returns a store on db. It registers a callback on db (see Plugin):
 // a GORM write whose context carries a transaction (DB(ctx)) but would run
@@ -422,6 +428,12 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 // Visit implements core.Settler; see sqlstore.Store.Visit.
 func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	return s.inner.Visit(s.ctx(ctx), id, token, seen, next, tries)
+}
+
+// MultiPrimary implements core.MultiPrimary; see
+// sqlstore.Store.MultiPrimary.
+func (s *Store) MultiPrimary(ctx context.Context) (bool, error) {
+	return s.inner.MultiPrimary(s.ctx(ctx))
 }
 
 // List implements core.Inspector; see sqlstore.Store.List.

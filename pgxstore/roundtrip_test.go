@@ -129,6 +129,20 @@ func (p payment) run(ctx context.Context, tx pgx.Tx, order int) error {
 	return err
 }
 
+// serveHTTP is the payment route's handler: the payment in the request's
+// transaction (pgxstore.Tx), then 201.
+func (p payment) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	tx, err := pgxstore.Tx(r.Context())
+	if err == nil {
+		err = p.run(r.Context(), tx, p.order())
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
 // protectedPayment is the payment route in middleware-managed atomic mode;
 // hold, when not nil, is waited for inside the handler.
 func protectedPayment(t *testing.T, s *pgxstore.Store, p payment, hold <-chan struct{}, entered chan<- struct{}) http.Handler {
@@ -289,17 +303,7 @@ func BenchmarkPayment(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := pgxstore.Tx(r.Context())
-		if err == nil {
-			err = p.run(r.Context(), tx, p.order())
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
+	h := e.Handler(http.HandlerFunc(p.serveHTTP))
 	b.Run("unprotected", func(b *testing.B) {
 		for b.Loop() {
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.run(ctx, tx, p.order()) }); err != nil {
@@ -455,5 +459,78 @@ func TestRoundTripsLeased(t *testing.T) {
 	close(hold)
 	if w := <-done; w.Code != http.StatusCreated {
 		t.Fatalf("held first execution: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestRoundTripsNamed: a route named for the completer (core.Name) writes
+// its record's mark in the claim's own statement (core.ClaimRequest.Mark),
+// so its first execution makes as many round trips as the same route
+// unnamed, in leased and in atomic mode, and the record it leaves
+// indeterminate is due for the completer without a statement of its own.
+func TestRoundTripsNamed(t *testing.T) {
+	setup, _, _ := newStore(t)
+	pool, rt := countedPool(t)
+	s, err := pgxstore.New(pool, pgxstore.WithTable(setup.Table()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPayment(t, pool, setup.Table())
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	named := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil),
+		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })}
+	for _, leased := range []bool{true, false} {
+		mode := map[bool]string{true: "leased", false: "atomic"}[leased]
+		t.Run(mode, func(t *testing.T) {
+			e, err := core.New(s, core.WithSingleCaller(), core.WithLogger(quiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Leased: the charge is marked and its answer lost (502:
+			// indeterminate, so the mark stays live). Atomic: the
+			// four-statement payment.
+			h := func(w http.ResponseWriter, r *http.Request) {
+				if leased {
+					if err := core.MarkEffect(r.Context()); err != nil {
+						t.Error(err)
+					}
+					w.WriteHeader(http.StatusBadGateway)
+					return
+				}
+				p.serveHTTP(w, r)
+			}
+			var opts []core.RouteOption
+			if leased {
+				opts = append(opts, core.Leased())
+			}
+			plain := e.Handler(http.HandlerFunc(h), opts...)
+			marked := e.Handler(http.HandlerFunc(h), append(opts, named...)...)
+			want := map[bool]int{true: http.StatusBadGateway, false: http.StatusCreated}[leased]
+			trips := func(h http.Handler, key string) int {
+				t.Helper()
+				before := rt.count()
+				if w := serve(h, key); w.Code != want {
+					t.Fatalf("%s: %d %s, want %d", key, w.Code, w.Body, want)
+				}
+				return rt.count() - before
+			}
+			prefix := mode + "-" + sqlstoretest.Table()
+			trips(plain, prefix+"-warm-plain") // prepares the statements
+			trips(marked, prefix+"-warm-named")
+			unnamed, withName := trips(plain, prefix+"-plain"), trips(marked, prefix+"-named")
+			if withName != unnamed {
+				t.Errorf("a named route's first execution made %d round trips, the same route unnamed %d: want the same (the mark rides in the claim's statement)", withName, unnamed)
+			}
+			if !leased {
+				return
+			}
+			due, err := s.Due(context.Background(), time.Now().Add(time.Hour), core.MaxListLimit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := slices.ContainsFunc(due, func(p core.Pending) bool { return p.Record.Key == prefix+"-named" && p.Mark.Route == "payments" })
+			if !found || slices.ContainsFunc(due, func(p core.Pending) bool { return p.Record.Key == prefix+"-plain" }) {
+				t.Errorf("Due: %d marks, want the named route's record (found: %v) and not the unnamed one's", len(due), found)
+			}
+		})
 	}
 }

@@ -19,9 +19,19 @@ func (s *Store) markFailure(ctx context.Context, op string, err error) error {
 		op, storeutil.MarksTable(s.table)), err)
 }
 
+// claimFailure is the error of a claim statement: a marked one
+// (req.Mark) writes the marks table too, which may be missing.
+func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err error) error {
+	if req.Mark != nil {
+		return s.markFailure(ctx, "claim", err)
+	}
+	return s.failure(ctx, "claim", err)
+}
+
 // Mark implements core.Settler with sqlstore's statement (the marks
-// table both stores share): one upsert, in the transaction ctx carries
-// (atomic mode: the claim's), else on its own.
+// table both stores share): one upsert, in the transaction ctx carries,
+// else on its own. The engine's claims write their marks in the claim's
+// own statement (core.ClaimRequest.Mark, internal/pgsql).
 func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
 	c, _, err := s.conn(ctx)
 	if err != nil {

@@ -308,6 +308,17 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	return res, err
 }
 
+// markArgs appends the parameters of m, a marked claim's mark
+// (core.ClaimRequest.Mark), to the claim's args: the marked statements
+// (internal/pgsql) upsert the mark in the claim's own statement. A nil m
+// adds nothing.
+func markArgs(args []any, m *core.Mark) []any {
+	if m == nil {
+		return args
+	}
+	return append(args, m.Route, nullBytes(m.Request), timeArg(m.After), int32(m.Tries))
+}
+
 // claimDB runs the claim, pipelined with BEGIN when ctx carries a
 // transaction of Begin that has not begun. The common path (an id never
 // seen) is one INSERT that returns nothing, pipelined with a read that
@@ -317,8 +328,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 // takes the full claim statement (see internal/pgsql).
 func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (core.ClaimResult, error) {
 	lock := pgsql.LockKey(req.ID, s.lock)
+	leased := l == nil && !s.InTx(ctx)
 	ins := s.q.Insert
-	if l == nil && !s.InTx(ctx) {
+	switch {
+	case req.Mark != nil && leased:
+		ins = s.q.InsertLeasedMarked
+	case req.Mark != nil:
+		ins = s.q.InsertMarked
+	case leased:
 		ins = s.q.InsertLeased
 	}
 	var (
@@ -336,12 +353,12 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 			return false, nil
 		}
 		return found, err
-	}, stmt{ins, []any{lock, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
-		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}},
+	}, stmt{ins, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}, req.Mark)},
 		stmt{s.q.ReadOther, []any{req.ID[:], req.Token}})
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 	case inserted:
 		if l != nil {
 			l.claimed(req.ID, req.Token)
@@ -368,13 +385,19 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 // lapsed lease that req may take over) with the full claim statement:
 // the lock probe, INSERT ... ON CONFLICT DO UPDATE, and the row as it is.
 func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *lazyTx, lock int64) (core.ClaimResult, error) {
+	leased := l == nil && !s.InTx(ctx)
 	q := s.q.Claim
-	if l == nil && !s.InTx(ctx) {
+	switch {
+	case req.Mark != nil && leased:
+		q = s.q.ClaimLeasedMarked
+	case req.Mark != nil:
+		q = s.q.ClaimMarked
+	case leased:
 		q = s.q.ClaimLeased
 	}
-	claim := stmt{q, []any{lock, req.ID[:], req.Caller, req.Scope, req.Key,
+	claim := stmt{q, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key,
 		nullBytes(req.Fingerprint), req.Token, timeArg(req.LeaseUntil), timeArg(req.ExpiresAt),
-		timeArg(req.Now), req.Takeover}}
+		timeArg(req.Now), req.Takeover}, req.Mark)}
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool
@@ -384,7 +407,7 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 			return scanRecord(br.QueryRow(), &rec, &ok, &inserted)
 		}, claim)
 		if err != nil {
-			return core.ClaimResult{}, s.failure(ctx, "claim", err)
+			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		if l != nil && ok && !inserted {
 			l.lockHeld() // the transaction holds the id's lock without its row

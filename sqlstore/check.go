@@ -125,6 +125,32 @@ func (s *Store) checkSyncWait(ctx context.Context, c Conn) error {
 		core.ErrConfig, wait)
 }
 
+var _ core.MultiPrimary = (*Store)(nil)
+
+// MultiPrimary implements core.MultiPrimary: on MySQL/MariaDB it asks
+// the server whether it replicates with wsrep (@@wsrep_on: a MariaDB
+// Galera node, where every node takes writes), unless WithOneWriterNode
+// says that every write goes through one node. Postgres and SQLite are
+// single-primary: false, without a statement.
+func (s *Store) MultiPrimary(ctx context.Context) (bool, error) {
+	if s.d != MySQL || s.oneWriter {
+		return false, nil
+	}
+	c, _, err := s.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	var on int64
+	err = c.QueryRowContext(ctx, `SELECT @@wsrep_on`).Scan(&on)
+	switch {
+	case mysqlErrno(err) == erUnknownSystemVariable:
+		return false, nil // MySQL without wsrep
+	case err != nil:
+		return false, unavailable("multi-primary: wsrep_on", err)
+	}
+	return on != 0, nil
+}
+
 // server is what a database answered about itself.
 type server struct {
 	dialect Dialect

@@ -103,8 +103,11 @@ const cols = pgsql.Cols
 // live next to the claim code of each dialect (postgres.go, mysql.go,
 // sqlite.go).
 type queries struct {
-	claim         string // Postgres, SQLite: the claim; MySQL: the probe
-	claimLeased   string // Postgres: the claim outside a transaction
+	claim       string // Postgres, SQLite: the claim; MySQL: the probe
+	claimLeased string // Postgres: the claim outside a transaction
+	// marked: Postgres: insert, insertLeased, claim and claimLeased,
+	// each with the mark's upsert (core.ClaimRequest.Mark).
+	marked        [4]string
 	insert        string // MySQL; Postgres: the claim of an id never seen
 	insertLeased  string // Postgres: insert outside a transaction
 	insertNoWait  string // MariaDB: insert with innodb_lock_wait_timeout=0 (SET STATEMENT)

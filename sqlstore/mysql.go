@@ -135,13 +135,20 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 	fresh := l != nil && !l.started()
 	if c, ok, err := s.conn(ctx); err != nil || ok {
 		if err == nil && l == nil {
-			return s.claimMySQLJoined(ctx, c, req)
+			res, err := s.claimMySQLJoined(ctx, c, req)
+			return res, s.claimMark(ctx, c, req, res, err)
 		}
 		for try := 1; ; try++ {
 			if err != nil {
 				return core.ClaimResult{}, err
 			}
 			res, cerr := s.claimMySQLNew(ctx, c, req, l, fresh)
+			if cerr == nil && res.Claimed && req.Mark != nil {
+				// The mark goes on the transaction as it is now: the
+				// claim may have begun it again (claimMySQLNew).
+				c, _, cerr = s.conn(ctx)
+				cerr = s.claimMark(ctx, c, req, res, cerr)
+			}
 			if cerr == nil || !fresh || try == maxClaimTries || mysqlErrno(cerr) != erDeadlock || !l.restart() {
 				return res, cerr
 			}
@@ -342,7 +349,8 @@ func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest
 	return res, true
 }
 
-// claimLeasedMySQL runs one leased claim in a short transaction on conn,
+// claimLeasedMySQL runs one leased claim (and its mark: claimMark) in a
+// short transaction on conn,
 // at READ COMMITTED whatever WithTxOptions says: at REPEATABLE READ the
 // NOWAIT probe of a missing id takes a next-key lock on the gap where it
 // would go, and while the short transaction holds it, other claims of
@@ -356,7 +364,7 @@ func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req core.C
 		return core.ClaimResult{}, unavailable("begin", err)
 	}
 	res, err := s.claimMySQLIn(ctx, tx, req)
-	if err != nil {
+	if err = s.claimMark(ctx, tx, req, res, err); err != nil {
 		_ = tx.Rollback()
 		return core.ClaimResult{}, err
 	}

@@ -17,7 +17,9 @@ import (
 // the lock is taken in shared mode. When it inserts nothing the row is
 // there or another transaction holds the id: a read answers a replay,
 // and the full claim statement (the probe and INSERT ... ON CONFLICT DO
-// UPDATE) the rest. See internal/pgsql for the details.
+// UPDATE) the rest. A claim that carries a mark (core.ClaimRequest.Mark)
+// runs the marked form of the same statement, which upserts the mark in
+// a CTE: still one statement. See internal/pgsql for the details.
 func postgresQueries(t string) queries {
 	q := pgsql.New(t)
 	return queries{
@@ -25,6 +27,7 @@ func postgresQueries(t string) queries {
 		insertLeased:  q.InsertLeased,
 		claim:         q.Claim,
 		claimLeased:   q.ClaimLeased,
+		marked:        [4]string{q.InsertMarked, q.InsertLeasedMarked, q.ClaimMarked, q.ClaimLeasedMarked},
 		read:          q.Read,
 		get:           q.Get,
 		complete:      q.Complete,
@@ -66,15 +69,21 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 	if err != nil {
 		return core.ClaimResult{}, err
 	}
-	// The common path: an id never seen, one INSERT.
+	// The common path: an id never seen, one INSERT (with its mark).
 	q := s.q.insert
-	if !inTx {
+	switch {
+	case req.Mark != nil && inTx:
+		q = s.q.marked[0]
+	case req.Mark != nil:
+		q = s.q.marked[1]
+	case !inTx:
 		q = s.q.insertLeased
 	}
-	res, err := c.ExecContext(ctx, q, s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
-		nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
+	args := []any{s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
+		nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
+	res, err := c.ExecContext(ctx, q, s.markArgs(args, req.Mark)...)
 	if err != nil {
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 	}
 	switch n, err := res.RowsAffected(); {
 	case err != nil:
@@ -113,12 +122,17 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 			nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
 			s.d.timeArg(req.Now), req.Takeover}
 		q := s.q.claim
-		if !inTx {
+		switch {
+		case req.Mark != nil && inTx:
+			q = s.q.marked[2]
+		case req.Mark != nil:
+			q = s.q.marked[3]
+		case !inTx:
 			q = s.q.claimLeased
 		}
-		found, err := scanRecord(c.QueryRowContext(ctx, q, args...), &rec, &ok, &inserted)
+		found, err := scanRecord(c.QueryRowContext(ctx, q, s.markArgs(args, req.Mark)...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, s.failure(ctx, "claim", err)
+			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		switch {
 		case inserted:

@@ -47,7 +47,9 @@ func (s *Store) markFailure(ctx context.Context, op string, err error) error {
 }
 
 // Mark implements core.Settler: one upsert into the marks table, in the
-// transaction ctx carries (atomic mode: the claim's), else on its own.
+// transaction ctx carries, else on its own. The engine's claims write
+// their marks themselves (core.ClaimRequest.Mark): on Postgres in the
+// claim's statement, on MySQL/MariaDB and SQLite in its transaction.
 func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
@@ -55,6 +57,41 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 	}
 	if _, err := s.exec(ctx, c, inTx, s.mq.Mark, id[:], token, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
 		return s.markFailure(ctx, "mark", err)
+	}
+	return nil
+}
+
+// markArgs appends the parameters of m, a marked claim's mark
+// (core.ClaimRequest.Mark), to the claim's args: Postgres's marked
+// statements take them after the claim's. A nil m adds nothing.
+func (s *Store) markArgs(args []any, m *core.Mark) []any {
+	if m == nil {
+		return args
+	}
+	return append(args, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries)
+}
+
+// claimFailure is the error of a Postgres claim statement: a marked one
+// (req.Mark) writes the marks table too, which may be missing.
+func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err error) error {
+	if req.Mark != nil {
+		return s.markFailure(ctx, "claim", err)
+	}
+	return s.failure(ctx, "claim", err)
+}
+
+// claimMark writes the mark of a claim that claimed (res, err: the
+// claim's answer) on c, the claim's transaction, and returns err, or the
+// mark's error (MySQL, SQLite: the claim and its mark commit together;
+// Postgres writes the mark in the claim's statement). A claim without a
+// mark, or one that did not claim, writes nothing.
+func (s *Store) claimMark(ctx context.Context, c Conn, req core.ClaimRequest, res core.ClaimResult, err error) error {
+	if err != nil || !res.Claimed || req.Mark == nil {
+		return err
+	}
+	m := req.Mark
+	if _, err := c.ExecContext(ctx, s.mq.Mark, req.ID[:], req.Token, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
+		return s.markFailure(ctx, "claim: mark", err)
 	}
 	return nil
 }

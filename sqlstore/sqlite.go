@@ -58,7 +58,35 @@ func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.Cl
 		if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
 			return res, err
 		}
+		if req.Mark != nil {
+			return s.claimSQLiteMarked(ctx, req)
+		}
 	}
+	res, err := s.claimSQLiteOn(ctx, c, req)
+	return res, s.claimMark(ctx, c, req, res, err)
+}
+
+// claimSQLiteMarked runs a leased claim that carries a mark in a short
+// transaction of its own, so the record and its mark commit together.
+func (s *Store) claimSQLiteMarked(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	c, tx, err := beginPinned(ctx, s.db, s.txOpts)
+	if err != nil {
+		return core.ClaimResult{}, unavailable("claim: begin", err)
+	}
+	res, err := s.claimSQLiteOn(ctx, c, req)
+	if err = s.claimMark(ctx, c, req, res, err); err != nil {
+		_ = tx.Rollback()
+		return core.ClaimResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return core.ClaimResult{}, unavailable("claim: commit", err)
+	}
+	return res, nil
+}
+
+// claimSQLiteOn runs the claim's upsert on c (and, when it claims
+// nothing, reads the row it met).
+func (s *Store) claimSQLiteOn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
 	takeover := 0
 	if req.Takeover {
 		takeover = 1

@@ -48,6 +48,9 @@ type Store struct {
 	// caller's transaction probe for one on a connection of their own
 	// first (see claimMySQLJoined). Learnt at the first INSERT.
 	waitingInsert atomic.Bool
+	// oneWriter: every process writes through one node of the cluster
+	// (WithOneWriterNode), so MultiPrimary reports false.
+	oneWriter bool
 }
 
 var (
@@ -103,6 +106,22 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 func WithRequireSyncWait() Option {
 	return optionFunc(func(s *Store) error {
 		s.syncWait = true
+		return nil
+	})
+}
+
+// WithOneWriterNode tells the store that every process of the service
+// writes through one node of its MariaDB Galera cluster (a router that
+// sends every write to one node: MaxScale's readwritesplit, ProxySQL
+// with one writer hostgroup, or every DSN naming the same node). Then
+// MultiPrimary reports false, and a completer runs finishers
+// (core.Finish) on atomic routes, which it refuses on a Galera node
+// otherwise (see core.MultiPrimary). It is a promise about the
+// deployment the store cannot check: with writes on two nodes, an
+// atomic finisher and a client's retry can both charge. Default: off.
+func WithOneWriterNode() Option {
+	return optionFunc(func(s *Store) error {
+		s.oneWriter = true
 		return nil
 	})
 }

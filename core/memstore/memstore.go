@@ -121,6 +121,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	if err := s.put(req.ID, sl, tx, r); err != nil {
 		return core.ClaimResult{}, err
 	}
+	if req.Mark != nil {
+		s.putMark(req.ID, req.Token, *req.Mark)
+	}
 	// The claimed record's fingerprint is the request's: the caller gets
 	// its own slice back, not the store's.
 	out := *r

@@ -18,22 +18,28 @@ type mark struct {
 	m     core.Mark
 }
 
-// Mark implements [core.Settler]. Marks are not transactional: a mark
-// written in a transaction that rolls back is stale (its record is
-// absent) and Due deletes it.
+// Mark implements [core.Settler]. Marks are not transactional (neither
+// are those that Claim writes, core.ClaimRequest.Mark): a mark written
+// in a transaction that rolls back is stale (its record is absent) and
+// Due deletes it.
 func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
 	if _, err := s.txFrom(ctx); err != nil {
 		return err
 	}
-	m.Request = cloneBytes(m.Request)
-	m.After = m.After.UTC()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.putMark(id, token, m)
+	return nil
+}
+
+// putMark writes the mark of id under token; s.mu is held.
+func (s *Store) putMark(id core.ID, token int64, m core.Mark) {
+	m.Request = cloneBytes(m.Request)
+	m.After = m.After.UTC()
 	if s.marks == nil {
 		s.marks = make(map[core.ID]*mark)
 	}
 	s.marks[id] = &mark{token: token, m: m}
-	return nil
 }
 
 // Due implements [core.Settler]: it looks at every mark (memstore keeps

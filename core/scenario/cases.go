@@ -104,6 +104,9 @@ var scenarios = []scenario{
 	// Sealing.
 	{"Sealing", "With WithSealer(seal.NewAESGCM) the replay is identical to the first answer and the stored response holds no plaintext of the body.", both, testSealing},
 
+	// Composition.
+	{"BodyConsumedUpstream", "A request whose body a middleware before the adapter's read without restoring it gets a 500 body-consumed problem document, never a fingerprint of an empty body, and the handler does not run.", both, testBodyConsumedUpstream},
+
 	// Scope.
 	{"ExplicitScope", "Two routes with the same core.Scope name share records: the same key on the second route meets the first route's record, and since the fingerprint covers the path, gets a 422 whatever the body; the second handler never runs.", both, testExplicitScope},
 	{"KeyOnAnotherRoute", "Identity is (caller, scope, key) with an empty scope by default: the same key sent to POST /orders and then to POST /orders/1/cancel is a key reused for another request, a 422, and the cancel does not run; with a key of its own it runs.", both, testKeyOnAnotherRoute},
@@ -124,4 +127,6 @@ var globalScenarios = []scenario{
 	{"RouterAnswersUntouched", "Requests the router rejects itself (unknown path: 404; known path, wrong method: 405 with Allow) get the router's answer, with or without a key, on every retry, never a problem document of the middleware, never a replay.", both, testRouterAnswers},
 	{"OtherResource", "The same key, caller and body sent to /orders/1/payments and then to /orders/2/payments gets a 422, never order 1's answer.", both, testOtherResource},
 	{"OtherQuery", "The same key sent with ?dry_run=true and then ?dry_run=false gets a 422; the query reordered replays.", both, testOtherQuery},
+	{"BodyConsumedUpstream", "A request whose body a middleware before the adapter's read without restoring it gets a 500 body-consumed problem document, never a fingerprint of an empty body, and the handler does not run.", both, testBodyConsumedUpstream},
+	{"SkippedRoute", "A route the install's skipper leaves out runs every time, with or without a key, is never replayed and reports no decision; the other routes stay protected.", both, testSkippedRoute},
 }

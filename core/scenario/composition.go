@@ -250,6 +250,9 @@ func testRouterAnswers(t *testing.T, x *harness) {
 	if got := x.count(); got != 0 {
 		t.Errorf("%d records in the store after the router's own answers, want 0", got)
 	}
+	if evs := x.observed(); len(evs) != 0 {
+		t.Errorf("the router's own answers reported %d decisions (the first: %s, route %q), want none", len(evs), evs[0].Decision, evs[0].Route)
+	}
 }
 
 func testNestedPassThroughRefused(t *testing.T, x *harness) {

@@ -25,7 +25,10 @@
 // (core.Route.Within, atomic mode): its [Factory] serves each route with
 // route.Within(w, r, inTx, rt.Handler) or the adapter's own Within, inTx
 // a transaction the service opens ([StoreTx] over the engine's store).
-// [RunAcross] sends one key through two routers (two [Factory] values:
+// [RunRecovered] runs a global install behind the framework's own
+// recovery middleware ([RecoveredFactory]): a panic is answered inside the
+// router and the record is released (or left indeterminate after an
+// effect). [RunAcross] sends one key through two routers (two [Factory] values:
 // two adapters, or one with a route parameter renamed) on one store, as
 // the replicas of a service in a rolling migration would: they share
 // every record.
@@ -51,9 +54,12 @@
 //     the client sent it: the default fingerprint covers the method, the
 //     concrete path and the query besides the body.
 //   - Install no recovery middleware and nothing else that writes
-//     responses: a panic in a handler must propagate out of ServeHTTP. The
-//     suite wraps the router in its own recovery and checks that the panic
-//     reaches it.
+//     responses (but a [RecoveredFactory], which installs the framework's
+//     own recovery): a panic in a handler must propagate out of
+//     ServeHTTP. The suite wraps the router in its own recovery and checks
+//     that the panic reaches it.
+//   - A [GlobalFactory] leaves the routes marked [Route].Skip out of its
+//     install with the adapter's skipper (Config.Skipper, Fiber's Next).
 //
 // # How the suite runs
 //

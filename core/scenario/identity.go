@@ -159,7 +159,7 @@ func testScopeEmptyByDefault(t *testing.T, x *harness) {
 		if strings.Contains(ev.Route, "/1/") || strings.Contains(ev.Route, "/2/") {
 			t.Errorf("a %s decision is labelled with the route %q: the concrete path, want the route pattern", ev.Decision, ev.Route)
 		}
-		if x.labelled && !strings.Contains(ev.Route, "refunds") {
+		if x.labelled && ev.Route != "/orders/{id}/refunds" && ev.Route != "/orders/:id/refunds" {
 			t.Errorf("a %s decision is labelled with the route %q, want the route pattern (/orders/{id}/refunds as the router spells it)", ev.Decision, ev.Route)
 		}
 	}

@@ -16,7 +16,7 @@ var camel = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
 // suite has one name everywhere.
 func TestScenarioNames(t *testing.T) {
 	byFunc := map[uintptr]string{}
-	for suite, list := range map[string][]scenario{"Run": scenarios, "RunGlobal": globalScenarios, "RunNested": nestedScenarios} {
+	for suite, list := range map[string][]scenario{"Run": scenarios, "RunGlobal": globalScenarios, "RunNested": nestedScenarios, "RunRecovered": recoveredScenarios} {
 		seen := map[string]bool{}
 		for _, s := range list {
 			if !camel.MatchString(s.name) {

@@ -130,6 +130,20 @@ func testExplicitRelease(t *testing.T, x *harness) {
 // must receive it unchanged.
 type panicValue struct{ msg string }
 
+// wantIndeterminate fails unless two more POST /orders with key k1 get
+// the indeterminate record replayed: a 500 problem document (of slug, when
+// not empty) with Idempotent-Replayed: true.
+func wantIndeterminate(t *testing.T, x *harness, slug string) {
+	t.Helper()
+	for range 2 {
+		res := x.do(post("/orders", orderJSON, "k1"))
+		wantProblem(t, res, http.StatusInternalServerError, slug)
+		if !res.replayed() {
+			t.Errorf("the indeterminate answer lacks %s: true", core.HeaderReplayed)
+		}
+	}
+}
+
 func wantRecovered(t *testing.T, x *harness, v panicValue) {
 	t.Helper()
 	got := x.recovered()
@@ -242,13 +256,7 @@ func testEffectPanicIndeterminate(t *testing.T, x *harness) {
 	res := x.do(post("/orders", orderJSON, "k1"))
 	wantOriginal(t, res, http.StatusInternalServerError, "recovered by the suite")
 	wantRecovered(t, x, boom)
-	for range 2 {
-		retry := x.do(post("/orders", orderJSON, "k1"))
-		wantProblem(t, retry, http.StatusInternalServerError, "")
-		if !retry.replayed() {
-			t.Errorf("the indeterminate answer lacks %s: true", core.HeaderReplayed)
-		}
-	}
+	wantIndeterminate(t, x, "")
 	wantCalls(t, &n, 1)
 }
 
@@ -740,13 +748,7 @@ func testNoTakeover(t *testing.T, x *harness) {
 	x.waitEntered(g, "first attempt")
 	x.clock.Advance(lease + time.Second)
 
-	for range 2 {
-		res := x.do(post("/orders", orderJSON, "k1"))
-		wantProblem(t, res, http.StatusInternalServerError, "outcome-unknown")
-		if !res.replayed() {
-			t.Errorf("the indeterminate answer lacks %s: true", core.HeaderReplayed)
-		}
-	}
+	wantIndeterminate(t, x, "outcome-unknown")
 	wantCalls(t, &n, 1)
 }
 
@@ -827,6 +829,11 @@ func testExplicitScope(t *testing.T, x *harness) {
 	wantReplay(t, first, x.do(post("/orders", orderJSON, "k1")))
 	wantCalls(t, &na, 1)
 	wantCalls(t, &nb, 0)
+	for _, ev := range x.observed() {
+		if ev.Scope != "create-order" {
+			t.Errorf("a %s decision reports the scope %q, want the route's create-order", ev.Decision, ev.Scope)
+		}
+	}
 }
 
 func testHandlerContext(t *testing.T, x *harness) {

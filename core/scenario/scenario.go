@@ -23,6 +23,10 @@ type Route struct {
 	Pattern string             // ServeMux/chi syntax: "/orders/{id}/refunds"; adapters translate ({id} → :id for Gin/Echo)
 	Options []core.RouteOption // per-route options for the adapter's middleware (e.g. core.Scope("x"))
 	Handler http.HandlerFunc   // the business handler; gets the request the adapter passes on (with the engine's context)
+	// Skip: a GlobalFactory leaves the route out of its install with the
+	// adapter's skipper (Config.Skipper, Fiber's Next): the route runs
+	// unprotected. Only RunGlobal's SkippedRoute sets it.
+	Skip bool
 }
 
 // Factory builds a router that serves routes through the adapter under test,

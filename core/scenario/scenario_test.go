@@ -11,9 +11,14 @@ import (
 // netHTTP serves the routes on a ServeMux, each wrapped with
 // core.Engine.Handler: the decisions are labelled with Request.Pattern,
 // which the mux sets before it calls the wrapped handler.
+// A route marked Skip is registered unwrapped (a global install's skip).
 func netHTTP(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range routes {
+		if rt.Skip {
+			mux.Handle(rt.Method+" "+rt.Pattern, rt.Handler)
+			continue
+		}
 		mux.Handle(rt.Method+" "+rt.Pattern, e.Handler(rt.Handler, rt.Options...))
 	}
 	return mux
@@ -31,16 +36,38 @@ func TestNetHTTPGlobal(t *testing.T) { scenario.RunGlobal(t, netHTTP) }
 
 // netHTTPMux wraps the whole ServeMux once, as r.Use would: the engine
 // asks the mux before it routes whether it answers itself, and for the
-// pattern (the label).
+// pattern (the label). The routes marked Skip are served by a mux in
+// front of it, which passes every other request on.
 func netHTTPMux(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
-	mux := http.NewServeMux()
+	mux, front := http.NewServeMux(), http.NewServeMux()
 	for _, rt := range routes {
+		if rt.Skip {
+			front.Handle(rt.Method+" "+rt.Pattern, rt.Handler)
+			continue
+		}
 		mux.Handle(rt.Method+" "+rt.Pattern, rt.Handler)
 	}
-	return e.Handler(mux)
+	front.Handle("/", e.Handler(mux))
+	return front
 }
 
 func TestNetHTTPGlobalMux(t *testing.T) { scenario.RunGlobal(t, netHTTPMux) }
+
+// TestNetHTTPRecovered puts an application's own recovery handler around
+// the protected mux.
+func TestNetHTTPRecovered(t *testing.T) {
+	scenario.RunRecovered(t, func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
+		h := netHTTPMux(t, e, routes)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				if v := recover(); v != nil {
+					http.Error(w, "recovered by the application", http.StatusInternalServerError)
+				}
+			}()
+			h.ServeHTTP(w, r)
+		})
+	})
+}
 
 // TestNetHTTPNestedMux wraps the whole ServeMux and, again, every route
 // with its options.

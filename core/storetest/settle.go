@@ -219,12 +219,92 @@ func testSettleVisit(t *testing.T, s core.Settler, cfg config) {
 	}
 }
 
+// dueOf returns the mark that Due finds for id at now, if any.
+func dueOf(t *testing.T, s core.Settler, id core.ID, now time.Time) (core.Pending, bool) {
+	t.Helper()
+	for _, p := range mustDue(t, s, now, core.MaxListLimit) {
+		if p.Record.ID == id {
+			return p, true
+		}
+	}
+	return core.Pending{}, false
+}
+
+func testSettleClaim(t *testing.T, s core.Settler, _ config) {
+	ctx := t.Context()
+	// A new record: its mark is due without any Mark call.
+	id := newID("SettleClaim", 0)
+	req := claimAt(id, 40, at(0))
+	m := markOf(at(time.Minute), 300)
+	m.Tries = 2
+	want := m
+	want.Request = bytes.Clone(m.Request)
+	req.Mark = &m
+	mustClaim(t, ctx, s, req)
+	m.Request[0] ^= 0xff // the store keeps its own copy
+	if _, ok := dueOf(t, s, id, at(59*time.Second)); ok {
+		t.Errorf("Due before the mark's After listed %s", short(id))
+	}
+	p, ok := dueOf(t, s, id, at(2*time.Minute))
+	switch {
+	case !ok:
+		t.Fatalf("Due after a claim with a mark: %s not listed, want its mark (written by Claim, no Mark call)", short(id))
+	case !sameRecord(p.Record, listed(fresh(req))):
+		t.Errorf("Due's record = %s, want the claimed record %s", describe(p.Record), describe(fresh(req)))
+	case p.Mark.Route != want.Route || !bytes.Equal(p.Mark.Request, want.Request) || !p.Mark.After.Equal(want.After) || p.Mark.Tries != want.Tries:
+		t.Errorf("Due's mark = {%q, %d bytes, %v, %d}, want the claim's {%q, %d bytes, %v, %d}",
+			p.Mark.Route, len(p.Mark.Request), p.Mark.After, p.Mark.Tries, want.Route, len(want.Request), want.After, want.Tries)
+	}
+	// A duplicate that does not claim writes no mark: the holder's stays.
+	dup := claimAt(id, 41, at(10*time.Second))
+	dup.Mark = &core.Mark{Route: "refunds", After: at(20 * time.Second)}
+	if res, err := s.Claim(ctx, dup); err != nil || res.Claimed {
+		t.Fatalf("a duplicate's Claim under a live lease: claimed %v, %v; want not claimed", res.Claimed, err)
+	}
+	if _, ok := dueOf(t, s, id, at(30*time.Second)); ok {
+		t.Errorf("a duplicate that did not claim wrote its mark (due at 20s) over the holder's")
+	}
+	if p, ok := dueOf(t, s, id, at(2*time.Minute)); !ok || p.Mark.Route != "payments" || p.Record.Token != 40 {
+		t.Errorf("after a duplicate: Due = %+v (listed %v), want the holder's mark (payments, token 40)", p.Mark, ok)
+	}
+	// A takeover writes its mark under the new token, replacing the old.
+	took := claimAt(id, 42, at(lease+time.Second))
+	took.Takeover = true
+	took.Mark = &core.Mark{Route: "payments", After: at(lease + 3*time.Minute)}
+	mustClaim(t, ctx, s, took)
+	if _, ok := dueOf(t, s, id, at(lease+2*time.Minute)); ok {
+		t.Errorf("after a takeover: the old mark (due at 1m) is still due, want the takeover's (due at %v)", took.Mark.After)
+	}
+	if p, ok := dueOf(t, s, id, at(lease+3*time.Minute)); !ok || p.Record.Token != 42 || p.Mark.Tries != 0 || len(p.Mark.Request) != 0 {
+		t.Errorf("after a takeover: Due = %+v (listed %v), want the takeover's mark under token 42", p, ok)
+	}
+	// An expired record replaced by a claim: the new claim's mark.
+	exp := newID("SettleClaim", 1)
+	old := claimAt(exp, 43, at(0))
+	old.ExpiresAt = at(2 * time.Minute)
+	old.Mark = &core.Mark{Route: "payments", After: at(time.Minute)}
+	mustClaim(t, ctx, s, old)
+	again := claimAt(exp, 44, at(3*time.Minute))
+	again.Mark = &core.Mark{Route: "refunds", After: at(4 * time.Minute)}
+	mustClaim(t, ctx, s, again)
+	if p, ok := dueOf(t, s, exp, at(5*time.Minute)); !ok || p.Record.Token != 44 || p.Mark.Route != "refunds" {
+		t.Errorf("after an expired record was claimed again: Due = %+v (listed %v), want the new claim's mark (refunds, token 44)", p, ok)
+	}
+	// A claim without a mark writes none.
+	plainID := newID("SettleClaim", 2)
+	mustClaim(t, ctx, s, claimAt(plainID, 45, at(0)))
+	if _, ok := dueOf(t, s, plainID, at(time.Hour)); ok {
+		t.Errorf("a claim without a mark: %s is due, want no mark", short(plainID))
+	}
+}
+
 func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 	ts, ok := s.(core.TxStore)
 	if !ok {
 		t.Skipf("%T does not implement core.TxStore: atomic mode does not apply", s)
 	}
-	for i, commit := range []bool{false, true} {
+	for i, commit := range []bool{false, true, false, true} {
+		byClaim := i >= 2 // the claim's mark (ClaimRequest.Mark), else a Mark call
 		id := newID("SettleAtomic", i)
 		tctx, tx, err := ts.Begin(t.Context())
 		if err != nil {
@@ -232,8 +312,14 @@ func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 		}
 		req := claimAt(id, int64(30+i), at(0))
 		req.LeaseUntil = time.Time{}
+		m := markOf(at(time.Minute), 4)
+		if byClaim {
+			req.Mark = &m
+		}
 		mustClaim(t, tctx, ts, req)
-		wantOK(t, "Mark", s.Mark(tctx, id, req.Token, markOf(at(time.Minute), 4)))
+		if !byClaim {
+			wantOK(t, "Mark", s.Mark(tctx, id, req.Token, m))
+		}
 		wantOK(t, "Complete", ts.Complete(tctx, id, req.Token, core.Completion{State: core.StateIndeterminate, Status: 500, ExpiresAt: at(retention)}))
 		if commit {
 			wantOK(t, "Commit", tx.Commit())
@@ -243,9 +329,9 @@ func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 		got := mustDue(t, s, at(2*time.Minute), 10)
 		switch {
 		case commit && (len(got) != 1 || got[0].Record.ID != id):
-			t.Errorf("Due after the commit: %v, want the committed mark", dueIDs(got))
+			t.Errorf("Due after the commit (mark by the claim: %v): %v, want the committed mark", byClaim, dueIDs(got))
 		case !commit && len(got) != 0:
-			t.Errorf("Due after the rollback: %v, want none", dueIDs(got))
+			t.Errorf("Due after the rollback (mark by the claim: %v): %v, want none", byClaim, dueIDs(got))
 		}
 		if commit {
 			wantOK(t, "Release", s.Release(t.Context(), id, req.Token))

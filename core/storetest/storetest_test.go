@@ -80,6 +80,12 @@ var mutants = []mutant{
 	{"DueIgnoresToken", []string{"SettleStale"}, func() core.Store {
 		return &dueIgnoresToken{Store: memstore.New()}
 	}, nil},
+	{"ClaimIgnoresMark", []string{"SettleClaim"}, func() core.Store {
+		return &claimIgnoresMark{Store: memstore.New()}
+	}, nil},
+	{"ClaimMarksAlways", []string{"SettleClaim"}, func() core.Store {
+		return &claimMarksAlways{Store: memstore.New()}
+	}, nil},
 }
 
 // A store that makes claims wait for an open transaction, as SQLite does,
@@ -437,4 +443,26 @@ func (s *dueIgnoresToken) Mark(ctx context.Context, id core.ID, _ int64, m core.
 		return s.Store.Mark(ctx, id, 0, m)
 	}
 	return s.Store.Mark(ctx, id, rec.Token, m)
+}
+
+// claimIgnoresMark claims without writing the claim's mark: the engine
+// would have to write it in a second statement, and a crash between the
+// two would leave a record that no completer finds.
+type claimIgnoresMark struct{ *memstore.Store }
+
+func (s *claimIgnoresMark) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	req.Mark = nil
+	return s.Store.Claim(ctx, req)
+}
+
+// claimMarksAlways writes the claim's mark even when the claim does not
+// claim: a duplicate would replace the holder's mark with its own.
+type claimMarksAlways struct{ *memstore.Store }
+
+func (s *claimMarksAlways) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, req)
+	if err == nil && !res.Claimed && req.Mark != nil {
+		err = s.Store.Mark(ctx, req.ID, req.Token, *req.Mark)
+	}
+	return res, err
 }

@@ -5,7 +5,12 @@
 // what applications need (sqlstore.Schema, the migrations/ files).
 package pgsql
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/idemkit/idem/internal/storeutil"
+)
 
 // Cols is the column list every statement returns, in the stores' scan
 // order.
@@ -39,6 +44,12 @@ func Schema(t string) []string {
 //	  $6 fingerprint, $7 token, $8 lease_until, $9 expires_at, $10 now,
 //	  $11 takeover; they return ok (the advisory lock was taken), inserted,
 //	  then Cols (all NULL when no row exists).
+//	InsertMarked, InsertLeasedMarked: Insert's parameters, then the
+//	  mark's (core.ClaimRequest.Mark): $11 route, $12 request, $13 due_at,
+//	  $14 tries; one row affected: claimed, and marked.
+//	ClaimMarked, ClaimLeasedMarked: Claim's parameters, then the mark's:
+//	  $12 route, $13 request, $14 due_at, $15 tries; they return what
+//	  Claim returns.
 //	Read: $1 id.  Get: $1 id, $2 now.  Exists: $1 id.
 //	ReadOther: $1 id, $2 token (the claim's).
 //	Complete: $1 state, $2 status, $3 response, $4 expires_at, $5 id, $6 token.
@@ -48,6 +59,8 @@ func Schema(t string) []string {
 type Statements struct {
 	Insert, InsertLeased               string
 	Claim, ClaimLeased                 string
+	InsertMarked, InsertLeasedMarked   string
+	ClaimMarked, ClaimLeasedMarked     string
 	Read, ReadOther, Get, Exists       string
 	Complete, Extend, Release          string
 	DeleteExpired                      string
@@ -132,22 +145,69 @@ SELECT lk.ok, FALSE, r.id, r.caller, r.scope, r.idem_key, r.fingerprint, r.state
   FROM lk LEFT JOIN %t r ON r.id = $2
  WHERE NOT EXISTS (SELECT FROM ins)`
 
+// A marked claim (a route named for the completer, core.ClaimRequest.Mark)
+// writes the record's mark in the claim's own statement: a data-modifying
+// CTE upserts the mark from the row the claim inserted or took over, so
+// the mark exists exactly when the claim claimed, and commits with it
+// (autocommit: one statement; atomic mode: the claim's transaction). A
+// claim that claims nothing writes no mark: the holder's stays.
+//
+// Insert's marked form wraps it: the INSERT is the CTE, and the mark's
+// INSERT its main statement, whose one affected row says claimed.
+const insertMarked = `WITH c AS (
+%s
+RETURNING id, token
+)
+%u`
+
+// markUpsert is the mark's upsert into the marks table %m, from the rows
+// of %f (the claim's CTE), with the mark's parameters from $%n.
+const markUpsert = `INSERT INTO %m (id, token, route, request, due_at, tries)
+SELECT %f.id, %f.token, $%n0::varchar, $%n1::bytea, $%n2::timestamptz, $%n3::integer FROM %f
+ON CONFLICT (id) DO UPDATE SET token = excluded.token, route = excluded.route, request = excluded.request,
+    due_at = excluded.due_at, tries = excluded.tries`
+
+// marked returns the upsert of the mark from the rows of from, whose
+// parameters start at $first.
+func marked(marks, from string, first int) string {
+	r := strings.NewReplacer("%m", marks, "%f", from,
+		"%n0", strconv.Itoa(first), "%n1", strconv.Itoa(first+1), "%n2", strconv.Itoa(first+2), "%n3", strconv.Itoa(first+3))
+	return r.Replace(markUpsert)
+}
+
+// claimMarked is Claim with the mark's upsert as one more CTE (Postgres
+// runs every data-modifying CTE to completion, read or not).
+func claimMarked(claim, marks string) string {
+	const main = "\nSELECT lk.ok, TRUE, ins.*"
+	i := strings.Index(claim, main)
+	return claim[:i] + ", mk AS (\n" + marked(marks, "ins", 12) + "\n)" + claim[i:]
+}
+
 // New returns the statements of table t.
 func New(t string) Statements {
 	c := strings.ReplaceAll(claim, "%t", t)
 	ins := strings.ReplaceAll(insert, "%t", t)
+	const lock, shared = `pg_try_advisory_xact_lock($1::bigint)`, `pg_try_advisory_xact_lock_shared($1::bigint)`
+	m := storeutil.MarksTable(t)
+	insMarked := func(ins string) string {
+		return strings.NewReplacer("%s", ins, "%u", marked(m, "c", 11)).Replace(insertMarked)
+	}
 	return Statements{
-		Insert:       strings.Replace(ins, "%s", `pg_try_advisory_xact_lock($1::bigint)`, 1),
-		InsertLeased: strings.Replace(ins, "%s", `pg_try_advisory_xact_lock_shared($1::bigint)`, 1),
-		Claim:        strings.Replace(c, "%s", `pg_try_advisory_xact_lock($1::bigint)`, 1),
-		ClaimLeased:  strings.Replace(c, "%s", `pg_try_advisory_xact_lock_shared($1::bigint)`, 1),
-		Read:         `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1`,
-		ReadOther:    `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND token <> $2`,
-		Get:          `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
-		Exists:       `SELECT 1 FROM ` + t + ` WHERE id = $1`,
-		Complete:     `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
-		Extend:       `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
-		Release:      `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
+		Insert:             strings.Replace(ins, "%s", lock, 1),
+		InsertLeased:       strings.Replace(ins, "%s", shared, 1),
+		Claim:              strings.Replace(c, "%s", lock, 1),
+		ClaimLeased:        strings.Replace(c, "%s", shared, 1),
+		InsertMarked:       insMarked(strings.Replace(ins, "%s", lock, 1)),
+		InsertLeasedMarked: insMarked(strings.Replace(ins, "%s", shared, 1)),
+		ClaimMarked:        claimMarked(strings.Replace(c, "%s", lock, 1), m),
+		ClaimLeasedMarked:  claimMarked(strings.Replace(c, "%s", shared, 1), m),
+		Read:               `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1`,
+		ReadOther:          `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND token <> $2`,
+		Get:                `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
+		Exists:             `SELECT 1 FROM ` + t + ` WHERE id = $1`,
+		Complete:           `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,
+		Extend:             `UPDATE ` + t + ` SET lease_until = $1, expires_at = GREATEST(expires_at, $2) WHERE id = $3 AND token = $4 AND state = 1`,
+		Release:            `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND state IN (1, 3)`,
 		// The batch is locked through the expires_at index and deleted by
 		// ctid (a TID scan of the locked rows). The earlier form,
 		// "WHERE id IN (SELECT id ... FOR UPDATE SKIP LOCKED)", got a generic

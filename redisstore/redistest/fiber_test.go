@@ -21,10 +21,17 @@ import (
 // fiberidem's own tests write them (fiberidem/scenario_test.go), with the
 // minimum of its net/http bridge (fiberidem/bridge_test.go) copied here.
 
+// bodyBuffered is why Fiber cannot run BodyConsumedUpstream.
+const bodyBuffered = "fasthttp reads the whole body before any handler runs: a Fiber middleware cannot consume it (c.Body() is a buffer), and a net/http one in front of the bridge hands Fiber an empty body"
+
+// notFiberGlobal is notFiber for the global run.
+var notFiberGlobal = scenario.Except(bodyBuffered, "BodyConsumedUpstream")
+
 // notFiber are the scenarios of net/http features Fiber does not have,
 // each with the reason (fiberidem/scenario_test.go; fiberidem/README.md
 // says what a Fiber service gets instead).
 var notFiber = []scenario.Option{
+	scenario.Except(bodyBuffered, "BodyConsumedUpstream"),
 	scenario.Except("Fiber has no synchronous Hijack: fasthttp hands the connection over only after the handler returned (c.RequestCtx().Hijack)",
 		"LeasedHijack"),
 	scenario.Except("Fiber holds an answer whole in memory (fasthttp's response buffer): the engine spills what it records past the cap, but delivers into that buffer",
@@ -34,8 +41,9 @@ var notFiber = []scenario.Option{
 }
 
 var fiberAdapter = adapter{
-	name:   "fiber",
-	except: notFiber,
+	name:         "fiber",
+	except:       notFiber,
+	exceptGlobal: []scenario.Option{notFiberGlobal},
 	route: func(t *testing.T, e *core.Engine, routes []scenario.Route) http.Handler {
 		app := newFiberApp()
 		for _, rt := range routes {

@@ -425,8 +425,80 @@ func TestGaleraCompleter(t *testing.T) {
 // certification settles which one's transaction stays, and an external
 // effect of the loser is not undone (docs/decisions.md: atomic mode on
 // Galera wants one router, or Leased for routes with provider calls).
+// The completer refuses that configuration
+// (TestGaleraFinisherAtomicRefused).
 func TestGaleraFinisher(t *testing.T) {
 	sqlstoretest.RunFinisherLeased(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
 		return galeraFixtures(t, galeraLayout{syncWait: true})
+	}})
+}
+
+// TestGaleraFinisherAtomicRefused: a store on a Galera node says it is
+// on a multi-primary cluster (core.MultiPrimary, @@wsrep_on), and a
+// completer over it refuses to run an atomic route's finisher, at Start
+// and at every pass, with an error wrapping core.ErrConfig that names
+// the fixes (core.Leased, or one writer node: sqlstore.WithOneWriterNode);
+// with that option, and on the single MariaDB, the store is not
+// multi-primary and the completer starts.
+func TestGaleraFinisherAtomicRefused(t *testing.T) {
+	ctx := context.Background()
+	start := func(t *testing.T, s core.TxStore) error {
+		t.Helper()
+		e, err := core.New(s, core.WithSingleCaller())
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Route(core.Name("payments"), core.RecordRequest(nil),
+			core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil }),
+			core.Finish(func(context.Context, core.RecordedRequest) *core.Response { return &core.Response{Status: 201} }))
+		c := e.Completer()
+		c.Every = time.Hour
+		err = c.Start(ctx)
+		c.Stop()
+		if _, perr := c.Complete(ctx); (perr == nil) != (err == nil) {
+			t.Errorf("Start: %v, but a pass: %v; want the same answer", err, perr)
+		}
+		return err
+	}
+	multi := func(t *testing.T, s core.TxStore) bool {
+		t.Helper()
+		mp, ok := s.(core.MultiPrimary)
+		if !ok {
+			t.Fatalf("%T does not implement core.MultiPrimary", s)
+		}
+		m, err := mp.MultiPrimary(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	galera := galeraFixtures(t, galeraLayout{syncWait: true})[0].Store
+	if !multi(t, galera) {
+		t.Fatal("a store on a Galera node: MultiPrimary false, want true")
+	}
+	wantConfigError(t, "Start with an atomic finisher on Galera", start(t, galera), "multi-primary", "core.Leased", "sqlstore.WithOneWriterNode")
+	one := galeraFixtures(t, galeraLayout{oneNode: true, syncWait: true}, sqlstore.WithOneWriterNode())[0].Store
+	if multi(t, one) {
+		t.Error("a store told WithOneWriterNode: MultiPrimary true, want false")
+	}
+	if err := start(t, one); err != nil {
+		t.Errorf("Start with one writer node: %v", err)
+	}
+	single := fixture(t, sqlstore.MySQL).Store
+	if multi(t, single) {
+		t.Error("a store on the single MariaDB: MultiPrimary true, want false")
+	}
+	if err := start(t, single); err != nil {
+		t.Errorf("Start on the single MariaDB: %v", err)
+	}
+}
+
+// TestGaleraFinisherOneWriterNode: an atomic finisher on Galera with
+// every replica writing through one node, as the store is told
+// (sqlstore.WithOneWriterNode): one charge (sqlstoretest.RunFinisher,
+// atomic).
+func TestGaleraFinisherOneWriterNode(t *testing.T) {
+	sqlstoretest.RunFinisherAtomic(t, sqlstoretest.ClusterConfig{Dialect: sqlstore.MySQL, New: func(t *testing.T) []sqlstoretest.Fixture {
+		return galeraFixtures(t, galeraLayout{oneNode: true, syncWait: true}, sqlstore.WithOneWriterNode())
 	}})
 }

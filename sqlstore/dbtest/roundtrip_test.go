@@ -128,3 +128,55 @@ func statements(n, prepares int64) string {
 	}
 	return fmt.Sprintf("%d statements", n)
 }
+
+// TestRoundTripsNamed: what a route named for the completer (core.Name)
+// adds to a first execution's statements, per dialect and mode (BEGIN and
+// COMMIT not counted), as docs/decisions.md ("The claim writes the mark,
+// atomically") states it: nothing on Postgres (the claim's statement
+// upserts the mark in a CTE), one statement on MySQL/MariaDB and SQLite
+// (the mark, in the claim's transaction: the request's in atomic mode, a
+// short one in leased mode).
+func TestRoundTripsNamed(t *testing.T) {
+	for _, d := range dialects {
+		for _, leased := range []bool{false, true} {
+			mode := map[bool]string{false: "atomic", true: "leased"}[leased]
+			t.Run(d.String()+"/"+mode, func(t *testing.T) {
+				st, _, counter, _ := newStoreAt(t, d)
+				e, err := core.New(st, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var opts []core.RouteOption
+				if leased {
+					opts = append(opts, core.Leased())
+				}
+				handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+				plain := e.Handler(handler, append(opts, core.Scope("POST /plain"))...)
+				named := e.Handler(handler, append(opts, core.Scope("POST /named"), core.Name("named"))...)
+				send := func(h http.Handler, key string) int64 {
+					t.Helper()
+					r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"item":"coffee"}`))
+					r.Header.Set(core.HeaderKey, key)
+					w := httptest.NewRecorder()
+					s0 := counter.Statements()
+					h.ServeHTTP(w, r)
+					if w.Code != http.StatusCreated {
+						t.Fatalf("%s: %d %s", key, w.Code, w.Body)
+					}
+					return counter.Statements() - s0
+				}
+				send(plain, "warm-plain") // the drivers' prepares
+				send(named, "warm-named")
+				unnamed, withName := send(plain, "plain"), send(named, "named")
+				want := unnamed + 1
+				if d == sqlstore.Postgres {
+					want = unnamed
+				}
+				t.Logf("%v %s: a first execution sends %d statements unnamed, %d named", d, mode, unnamed, withName)
+				if withName != want {
+					t.Errorf("a named route's first execution sent %d statements, the same route unnamed %d: want %d", withName, unnamed, want)
+				}
+			})
+		}
+	}
+}

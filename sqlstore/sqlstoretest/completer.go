@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -160,15 +161,42 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 // the second replica, which runs the handler again for the same answer.
 // Exactly one of them charges (by the first attempt's downstream key), and
 // every later retry gets that one's 201. It runs leased and atomic routes,
-// each for several rounds.
-func RunFinisher(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true, false) }
+// and leased routes of engines that do not take lapsed leases over
+// (core.WithoutTakeover), each for several rounds. On the leased routes
+// it then crashes a first attempt right after its claim (the claim
+// commits, and nothing else of that attempt reaches the database: no
+// completion, no heartbeat) and shows that the replicas' completers,
+// with no client, finish it once: the claim wrote the record's mark
+// itself (core.ClaimRequest.Mark); every other such round, a client's
+// retry races them.
+func RunFinisher(t *testing.T, cfg ClusterConfig) {
+	runFinisher(t, cfg, finisherLeased, finisherAtomic, finisherWithoutTakeover)
+}
 
-// RunFinisherLeased is RunFinisher on a leased route only.
-func RunFinisherLeased(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, true) }
+// RunFinisherLeased is RunFinisher on leased routes only.
+func RunFinisherLeased(t *testing.T, cfg ClusterConfig) {
+	runFinisher(t, cfg, finisherLeased, finisherWithoutTakeover)
+}
 
-func runFinisher(t *testing.T, cfg ClusterConfig, modes ...bool) {
-	for _, leased := range modes {
-		t.Run(map[bool]string{true: "leased", false: "atomic"}[leased], func(t *testing.T) {
+// RunFinisherAtomic is RunFinisher on an atomic route only.
+func RunFinisherAtomic(t *testing.T, cfg ClusterConfig) { runFinisher(t, cfg, finisherAtomic) }
+
+// finisherMode is how a finisher's route runs.
+type finisherMode struct {
+	name            string
+	leased          bool
+	withoutTakeover bool // the engines' core.WithoutTakeover
+}
+
+var (
+	finisherLeased          = finisherMode{name: "leased", leased: true}
+	finisherAtomic          = finisherMode{name: "atomic"}
+	finisherWithoutTakeover = finisherMode{name: "leased-without-takeover", leased: true, withoutTakeover: true}
+)
+
+func runFinisher(t *testing.T, cfg ClusterConfig, modes ...finisherMode) {
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
 			fs := cfg.New(t)
 			stores := make([]core.TxStore, 0, 2)
 			for _, f := range fs {
@@ -177,12 +205,66 @@ func runFinisher(t *testing.T, cfg ClusterConfig, modes ...bool) {
 			if len(stores) == 1 {
 				stores = append(stores, fs[0].Twin(t))
 			}
-			finisherRace(t, stores[:2], leased)
+			finisherRace(t, stores[:2], mode, finisherRun{})
+			if mode.leased {
+				t.Run("crash-after-claim", func(t *testing.T) { finisherRace(t, stores[:2], mode, finisherRun{crash: true}) })
+			}
+			t.Run("parallel", func(t *testing.T) { finisherRace(t, stores[:2], mode, finisherRun{parallel: 4}) })
 		})
 	}
 }
 
-func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
+// errCrashed is the claim's answer that never arrived.
+var errCrashed = errors.New("sqlstoretest: the process died right after its claim committed")
+
+// crashAfterClaim is a store whose next claim that claims (crash set)
+// is the last thing its attempt does: the claim commits in the database,
+// and its answer never reaches the engine, which therefore writes
+// nothing more for it (no mark of its own, no completion, no
+// heartbeat), as if its process had died right after the claim.
+type crashAfterClaim struct {
+	core.TxStore
+	set   core.Settler
+	crash atomic.Bool
+}
+
+func (s *crashAfterClaim) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	res, err := s.TxStore.Claim(ctx, req)
+	if err == nil && res.Claimed && s.crash.CompareAndSwap(true, false) {
+		return core.ClaimResult{}, errCrashed
+	}
+	return res, err
+}
+
+func (s *crashAfterClaim) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+	return s.set.Mark(ctx, id, token, m)
+}
+
+func (s *crashAfterClaim) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+	return s.set.Due(ctx, now, limit)
+}
+
+func (s *crashAfterClaim) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+	return s.set.Visit(ctx, id, token, seen, next, tries)
+}
+
+// finisherRun says what finisherRace does in its rounds.
+type finisherRun struct {
+	// crash: each round's first attempt dies right after its claim on
+	// the first replica, and the replicas' completers race to settle it
+	// (every other round with a client's retry).
+	crash bool
+	// parallel, when not zero, replaces the rounds with one batch: the
+	// first attempts of several payments fail, and the replicas'
+	// completers, visiting parallel records at once
+	// (core.Completer.Parallel), race to finish them all, no client.
+	parallel int
+}
+
+// finisherRace runs the rounds of the finisher's race in mode, as run
+// says.
+func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run finisherRun) {
+	crash := run.crash
 	const rounds = 6
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	var (
@@ -212,8 +294,22 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			Body: []byte(`{"paid":"` + body + `"}`)}
 	}
 	reps := make([]*replica, len(stores))
+	var crasher *crashAfterClaim
 	for i, s := range stores {
-		e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+		opts := []core.Option{core.WithSingleCaller(), quiet, core.WithClock(clock.Now)}
+		if mode.withoutTakeover {
+			opts = append(opts, core.WithoutTakeover())
+		}
+		var store core.Store = s
+		if crash && i == 0 {
+			set, ok := s.(core.Settler)
+			if !ok {
+				t.Fatalf("%T keeps no marks (core.Settler)", s)
+			}
+			crasher = &crashAfterClaim{TxStore: s, set: set}
+			store = crasher
+		}
+		e, err := core.New(store, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,9 +325,9 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 		finish := core.Finish(func(ctx context.Context, req core.RecordedRequest) *core.Response {
 			return charge(ctx, string(req.Body))
 		})
-		opts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver, finish}
-		if leased {
-			opts = append(opts, core.Leased())
+		ropts := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), resolver, finish}
+		if mode.leased {
+			ropts = append(ropts, core.Leased())
 		}
 		h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
@@ -241,26 +337,88 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 			}
 			w.WriteHeader(resp.Status)
 			_, _ = w.Write(resp.Body)
-		}), opts...)
+		}), ropts...)
 		c := e.Completer()
 		if err := c.Check(); err != nil {
 			t.Fatal(err)
 		}
+		c.Parallel = run.parallel
 		reps[i] = &replica{e: e, mux: h, c: c}
+	}
+	if run.parallel > 0 {
+		const n = 8
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("finisher-parallel-%d-%s", i, Table())
+			first.Store(true)
+			if w := pay(reps[i%2], keys[i], keys[i]); w.Code != http.StatusBadGateway {
+				t.Fatalf("payment %d: first attempt %d %s, want 502 (indeterminate)", i, w.Code, w.Body)
+			}
+		}
+		clock.add(2 * core.DefaultLease)
+		results, _ := raceSettlers(t, 0, reps, "", "")
+		if f := results[0].Finished + results[1].Finished; f != n {
+			t.Errorf("the completers finished %d of %d payments (%+v, %+v), want each once", f, n, results[0], results[1])
+		}
+		for i, key := range keys {
+			if w := pay(reps[1], key, key); w.Code != http.StatusCreated || w.Body.String() != `{"paid":"`+key+`"}` {
+				t.Errorf("payment %d: a later retry: %d %s, want its one charge's 201", i, w.Code, w.Body)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for k, c := range charges {
+			if c != 1 {
+				t.Errorf("downstream key %s charged %d times, want once", k, c)
+			}
+		}
+		if len(charges) != n || runs.Load() != 2*n {
+			t.Errorf("%d keys charged and %d runs, want %d and %d (each payment's failed attempt and one finisher)", len(charges), runs.Load(), n, 2*n)
+		}
+		return
 	}
 	for round := range rounds {
 		runs.Store(0)
-		key := fmt.Sprintf("finisher-%d-%s", round, Table())
+		key := fmt.Sprintf("finisher-%d-%v-%s", round, crash, Table())
 		body := key
-		first.Store(true)
-		if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
-			t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
-		}
-		clock.add(2 * core.DefaultLease)
-		results, retry := raceSettlers(t, round, reps, key, body)
 		want := `{"paid":"` + body + `"}`
-		if retry.Code != http.StatusCreated && retry.Code != http.StatusConflict {
-			t.Errorf("round %d: the racing retry got %d %s, want the 201 or 409 while a finisher runs", round, retry.Code, retry.Body)
+		var results []core.CompleteResult
+		if crash {
+			crasher.crash.Store(true)
+			if w := pay(reps[0], key, body); w.Code != http.StatusServiceUnavailable || runs.Load() != 0 {
+				t.Fatalf("round %d: the attempt that died after its claim: %d %s (%d runs), want the engine's 503 and no run", round, w.Code, w.Body, runs.Load())
+			}
+			clock.add(2 * core.DefaultLease)
+			if round%2 == 0 {
+				// No client: the completers alone settle it.
+				results, _ = raceSettlers(t, round, reps, "", "")
+				if n := results[0].Finished + results[1].Finished; n != 1 {
+					t.Errorf("round %d: the completers finished %d times (%+v, %+v), want once, without a client", round, n, results[0], results[1])
+				}
+			} else {
+				// A client's retry meets the completers: it takes the
+				// lapsed lease over, or (WithoutTakeover) settles it as
+				// indeterminate and resolves it, and runs.
+				var retry *httptest.ResponseRecorder
+				results, retry = raceSettlers(t, round, reps, key, body)
+				// WithoutTakeover: the retry settled the lapsed lease as
+				// indeterminate (500), and its resolver, asked after the
+				// finisher charged, could not tell (see racingRetryOK).
+				if !racingRetryOK(retry.Code, http.StatusInternalServerError) {
+					t.Errorf("round %d: the racing retry got %d %s, want the 201, or 409 while a finisher runs", round, retry.Code, retry.Body)
+				}
+			}
+		} else {
+			first.Store(true)
+			if w := pay(reps[0], key, body); w.Code != http.StatusBadGateway {
+				t.Fatalf("round %d: first attempt %d %s, want 502 (indeterminate)", round, w.Code, w.Body)
+			}
+			clock.add(2 * core.DefaultLease)
+			var retry *httptest.ResponseRecorder
+			results, retry = raceSettlers(t, round, reps, key, body)
+			if !racingRetryOK(retry.Code, http.StatusBadGateway) {
+				t.Errorf("round %d: the racing retry got %d %s, want the 201, 409 while a finisher runs, or the recorded 502", round, retry.Code, retry.Body)
+			}
 		}
 		for i, rp := range reps {
 			if w := pay(rp, key, body); w.Code != http.StatusCreated || w.Body.String() != want {
@@ -276,10 +434,26 @@ func finisherRace(t *testing.T, stores []core.TxStore, leased bool) {
 		if total != round+1 { // one charge per round, each by its own key
 			t.Errorf("round %d: %d charges in all, want %d: exactly one for this key (completers: %+v, %+v)", round, total, round+1, results[0], results[1])
 		}
-		if r := runs.Load(); r != 2 {
-			t.Errorf("round %d: the handler and the finisher ran %d times in all, want twice (the failed attempt and one run)", round, r)
+		wantRuns := int32(2) // the failed attempt and one run
+		if crash {
+			wantRuns = 1 // the attempt that died never ran
+		}
+		if r := runs.Load(); r != wantRuns {
+			t.Errorf("round %d: the handler and the finisher ran %d times in all, want %d", round, r, wantRuns)
 		}
 	}
+}
+
+// racingRetryOK reports whether code is an answer a client's retry may
+// get while the completers finish its payment: the finisher's 201, 409
+// while the finisher runs, or the record's indeterminate answer
+// (indeterminate): the retry read the record indeterminate, then a
+// completer released it and its finisher charged, and the retry's
+// resolver, asked after the charge, answered that it could not tell
+// (the charging attempt records its own answer), so the retry replayed
+// what it had read. Every later retry gets the 201 (checked after).
+func racingRetryOK(code, indeterminate int) bool {
+	return code == http.StatusCreated || code == http.StatusConflict || code == indeterminate
 }
 
 // pay sends one payment to a replica.
@@ -291,9 +465,10 @@ func pay(rp *replica, key, body string) *httptest.ResponseRecorder {
 	return w
 }
 
-// raceSettlers starts, at one moment, every replica's completer and a
-// client's retry of the payment on the second replica, and returns the
-// completers' results and the retry's answer.
+// raceSettlers starts, at one moment, every replica's completer and,
+// unless key is empty, a client's retry of the payment on the second
+// replica, and returns the completers' results and the retry's answer
+// (nil without one).
 func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([]core.CompleteResult, *httptest.ResponseRecorder) {
 	var wg sync.WaitGroup
 	gate := make(chan struct{})
@@ -309,10 +484,12 @@ func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([
 		})
 	}
 	var retry *httptest.ResponseRecorder
-	wg.Go(func() {
-		<-gate
-		retry = pay(reps[1], key, body)
-	})
+	if key != "" {
+		wg.Go(func() {
+			<-gate
+			retry = pay(reps[1], key, body)
+		})
+	}
 	close(gate)
 	wg.Wait()
 	return results, retry
