@@ -7,7 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
+	"github.com/idemkit/idem/internal/benchtest"
 )
 
 // BenchmarkOverhead is the in-process cost of the middleware on chi, used

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
+	"github.com/idemkit/idem/internal/benchtest"
 )
 
 // BenchmarkOverhead is the in-process cost of the middleware on net/http

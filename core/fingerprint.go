@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/idemkit/idem/core/canonjson"
+	"github.com/idemkit/idem/internal/canonjson"
 )
 
 // Fingerprinter computes the fingerprint of a request for scope (the

@@ -1,7 +1,7 @@
 package core
 
 import (
-	"github.com/idemkit/idem/core/canonjson"
+	"github.com/idemkit/idem/internal/canonjson"
 
 	"fmt"
 	"runtime"

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
 	"github.com/idemkit/idem/echo5idem"
+	"github.com/idemkit/idem/internal/benchtest"
 	"github.com/labstack/echo/v5"
 )
 

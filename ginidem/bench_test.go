@@ -6,8 +6,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/benchtest"
 )
 
 // BenchmarkOverhead is the in-process cost of the middleware on Gin: see

@@ -21,7 +21,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/grpcidem"
-	"github.com/idemkit/idem/grpcidem/grpcidemtest"
+	"github.com/idemkit/idem/grpcidem/internal/grpcidemtest"
 )
 
 type harness = grpcidemtest.Server

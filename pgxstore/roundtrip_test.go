@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -327,7 +328,7 @@ func BenchmarkPayment(b *testing.B) {
 // blocks of 300 requests over 7 rounds, with 1 and with 8 concurrent
 // clients on a pool of 40; it logs the median throughput ratio.
 func TestMeasurePayment(t *testing.T) {
-	if !sqlstoretest.Measure() {
+	if !sqlmeasure.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
 	}
 	ctx := context.Background()

@@ -46,7 +46,8 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 // Due implements core.Settler as sqlstore's does: a range read of the
 // marks' due_at index joined to the records, without locks; the stale
 // marks it meets are deleted afterwards in a short transaction that
-// skips marks another transaction holds.
+// skips marks another transaction holds (storeutil's DeleteStale); a
+// failure to delete them is not an error (the next call tries again).
 func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
 	if limit < 1 || limit > core.MaxListLimit {
 		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
@@ -77,8 +78,7 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		}
 		p.Mark.After = p.Mark.After.UTC()
 		p.Mark.Tries = int(tries)
-		if !found || p.Record.Token != token || !p.Record.ExpiresAt.After(now) ||
-			(p.Record.State != core.StateInProgress && p.Record.State != core.StateIndeterminate) {
+		if storeutil.StaleMark(found, p.Record, token, now) {
 			staleArgs = append(staleArgs, mid, token, timeArg(p.Mark.After))
 			continue
 		}
@@ -88,27 +88,19 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 	if err := rows.Err(); err != nil {
 		return nil, s.failure(ctx, "due", err)
 	}
-	if n := len(staleArgs) / 3; n > 0 {
+	if len(staleArgs) > 0 {
 		err := s.inShortTx(ctx, func(c querier) error {
-			rows, err := c.Query(ctx, s.mq.Stale(n), staleArgs...)
-			if err != nil {
-				return err
-			}
-			var ids []any
-			for rows.Next() {
-				var id []byte
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
+			return s.mq.DeleteStale(staleArgs, func(q string, args []any) ([]any, error) {
+				rows, err := c.Query(ctx, q, args...)
+				if err != nil {
+					return nil, err
 				}
-				ids = append(ids, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil || len(ids) == 0 {
+				defer rows.Close()
+				return storeutil.IDs(rows)
+			}, func(q string, args []any) error {
+				_, err := c.Exec(ctx, q, args...)
 				return err
-			}
-			_, err = c.Exec(ctx, s.mq.Delete(len(ids)), ids...)
-			return err
+			})
 		})
 		if err != nil && ctx.Err() != nil {
 			return nil, unavailable("due", err)

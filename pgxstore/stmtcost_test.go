@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/pgsql"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
@@ -43,7 +44,7 @@ import (
 //     record, or with ON CONFLICT (id) DO NOTHING: what each part of the
 //     claim adds.
 func TestMeasureStatements(t *testing.T) {
-	if !sqlstoretest.Measure() {
+	if !sqlmeasure.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
 	}
 	ctx := context.Background()

@@ -266,7 +266,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
 // statement. In a transaction of Begin that has not begun, BEGIN and the
 // claim travel in one round trip.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	req.Caller, req.Scope, req.Key = storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key)
 	v := ctx.Value(ctxKey{})
 	if _, hidden := v.(hiddenTx); hidden {
 		v = nil
@@ -686,8 +686,6 @@ func timeArg(t time.Time) any {
 	}
 	return t.UTC().Truncate(time.Microsecond)
 }
-
-func debugString(s string) string { return storeutil.DebugString(s) }
 
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
 

@@ -1,7 +1,10 @@
 // Package sqlstore is an idempotency store on database/sql that joins the
 // application's transaction (atomic mode) on Postgres, MySQL/MariaDB and
-// SQLite. It implements core.TxStore and holds all of idem's SQL; gormstore
-// runs the same statements through GORM.
+// SQLite. It implements core.TxStore; gormstore runs its statements
+// through GORM. Its MySQL/MariaDB and SQLite statements are its own; the
+// Postgres ones are internal/pgsql's, which pgxstore runs too (one table,
+// one SQL family), and those of the completer's marks and the operator's
+// listing are internal/storeutil's, shared by both SQL stores.
 //
 // Middleware-managed atomic mode: the engine calls Begin, and the handler
 // writes through Tx(r.Context()). Caller-managed: code that holds a

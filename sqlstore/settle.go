@@ -96,13 +96,6 @@ func (s *Store) claimMark(ctx context.Context, c Conn, req core.ClaimRequest, re
 	return nil
 }
 
-// staleMark is a mark Due found stale, as it read it.
-type staleMark struct {
-	id    []byte
-	token int64
-	due   time.Time
-}
-
 // Due implements core.Settler: a range read of the marks table's due_at
 // index, joined to the records by id, without locks. The stale marks it
 // meets are deleted afterwards in a short transaction of their own that
@@ -122,8 +115,8 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		return nil, s.markFailure(ctx, "due", err)
 	}
 	var (
-		out   []core.Pending
-		stale []staleMark
+		out       []core.Pending
+		staleArgs []any
 	)
 	for rows.Next() {
 		var (
@@ -138,9 +131,8 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 			return nil, unavailable("due", err)
 		}
 		p.Mark.Tries = int(tries)
-		if !found || p.Record.Token != token || !p.Record.ExpiresAt.After(now) ||
-			(p.Record.State != core.StateInProgress && p.Record.State != core.StateIndeterminate) {
-			stale = append(stale, staleMark{id: mid, token: token, due: p.Mark.After})
+		if storeutil.StaleMark(found, p.Record, token, now) {
+			staleArgs = append(staleArgs, mid, token, s.d.timeArg(p.Mark.After))
 			continue
 		}
 		out = append(out, p)
@@ -150,48 +142,31 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		return nil, s.failure(ctx, "due", err)
 	}
 	rows.Close()
-	if len(stale) > 0 {
-		if err := s.deleteStale(ctx, c, inTx, stale); err != nil && ctx.Err() != nil {
+	if len(staleArgs) > 0 {
+		if err := s.deleteStale(ctx, c, inTx, staleArgs); err != nil && ctx.Err() != nil {
 			return nil, unavailable("due", err)
 		}
 	}
 	return out, nil
 }
 
-// deleteStale deletes the stale marks, each only if it is still as Due
-// read it.
-func (s *Store) deleteStale(ctx context.Context, c Conn, inTx bool, stale []staleMark) error {
-	args := make([]any, 0, 3*len(stale))
-	for _, m := range stale {
-		args = append(args, m.id, m.token, s.d.timeArg(m.due))
-	}
-	q := s.mq.Stale(len(stale))
-	if s.d == SQLite {
-		_, err := c.ExecContext(ctx, q, args...)
-		return err
-	}
+// deleteStale deletes the stale marks (storeutil's DeleteStale), in the
+// transaction ctx carries or a short one of its own (SQLite: none).
+func (s *Store) deleteStale(ctx context.Context, c Conn, inTx bool, args []any) error {
 	run := func(c Conn) error {
-		rows, err := c.QueryContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		var ids []any
-		for rows.Next() {
-			var id []byte
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return err
+		return s.mq.DeleteStale(args, func(q string, args []any) ([]any, error) {
+			rows, err := c.QueryContext(ctx, q, args...)
+			if err != nil {
+				return nil, err
 			}
-			ids = append(ids, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || len(ids) == 0 {
+			defer rows.Close()
+			return storeutil.IDs(rows)
+		}, func(q string, args []any) error {
+			_, err := c.ExecContext(ctx, q, args...)
 			return err
-		}
-		_, err = c.ExecContext(ctx, s.mq.Delete(len(ids)), ids...)
-		return err
+		})
 	}
-	if inTx {
+	if inTx || s.d == SQLite {
 		return run(c)
 	}
 	tx, err := s.db.BeginTx(ctx, s.txOpts)

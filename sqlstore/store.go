@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
+	"github.com/idemkit/idem/sqlstore/internal/testhook"
 )
 
 // DefaultTable is the table name used when WithTable is not given.
@@ -39,7 +40,7 @@ type Store struct {
 	lock     uint64                   // mixed into Postgres advisory lock keys (per table)
 	reg      registry                 // ids held by this store's open transactions
 	// noRegistry makes every claim ask the database, as a claim from
-	// another process does (WithoutRegistry).
+	// another process does (testhook.WithoutRegistry).
 	noRegistry bool
 	// waitingInsert: the MySQL-dialect server has no SET STATEMENT
 	// (MySQL, not MariaDB), so an INSERT cannot be told not to wait for
@@ -125,18 +126,15 @@ func WithOneWriterNode() Option {
 	})
 }
 
-// WithoutRegistry makes every claim ask the database, as a claim from
-// another process does, instead of first answering a duplicate of an id
-// that one of the store's own open transactions holds from its registry of
-// in-flight ids. The answers are the same, only slower: it exists for
-// tests and measurements of the cross-process path (the conformance suite
-// runs every store both ways), and production code has no reason to use
-// it.
-func WithoutRegistry() Option {
-	return optionFunc(func(s *Store) error {
-		s.noRegistry = true
-		return nil
-	})
+// The option without the registry is for idem's own tests of the
+// cross-process path (testhook.WithoutRegistry).
+func init() {
+	testhook.WithoutRegistry = func() any {
+		return Option(optionFunc(func(s *Store) error {
+			s.noRegistry = true
+			return nil
+		}))
+	}
 }
 
 // New returns a store that keeps records in a table of db, written in
@@ -171,7 +169,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	}
 	s.q = d.queries(s.table)
 	s.mq = storeutil.MarkSQL(s.table, d.flavor())
-	s.lock = fnv64(s.table)
+	s.lock = pgsql.Fnv64(s.table)
 	return s, nil
 }
 
@@ -209,7 +207,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	if s.d == Postgres && !inTx {
 		return s.inShortTx(ctx, func(c Conn) error {
-			if _, err := c.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(fnv64("idem/migrate/"+s.table))); err != nil {
+			if _, err := c.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, pgsql.MigrateLockKey(s.table)); err != nil {
 				return unavailable("migrate lock", err)
 			}
 			return execAll(ctx, c, stmts)
@@ -451,7 +449,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // trip, on every dialect; on SQLite, which cannot probe, that is the only
 // way to answer without waiting.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	req.Caller, req.Scope, req.Key = storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key)
 	// A claim may wait in the registry for another claim of the same id
 	// only while it holds no lock and no connection: outside any
 	// transaction, or in a transaction of Begin that has not begun. Only
@@ -730,10 +728,6 @@ func nullBytes(b []byte) any {
 	}
 	return b
 }
-
-func debugString(s string) string { return storeutil.DebugString(s) }
-
-func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
 // live reports whether rec is live at now.
 func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }

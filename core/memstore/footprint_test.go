@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/internal/benchtest"
 )
 
 // TestMemoryFootprint logs the heap a stored record retains and the heap

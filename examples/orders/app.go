@@ -36,30 +36,12 @@ type Charge struct {
 // transaction the idempotency middleware began (taken from ctx), so the
 // order and the key row commit together.
 type repo interface {
-	migrate(ctx context.Context) error
 	insertOrder(ctx context.Context, o *Order) error
 	listOrders(ctx context.Context, account string) ([]Order, error)
 	findOrder(ctx context.Context, account string, id int64) (*Order, error)
 	// insertCharge records c once per ProviderChargeID and returns the
 	// stored charge (the first one when it already exists).
 	insertCharge(ctx context.Context, c *Charge) (*Charge, error)
-	// providerCharge is the simulated payment provider's own storage: it
-	// creates a charge once per idempotency key, and returns the first
-	// charge's id for a repeated key. The order id travels as the charge's
-	// metadata, as real providers allow.
-	providerCharge(ctx context.Context, key string, p providerRecord) (string, error)
-	benchRepo // the benchmark mode's payment transaction (bench.go)
-	// providerLookup asks the provider about the charge made with key:
-	// errNotFound when there is none.
-	providerLookup(ctx context.Context, key string) (*providerRecord, error)
-}
-
-// providerRecord is what the simulated provider keeps per charge.
-type providerRecord struct {
-	ChargeID    string
-	Account     string
-	OrderID     int64
-	AmountCents int64
 }
 
 var errNotFound = errors.New("not found")
@@ -67,14 +49,12 @@ var errNotFound = errors.New("not found")
 // app holds the HTTP handlers; they are plain net/http handlers that every
 // framework wraps.
 type app struct {
-	repo repo
+	repo     repo
+	provider *provider
 	// outside is ctx without the attempt's transaction (the store's
-	// WithoutTx): for the payment route's reads before the provider call,
-	// and for the simulated provider, another system whose writes never
-	// join the request's transaction.
+	// WithoutTx): for the payment route's read before the provider call.
 	outside   func(ctx context.Context) context.Context
 	workDelay time.Duration
-	begin     txBeginner // set: serve POST /orders-unprotected (-unprotected-route)
 }
 
 type accountKey struct{}
@@ -222,7 +202,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.repo.providerCharge(a.outside(ctx), chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
+	chargeID, err := a.provider.charge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return
@@ -257,7 +237,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 // same key answers a payment with a 422 before any resolver is asked (the
 // fingerprint holds the method and the concrete path).
 func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
-	pr, err := a.repo.providerLookup(a.outside(ctx), core.DownstreamKeyFor(rec.ID, "charge"))
+	pr, err := a.provider.lookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
 	if errors.Is(err, errNotFound) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}

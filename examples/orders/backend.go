@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -10,24 +11,35 @@ import (
 	_ "github.com/glebarez/go-sqlite" // database/sql driver "sqlite" (pure Go; the one GORM's glebarez/sqlite uses)
 	"github.com/glebarez/sqlite"
 	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib" // also database/sql's driver "pgx"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/gormstore"
+	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// backend is the database, the idempotency store on it and the business
-// repo, built from the -store, -db and -dsn flags.
+// backend is the database, the idempotency store on it, the business
+// repo and the simulated provider, built from the -store, -db and -dsn
+// flags.
 type backend struct {
-	store core.Store
-	repo  repo
-	begin txBeginner // the business transaction of -unprotected-route
-	close func()
+	store    core.Store
+	repo     repo
+	provider *provider
+	rig      benchrig.Backend // the benchmark mode's (-unprotected-route)
+	close    func()
+}
+
+// schemaStore is what every store offers to create and check its table.
+type schemaStore interface {
+	Migrate(ctx context.Context) error
+	Check(ctx context.Context) error
 }
 
 // dsnFor completes the DSN with the settings the stores rely on.
@@ -78,18 +90,39 @@ func openBackend(ctx context.Context, o options) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	var b *backend
 	switch o.store {
 	case "sql":
-		return openSQL(ctx, o.db, dsn)
+		b, err = openSQL(o.db, dsn)
 	case "gorm":
-		return openGORM(ctx, o.db, dsn)
+		b, err = openGORM(o.db, dsn)
 	case "pgx":
-		return openPGX(ctx, o.db, dsn)
+		b, err = openPGX(ctx, o.db, dsn)
+	default:
+		return nil, fmt.Errorf("-store %q: want gorm, sql or pgx (pgx: -db postgres only)", o.store)
 	}
-	return nil, fmt.Errorf("-store %q: want gorm, sql or pgx (pgx: -db postgres only)", o.store)
+	if err != nil {
+		return nil, err
+	}
+	st := b.store.(schemaStore)
+	err = st.Migrate(ctx)
+	if err == nil {
+		// The dialect matches the server, the table has the store's shape:
+		// a misconfiguration stops the start, naming the fix, instead of
+		// answering 503 at the first request.
+		err = st.Check(ctx)
+	}
+	if err == nil {
+		err = migrate(ctx, b.provider.db, b.provider.dialect)
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
 }
 
-func openSQL(ctx context.Context, db, dsn string) (*backend, error) {
+func openSQL(db, dsn string) (*backend, error) {
 	driver, dialect := map[string]string{"sqlite": "sqlite", "postgres": "pgx", "mysql": "mysql"}[db],
 		map[string]sqlstore.Dialect{"sqlite": sqlstore.SQLite, "postgres": sqlstore.Postgres, "mysql": sqlstore.MySQL}[db]
 	sdb, err := sql.Open(driver, dsn)
@@ -97,32 +130,16 @@ func openSQL(ctx context.Context, db, dsn string) (*backend, error) {
 		return nil, err
 	}
 	tunePool(sdb)
-	if err := sdb.PingContext(ctx); err != nil {
-		sdb.Close()
-		return nil, err
-	}
 	st, err := sqlstore.New(sdb, dialect)
-	if err == nil {
-		err = st.Migrate(ctx)
-	}
-	if err == nil {
-		// The dialect matches the server, the table has the store's shape:
-		// a misconfiguration stops the start, naming the fix, instead of
-		// answering 503 at the first request.
-		err = st.Check(ctx)
-	}
-	r := &sqlRepo{db: sdb, dialect: db}
-	if err == nil {
-		err = r.migrate(ctx)
-	}
 	if err != nil {
 		sdb.Close()
 		return nil, err
 	}
-	return &backend{store: st, repo: r, begin: sqlTx(sdb, db), close: func() { sdb.Close() }}, nil
+	return &backend{store: st, repo: &sqlRepo{db: sdb, dialect: db}, provider: &provider{db: sdb, dialect: db},
+		rig: benchrig.SQL(sdb, db), close: func() { sdb.Close() }}, nil
 }
 
-func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
+func openGORM(db, dsn string) (*backend, error) {
 	var d gorm.Dialector
 	switch db {
 	case "sqlite":
@@ -138,32 +155,50 @@ func openGORM(ctx context.Context, db, dsn string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The repository writes through gdb.WithContext(ctx); the plugin runs
-	// those statements in the request's transaction in atomic mode.
-	if err := gdb.Use(gormstore.Plugin()); err != nil {
-		return nil, err
-	}
 	sdb, err := gdb.DB()
 	if err != nil {
 		return nil, err
 	}
 	tunePool(sdb)
-	st, err := gormstore.New(gdb)
+	// The repository writes through gdb.WithContext(ctx); the plugin runs
+	// those statements in the request's transaction in atomic mode.
+	err = gdb.Use(gormstore.Plugin())
+	var st *gormstore.Store
 	if err == nil {
-		err = st.Migrate(ctx)
-	}
-	if err == nil {
-		err = st.Check(ctx) // see openSQL
-	}
-	r := &gormRepo{db: gdb, dialect: db}
-	if err == nil {
-		err = r.migrate(ctx)
+		st, err = gormstore.New(gdb)
 	}
 	if err != nil {
 		sdb.Close()
 		return nil, err
 	}
-	return &backend{store: st, repo: r, begin: gormTx(gdb, db), close: func() { sdb.Close() }}, nil
+	return &backend{store: st, repo: &gormRepo{db: gdb}, provider: &provider{db: sdb, dialect: db},
+		rig: benchrig.GORM(gdb, db), close: func() { sdb.Close() }}, nil
+}
+
+// openPGX is the pgx backend: a pgxpool of maxConns connections, pgxstore
+// on it, and the business repo and the provider on the same pool.
+func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
+	if db != "postgres" {
+		return nil, errors.New("-store pgx needs -db postgres")
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	cfg.MinConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	st, err := pgxstore.New(pool)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	sdb := stdlib.OpenDBFromPool(pool)
+	return &backend{store: st, repo: &pgxRepo{sqlRepo: &sqlRepo{db: sdb, dialect: db}, pool: pool}, provider: &provider{db: sdb, dialect: db},
+		rig: benchrig.PGX(pool), close: pool.Close}, nil
 }
 
 // maxConns bounds the service's database connections; all of them stay

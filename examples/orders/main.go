@@ -6,7 +6,7 @@
 //	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
 //	    [-store gorm|sql|pgx] [-db sqlite|postgres|mysql] [-dsn DSN]
 //	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s] [-retention 24h]
-//	    [-otel off|stdout|prometheus] [-otel-interval 10s]
+//	    [-otel off|stdout|prometheus] [-otel-interval 10s] [-complete-every 10s]
 //
 // See README.md in this directory for the HTTP interface.
 package main
@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/syncclock"
+	"github.com/idemkit/idem/examples/benchrig"
 )
 
 type options struct {
@@ -45,13 +46,11 @@ type options struct {
 	// otelInterval how often -otel stdout writes the metrics.
 	otel         string
 	otelInterval time.Duration
-	// unprotected registers POST /orders-unprotected (hidden: the
-	// end-to-end benchmark's baseline, see unprotected.go), and the
-	// payment transaction POST /settle and /settle-unprotected (bench.go).
+	// unprotected and pprofAddr are the benchmark mode's hidden flags
+	// (examples/benchrig): its routes, and net/http/pprof on a listener
+	// of its own.
 	unprotected bool
-	// pprofAddr, when set, serves net/http/pprof on its own listener
-	// (hidden: for profiling the benchmark mode, see BENCHMARKS.md).
-	pprofAddr string
+	pprofAddr   string
 }
 
 func main() {
@@ -84,7 +83,7 @@ func run(o options, logger *slog.Logger) error {
 	defer stop()
 
 	if o.pprofAddr != "" {
-		servePprof(o.pprofAddr, logger)
+		benchrig.ServePprof(o.pprofAddr, logger)
 	}
 	tel, err := setupTelemetry(o.otel, os.Stdout, o.otelInterval)
 	if err != nil {
@@ -119,13 +118,13 @@ func run(o options, logger *slog.Logger) error {
 	}
 	defer clock.Stop()
 
-	a := &app{repo: b.repo, workDelay: o.workDelay, outside: func(ctx context.Context) context.Context { return ctx }}
+	a := &app{repo: b.repo, provider: b.provider, workDelay: o.workDelay, outside: func(ctx context.Context) context.Context { return ctx }}
 	if ts, ok := b.store.(core.TxStore); ok {
 		a.outside = ts.WithoutTx
 	}
+	var bench []benchrig.Route
 	if o.unprotected {
-		a.begin = b.begin
-		if err := b.repo.benchMigrate(ctx); err != nil {
+		if bench, err = b.rig.Routes(ctx, a.createOrder); err != nil {
 			return fmt.Errorf("benchmark tables: %w", err)
 		}
 	}
@@ -145,7 +144,7 @@ func run(o options, logger *slog.Logger) error {
 	if o.retention > 0 {
 		engineOpts = append(engineOpts, core.Retention(o.retention))
 	}
-	h, e, err := newRouter(o.framework, b.store, a, engineOpts)
+	h, e, err := newRouter(o.framework, b.store, a, bench, engineOpts)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // schema creates the business tables (the idempotency table is created by
-// the store). Both repos share it.
+// the store). Every repo shares it.
 func schema(dialect string) []string {
 	id, ts, text := "BIGSERIAL PRIMARY KEY", "TIMESTAMPTZ", "VARCHAR(255)"
 	switch dialect {
@@ -52,8 +52,11 @@ func (r *sqlRepo) conn(ctx context.Context) sqlstore.Conn {
 }
 
 // q rewrites ? placeholders for Postgres.
-func (r *sqlRepo) q(query string) string {
-	if r.dialect != "postgres" {
+func (r *sqlRepo) q(query string) string { return rebind(r.dialect, query) }
+
+// rebind rewrites ? placeholders as $1, $2, ... for Postgres.
+func rebind(dialect, query string) string {
+	if dialect != "postgres" {
 		return query
 	}
 	var b strings.Builder
@@ -68,8 +71,6 @@ func (r *sqlRepo) q(query string) string {
 	}
 	return b.String()
 }
-
-func (r *sqlRepo) migrate(ctx context.Context) error { return migrate(ctx, r.db, r.dialect) }
 
 // migrate creates the business tables. Replicas may start at once: on
 // Postgres, concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog,
@@ -136,17 +137,17 @@ func (r *sqlRepo) findOrder(ctx context.Context, account string, id int64) (*Ord
 }
 
 // insertIgnore is "insert unless the unique key exists" per dialect.
-func (r *sqlRepo) insertIgnore(table, cols string, n int) string {
+func insertIgnore(dialect, table, cols string, n int) string {
 	ph := strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-	if r.dialect == "mysql" {
+	if dialect == "mysql" {
 		return `INSERT IGNORE INTO ` + table + ` (` + cols + `) VALUES (` + ph + `)`
 	}
-	return r.q(`INSERT INTO ` + table + ` (` + cols + `) VALUES (` + ph + `) ON CONFLICT DO NOTHING`)
+	return rebind(dialect, `INSERT INTO `+table+` (`+cols+`) VALUES (`+ph+`) ON CONFLICT DO NOTHING`)
 }
 
 func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error) {
 	c := r.conn(ctx)
-	if _, err := c.ExecContext(ctx, r.insertIgnore("charges", "order_id, account, amount_cents, provider_charge_id, created_at", 5),
+	if _, err := c.ExecContext(ctx, insertIgnore(r.dialect, "charges", "order_id, account, amount_cents, provider_charge_id, created_at", 5),
 		ch.OrderID, ch.Account, ch.AmountCents, ch.ProviderChargeID, ch.CreatedAt); err != nil {
 		return nil, err
 	}
@@ -157,40 +158,9 @@ func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error)
 	return &got, err
 }
 
-func (r *sqlRepo) providerCharge(ctx context.Context, key string, p providerRecord) (string, error) {
-	if _, err := r.db.ExecContext(ctx, r.insertIgnore("provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
-		key, "ch_"+key[:24], p.Account, p.OrderID, p.AmountCents); err != nil {
-		return "", err
-	}
-	var id string
-	err := r.db.QueryRowContext(ctx, r.q(`SELECT charge_id FROM provider_charges WHERE idem_key = ?`), key).Scan(&id)
-	return id, err
-}
-
-func (r *sqlRepo) providerLookup(ctx context.Context, key string) (*providerRecord, error) {
-	var p providerRecord
-	err := r.db.QueryRowContext(ctx, r.q(`SELECT charge_id, account, order_id, amount_cents FROM provider_charges WHERE idem_key = ?`), key).
-		Scan(&p.ChargeID, &p.Account, &p.OrderID, &p.AmountCents)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
-	}
-	return &p, err
-}
-
 // --- GORM ------------------------------------------------------------------
 
-type gormRepo struct {
-	db      *gorm.DB
-	dialect string
-}
-
-type providerCharge struct {
-	IdemKey     string `gorm:"primaryKey"`
-	ChargeID    string
-	Account     string
-	OrderID     int64
-	AmountCents int64
-}
+type gormRepo struct{ db *gorm.DB }
 
 // tx is the repository's *gorm.DB bound to ctx. The repository knows
 // nothing of idem: the gormstore plugin (db.Use(gormstore.Plugin()) in
@@ -198,14 +168,6 @@ type providerCharge struct {
 // carries one (atomic mode), and on the pool otherwise.
 func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
 	return r.db.WithContext(ctx)
-}
-
-func (r *gormRepo) migrate(ctx context.Context) error {
-	db, err := r.db.DB()
-	if err != nil {
-		return err
-	}
-	return migrate(ctx, db, r.dialect)
 }
 
 func (r *gormRepo) insertOrder(ctx context.Context, o *Order) error {
@@ -241,25 +203,45 @@ func (r *gormRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error
 	return &got, err
 }
 
-func (r *gormRepo) providerCharge(ctx context.Context, key string, p providerRecord) (string, error) {
-	db := r.db.WithContext(ctx)
-	pc := providerCharge{IdemKey: key, ChargeID: "ch_" + key[:24], Account: p.Account, OrderID: p.OrderID, AmountCents: p.AmountCents}
-	if err := db.Clauses(clause.OnConflict{DoNothing: true}).Create(&pc).Error; err != nil {
-		return "", err
-	}
-	var got providerCharge
-	err := db.Where("idem_key = ?", key).Take(&got).Error
-	return got.ChargeID, err
+// --- the simulated payment provider -----------------------------------------
+
+// provider is the simulated payment provider: another system, with its
+// own storage (the table provider_charges, here in the service's
+// database), whose writes never join the request's transaction. It
+// creates a charge once per idempotency key and returns the first
+// charge's id for a repeated key. The order id travels as the charge's
+// metadata, as real providers allow.
+type provider struct {
+	db      *sql.DB
+	dialect string
 }
 
-func (r *gormRepo) providerLookup(ctx context.Context, key string) (*providerRecord, error) {
-	var got providerCharge
-	err := r.db.WithContext(ctx).Where("idem_key = ?", key).Take(&got).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+// providerRecord is what the provider keeps per charge.
+type providerRecord struct {
+	ChargeID    string
+	Account     string
+	OrderID     int64
+	AmountCents int64
+}
+
+// charge charges once per key and returns the charge's id.
+func (p *provider) charge(ctx context.Context, key string, c providerRecord) (string, error) {
+	if _, err := p.db.ExecContext(ctx, insertIgnore(p.dialect, "provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
+		key, "ch_"+key[:24], c.Account, c.OrderID, c.AmountCents); err != nil {
+		return "", err
+	}
+	var id string
+	err := p.db.QueryRowContext(ctx, rebind(p.dialect, `SELECT charge_id FROM provider_charges WHERE idem_key = ?`), key).Scan(&id)
+	return id, err
+}
+
+// lookup returns the charge made with key: errNotFound when there is none.
+func (p *provider) lookup(ctx context.Context, key string) (*providerRecord, error) {
+	var c providerRecord
+	err := p.db.QueryRowContext(ctx, rebind(p.dialect, `SELECT charge_id, account, order_id, amount_cents FROM provider_charges WHERE idem_key = ?`), key).
+		Scan(&c.ChargeID, &c.Account, &c.OrderID, &c.AmountCents)
+	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errNotFound
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &providerRecord{ChargeID: got.ChargeID, Account: got.Account, OrderID: got.OrderID, AmountCents: got.AmountCents}, nil
+	return &c, err
 }

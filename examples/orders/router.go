@@ -11,22 +11,44 @@ import (
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/ginidem"
 )
 
-// newRouter builds the orders API on one framework. Each framework reads the
-// caller the way its users usually do: an auth middleware stores the
-// account, and the engine's caller function reads it back.
-func newRouter(framework string, store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
+// newRouter builds the orders API on one framework. Each framework runs
+// auth as its own middleware on the API's routes (so its own 404 and 405
+// stay its own), which puts the account in the request's context, where
+// the engine's caller function and the handlers read it. The benchmark
+// mode's routes (bench) are registered too, the protected ones behind
+// idem's middleware.
+func newRouter(framework string, store core.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
+	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
+		return accountFrom(r.Context()), nil
+	}))...)
+	if err != nil {
+		return nil, nil, err
+	}
 	switch framework {
 	case "gin":
-		return ginRouter(store, a, opts)
+		return ginRouter(e, a, bench), e, nil
 	case "echo":
-		return echoRouter(store, a, opts)
+		return echoRouter(e, a, bench), e, nil
 	case "chi":
-		return chiRouter(store, a, opts)
+		return chiRouter(e, a, bench), e, nil
 	}
 	return nil, nil, fmt.Errorf("-framework %q: want gin, echo or chi", framework)
+}
+
+// authorize takes the caller from "Authorization: Bearer <account>" (a
+// stand-in for real authentication) into r's context; without one it
+// answers 401 and reports false.
+func authorize(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	account := bearer(r)
+	if account == "" {
+		problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
+		return nil, false
+	}
+	return r.WithContext(withAccount(r.Context(), account)), true
 }
 
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
@@ -41,107 +63,82 @@ func (a *app) paymentRoute() []core.RouteOption {
 		core.Name("payments"), core.RecordRequest(nil)}
 }
 
-func unauthorized(w http.ResponseWriter) {
-	problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
-}
-
-func ginRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(ginidem.Caller(func(c *gin.Context) (string, error) {
-		return c.GetString("account"), nil
-	})))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery())
 	r.GET("/healthz", gin.WrapF(healthz))
-	auth := func(c *gin.Context) {
-		account := bearer(c.Request)
-		if account == "" {
-			unauthorized(c.Writer)
+	api := r.Group("", func(c *gin.Context) {
+		req, ok := authorize(c.Writer, c.Request)
+		if !ok {
 			c.Abort()
 			return
 		}
-		c.Set("account", account)
-		c.Request = c.Request.WithContext(withAccount(c.Request.Context(), account))
+		c.Request = req
+	})
+	api.POST("/orders", ginidem.New(e), gin.WrapF(a.createOrder))
+	api.GET("/orders", gin.WrapF(a.listOrders))
+	api.POST("/orders/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
+	for _, b := range bench {
+		if b.Protected {
+			api.POST(b.Path, ginidem.New(e), gin.WrapF(b.Handler))
+		} else {
+			api.POST(b.Path, gin.WrapF(b.Handler))
+		}
 	}
-	if a.begin != nil {
-		r.POST("/orders-unprotected", auth, gin.WrapF(inTx(a.begin, a.createOrder)))
-		r.POST("/settle-unprotected", auth, gin.WrapF(inTx(a.begin, a.settle)))
-		r.POST("/settle", auth, ginidem.New(e), gin.WrapF(a.settle))
-	}
-	orders := r.Group("/orders", auth)
-	orders.POST("", ginidem.New(e), gin.WrapF(a.createOrder))
-	orders.GET("", gin.WrapF(a.listOrders))
-	orders.POST("/:id/payments", ginidem.New(e, a.paymentRoute()...), gin.WrapF(a.pay))
-	return r, e, nil
+	return r
 }
 
-func echoRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(echoidem.Caller(func(c echo.Context) (string, error) {
-		s, _ := c.Get("account").(string)
-		return s, nil
-	})))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := echo.New()
 	r.HideBanner, r.HidePort = true, true
 	r.GET("/healthz", echo.WrapHandler(http.HandlerFunc(healthz)))
+	// Route by route, not on a group: a group with middleware makes Echo
+	// answer its unknown paths through that middleware (a 401, not a 404).
 	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			account := bearer(c.Request())
-			if account == "" {
-				unauthorized(c.Response())
+			req, ok := authorize(c.Response(), c.Request())
+			if !ok {
 				return nil
 			}
-			c.Set("account", account)
-			c.SetRequest(c.Request().WithContext(withAccount(c.Request().Context(), account)))
+			c.SetRequest(req)
 			return next(c)
 		}
 	}
-	if a.begin != nil {
-		r.POST("/orders-unprotected", echo.WrapHandler(inTx(a.begin, a.createOrder)), auth)
-		r.POST("/settle-unprotected", echo.WrapHandler(inTx(a.begin, a.settle)), auth)
-		r.POST("/settle", echo.WrapHandler(http.HandlerFunc(a.settle)), auth, echoidem.New(e))
+	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), auth, echoidem.New(e))
+	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)), auth)
+	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), auth, echoidem.New(e, a.paymentRoute()...))
+	for _, b := range bench {
+		if b.Protected {
+			r.POST(b.Path, echo.WrapHandler(b.Handler), auth, echoidem.New(e))
+		} else {
+			r.POST(b.Path, echo.WrapHandler(b.Handler), auth)
+		}
 	}
-	g := r.Group("/orders", auth)
-	g.POST("", echo.WrapHandler(http.HandlerFunc(a.createOrder)), echoidem.New(e))
-	g.GET("", echo.WrapHandler(http.HandlerFunc(a.listOrders)))
-	g.POST("/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), echoidem.New(e, a.paymentRoute()...))
-	return r, e, nil
+	return r
 }
 
-func chiRouter(store core.Store, a *app, opts []core.Option) (http.Handler, *core.Engine, error) {
-	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
-		return accountFrom(r.Context()), nil
-	}))...)
-	if err != nil {
-		return nil, nil, err
-	}
+func chiRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/healthz", healthz)
-	auth := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			account := bearer(req)
-			if account == "" {
-				unauthorized(w)
-				return
-			}
-			next.ServeHTTP(w, req.WithContext(withAccount(req.Context(), account)))
+	r.Group(func(api chi.Router) {
+		api.Use(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				if req, ok := authorize(w, req); ok {
+					next.ServeHTTP(w, req)
+				}
+			})
 		})
-	}
-	if a.begin != nil {
-		r.With(auth).Post("/orders-unprotected", inTx(a.begin, a.createOrder))
-		r.With(auth).Post("/settle-unprotected", inTx(a.begin, a.settle))
-		r.With(auth, chiidem.New(e)).Post("/settle", a.settle)
-	}
-	r.Route("/orders", func(r chi.Router) {
-		r.Use(auth)
-		r.With(chiidem.New(e)).Post("/", a.createOrder)
-		r.Get("/", a.listOrders)
-		r.With(chiidem.New(e, a.paymentRoute()...)).Post("/{id}/payments", a.pay)
+		api.With(chiidem.New(e)).Post("/orders", a.createOrder)
+		api.Get("/orders", a.listOrders)
+		api.With(chiidem.New(e, a.paymentRoute()...)).Post("/orders/{id}/payments", a.pay)
+		for _, b := range bench {
+			if b.Protected {
+				api.With(chiidem.New(e)).Post(b.Path, b.Handler)
+			} else {
+				api.Post(b.Path, b.Handler)
+			}
+		}
 	})
-	return r, e, nil
+	return r
 }

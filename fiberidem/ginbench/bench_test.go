@@ -8,9 +8,9 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v3"
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/benchtest"
 	"github.com/idemkit/idem/fiberidem"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/benchtest"
 	"github.com/valyala/fasthttp"
 )
 

@@ -21,7 +21,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/grpcidem/grpcidemtest"
+	"github.com/idemkit/idem/grpcidem/internal/grpcidemtest"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )

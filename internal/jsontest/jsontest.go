@@ -1,5 +1,5 @@
 // Package jsontest holds the JSON test helpers that the canonicaliser's
-// tests (core/canonjson) and the request identity fuzzer (core) share: an
+// tests (internal/canonjson) and the request identity fuzzer (core) share: an
 // independent reading of JSON values to compare documents by (encoding/json
 // with UseNumber, numbers by their text), and random documents rendered in
 // many equivalent spellings.

@@ -3,6 +3,9 @@ package storeutil
 import (
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/idemkit/idem/core"
 )
 
 // Flavor is the SQL dialect of a marks statement.
@@ -131,6 +134,54 @@ func (s MarkStatements) Delete(n int) string {
 	}
 	b.WriteString(`)`)
 	return b.String()
+}
+
+// StaleMark reports whether a mark that Due read with token is stale:
+// its record (found, rec) is gone, carries another token, has expired at
+// now, or is neither in progress nor indeterminate. Due deletes such marks
+// (DeleteStale) instead of returning them.
+func StaleMark(found bool, rec core.Record, token int64, now time.Time) bool {
+	return !found || rec.Token != token || !rec.ExpiresAt.After(now) ||
+		(rec.State != core.StateInProgress && rec.State != core.StateIndeterminate)
+}
+
+// DeleteStale deletes the stale marks that Due met, given as the
+// arguments of Stale (each mark's id, token and due_at, as Due read
+// them), each only if it is still as Due read it: on SQLite with Stale's
+// DELETE; elsewhere Stale locks them, skipping marks another transaction
+// holds, and Delete deletes the ones it locked. query runs a statement
+// and returns the ids it selects (IDs), exec runs one; both in one
+// transaction, except on SQLite, which needs none.
+func (s MarkStatements) DeleteStale(args []any, query func(q string, args []any) ([]any, error), exec func(q string, args []any) error) error {
+	n := len(args) / 3
+	if s.f == SQLite {
+		return exec(s.Stale(n), args)
+	}
+	ids, err := query(s.Stale(n), args)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	return exec(s.Delete(len(ids)), ids)
+}
+
+// Rows is what the stores' row sets (*sql.Rows, pgx.Rows) have in common.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// IDs reads rows of one id column, as the arguments of Delete.
+func IDs(rows Rows) ([]any, error) {
+	var ids []any
+	for rows.Next() {
+		var id []byte
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // placeholders returns flavor f's n-th statement parameter (1-based).

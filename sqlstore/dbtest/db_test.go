@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"path/filepath"
 	"testing"
 
@@ -14,6 +13,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -138,17 +138,17 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqls
 	return sqlstoretest.Fixture{
 		Store: s,
 		Insert: func(ctx context.Context, name string) error {
-			tx := sqlstore.TxFrom(ctx)
-			if tx == nil {
-				return errors.New("no transaction in the context")
+			tx, err := sqlstore.Tx(ctx) // the handler's accessor
+			if err != nil {
+				return err
 			}
-			_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Stream: func(ctx context.Context, prefix string, each func(string) error) error {
-			tx := sqlstore.TxFrom(ctx)
-			if tx == nil {
-				return errors.New("no transaction in the context")
+			tx, err := sqlstore.Tx(ctx) // the handler's accessor
+			if err != nil {
+				return err
 			}
 			rows, err := tx.QueryContext(ctx, "SELECT name FROM "+orders+" WHERE name LIKE "+ph(d)+" ORDER BY name", prefix+"%")
 			if err != nil {
@@ -157,11 +157,11 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqls
 			return sqlstoretest.EachName(rows, each)
 		},
 		Unique: func(ctx context.Context, name string) error {
-			tx := sqlstore.TxFrom(ctx)
-			if tx == nil {
-				return errors.New("no transaction in the context")
+			tx, err := sqlstore.Tx(ctx) // the handler's accessor
+			if err != nil {
+				return err
 			}
-			_, err := tx.ExecContext(ctx, "INSERT INTO "+unique+" (name) VALUES ("+ph(d)+")", name)
+			_, err = tx.ExecContext(ctx, "INSERT INTO "+unique+" (name) VALUES ("+ph(d)+")", name)
 			return err
 		},
 		Count: func(t testing.TB, name string) int {
@@ -261,10 +261,10 @@ func TestLifetime(t *testing.T) {
 // from other processes do).
 func TestPool(t *testing.T) {
 	sqlstoretest.PerDialect(t, dialects, fixture, sqlstoretest.RunPool)
-	if sqlstoretest.Measure() {
+	if sqlmeasure.Measure() {
 		t.Run("without-registry", func(t *testing.T) {
 			sqlstoretest.PerDialect(t, dialects, func(t *testing.T, d sqlstore.Dialect) sqlstoretest.Fixture {
-				return fixtureWith(t, d, sqlstore.WithoutRegistry())
+				return fixtureWith(t, d, withoutRegistry())
 			}, sqlstoretest.RunPool)
 		})
 	}

@@ -5,7 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/storetest"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -96,11 +104,11 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 		fs[i] = sqlstoretest.Fixture{
 			Store: s,
 			Insert: func(ctx context.Context, name string) error {
-				tx := sqlstore.TxFrom(ctx)
-				if tx == nil {
-					return errors.New("no transaction in the context")
+				tx, err := sqlstore.Tx(ctx) // the handler's accessor
+				if err != nil {
+					return err
 				}
-				_, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
+				_, err = tx.ExecContext(ctx, "INSERT INTO "+orders+" (name) VALUES (?)", name)
 				return err
 			},
 			Count: func(t testing.TB, name string) int {
@@ -145,7 +153,7 @@ func TestGaleraExactlyOnce(t *testing.T) {
 // three (BENCHMARKS.md): throughput, and the share of first executions
 // that lost certification and were rolled back.
 func TestGaleraStormMeasure(t *testing.T) {
-	if !sqlstoretest.Measure() {
+	if !sqlmeasure.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
 	}
 	const (
@@ -164,13 +172,103 @@ func TestGaleraStormMeasure(t *testing.T) {
 			{"three-nodes-sync-wait", galeraLayout{syncWait: true}},
 		} {
 			t.Run(mode+"/"+l.name, func(t *testing.T) {
-				st := sqlstoretest.MeasureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
+				st := measureStorms(t, galeraFixtures(t, l.l), leased, workers, dup, d)
 				t.Logf("MEASURE %s %s: %d storms of %d in %v: %.0f storms/s, %.0f requests/s; %d handler runs, %d lost certification (%.1f %% of first executions); %d unexpected answers",
 					mode, l.name, st.Storms, dup, st.Elapsed.Round(time.Millisecond), float64(st.Storms)/st.Elapsed.Seconds(),
 					float64(st.Requests)/st.Elapsed.Seconds(), st.Runs, st.Lost, 100*float64(st.Lost)/float64(max(st.Runs, 1)), st.Unexpected)
 			})
 		}
 	}
+}
+
+// stormStats is what measureStorms counts.
+type stormStats struct {
+	Storms, Requests int64 // storms (one key each) and requests answered
+	Runs             int64 // handler executions (atomic mode: committed or rolled back)
+	Lost             int64 // executions beyond the one per key: rolled back (lost certification)
+	Unexpected       int64 // answers other than 201 or 409 (503 included)
+	Elapsed          time.Duration
+}
+
+// measureStorms runs, for d, workers goroutines that each send storms of
+// dup identical requests (a new key per storm), request i of a storm to
+// a service on fs[i mod len(fs)], in atomic mode (the handler inserts a
+// business row) or leased mode (its effect is the count of runs alone). It
+// is a measurement, not a test: it fails only on an unexpected answer.
+func measureStorms(t *testing.T, fs []sqlstoretest.Fixture, leased bool, workers, dup int, d time.Duration) stormStats {
+	t.Helper()
+	var runs atomic.Int64
+	var opts []core.RouteOption
+	if leased {
+		opts = append(opts, core.Leased())
+	}
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	urls := make([]string, len(fs))
+	for i, f := range fs {
+		e, err := core.New(f.Store, core.WithSingleCaller(), core.WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			if leased {
+				core.MarkEffect(r.Context())
+			} else if err := f.Insert(r.Context(), r.Header.Get(core.HeaderKey)); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}), opts...))
+		t.Cleanup(srv.Close)
+		urls[i] = srv.URL
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}, Timeout: 30 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	var storms, requests, unexpected atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for n := 0; time.Since(start) < d; n++ {
+				key := fmt.Sprintf("measure-%d-%d-%s", w, n, sqlstoretest.Table())
+				var sw sync.WaitGroup
+				for i := range dup {
+					sw.Go(func() {
+						status, err := postKey(client, urls[(i+w)%len(urls)], key)
+						requests.Add(1)
+						if err != nil || (status != http.StatusCreated && status != http.StatusConflict) {
+							if unexpected.Add(1) == 1 {
+								t.Errorf("unexpected answer: %d %v", status, err)
+							}
+						}
+					})
+				}
+				sw.Wait()
+				storms.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	st := stormStats{Elapsed: time.Since(start), Storms: storms.Load(), Requests: requests.Load(), Runs: runs.Load(), Unexpected: unexpected.Load()}
+	st.Lost = st.Runs - st.Storms
+	return st
+}
+
+// postKey sends POST with the Idempotency-Key key and returns the status.
+func postKey(c *http.Client, url, key string) (int, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"item":"x"}`))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(core.HeaderKey, key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // TestGaleraConformance runs core/storetest on a Galera cluster: every

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
-	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
 // Sweeping never fails live traffic: while DeleteExpired deletes batches of
@@ -114,7 +114,7 @@ func TestSweepNeverFailsWriters(t *testing.T) {
 //
 //	go test -run TestSweepMillion -v -stores.sweep1m -timeout 1h .
 func TestSweepMillion(t *testing.T) {
-	if !sqlstoretest.SweepMillion() {
+	if !sqlmeasure.SweepMillion() {
 		t.Skip("a measurement: run with -stores.sweep1m")
 	}
 	for _, d := range dialects {

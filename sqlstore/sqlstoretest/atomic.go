@@ -21,7 +21,7 @@ type Fixture struct {
 	Store core.TxStore
 	// Insert writes one business row named name in the transaction that
 	// ctx carries, fetched with the store's handler accessor
-	// (sqlstore.TxFrom, gormstore.DB). It fails when ctx carries none.
+	// (sqlstore.Tx, gormstore.DB). It fails when ctx carries none.
 	Insert func(ctx context.Context, name string) error
 	// Count returns how many committed business rows are named name.
 	Count func(t testing.TB, name string) int

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
@@ -166,64 +165,4 @@ func newOrderServerRunning(t *testing.T, f Fixture, leased bool, runs *atomic.In
 		}
 	}
 	return newOrderServerWith(t, f, false, func() { runs.Add(1) }, opts...)
-}
-
-// StormStats is what MeasureStorms counts.
-type StormStats struct {
-	Storms, Requests int64 // storms (one key each) and requests answered
-	Runs             int64 // handler executions (atomic mode: committed or rolled back)
-	Lost             int64 // executions beyond the one per key: rolled back (lost certification)
-	Unexpected       int64 // answers other than 201 or 409 (503 included)
-	Elapsed          time.Duration
-}
-
-// MeasureStorms runs, for d, workers goroutines that each send storms of
-// dup identical requests (a new key per storm), request i of a storm to
-// the service on fs[i mod len(fs)], in atomic mode (the handler inserts a
-// business row) or leased mode. It is a measurement, not a test: it fails
-// only on an unexpected answer.
-func MeasureStorms(t *testing.T, fs []Fixture, leased bool, workers, dup int, d time.Duration) StormStats {
-	t.Helper()
-	var runs atomic.Int64
-	var opts []core.RouteOption
-	if leased {
-		opts = append(opts, core.Leased())
-	}
-	srvs := make([]*orderServer, len(fs))
-	for i, f := range fs {
-		srvs[i] = newOrderServerRunning(t, f, leased, &runs, opts...)
-	}
-	ctx := context.Background()
-	var st StormStats
-	var storms, requests, unexpected atomic.Int64
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for n := 0; time.Since(start) < d; n++ {
-				key := fmt.Sprintf("measure-%d-%d-%s", w, n, Table())
-				body := orderBody(key, 0)
-				var sw sync.WaitGroup
-				for i := range dup {
-					sw.Go(func() {
-						s := srvs[(i+w)%len(srvs)]
-						a := post(ctx, s.client, s.URL+"/orders", key, body)
-						requests.Add(1)
-						if a.err != nil || (a.status != http.StatusCreated && a.status != http.StatusConflict) {
-							if unexpected.Add(1) == 1 {
-								t.Errorf("unexpected answer: %v", a)
-							}
-						}
-					})
-				}
-				sw.Wait()
-				storms.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	st.Elapsed = time.Since(start)
-	st.Storms, st.Requests, st.Runs, st.Unexpected = storms.Load(), requests.Load(), runs.Load(), unexpected.Load()
-	st.Lost = st.Runs - st.Storms
-	return st
 }

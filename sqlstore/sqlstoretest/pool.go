@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/sqlmeasure"
 )
 
 // poolPlan sizes RunPool: a short run by default, more samples and the
@@ -28,7 +29,7 @@ type poolPlan struct {
 }
 
 func planPool() poolPlan {
-	if Measure() {
+	if sqlmeasure.Measure() {
 		return poolPlan{maxOpen: 5, dups: 50, hold: 2 * time.Second, quiet: 3 * time.Second, workers: 8, pause: 5 * time.Millisecond, storms: 3}
 	}
 	return poolPlan{maxOpen: 5, dups: 50, hold: time.Second, quiet: 500 * time.Millisecond, workers: 4, pause: 10 * time.Millisecond, storms: 1}

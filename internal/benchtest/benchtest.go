@@ -1,7 +1,8 @@
 // Package benchtest is the in-process overhead benchmark that net/http and
-// every adapter (ginidem, echoidem, chiidem) run: the same handler with and
-// without the middleware, on a memory store, for the three paths a
-// protected route sees.
+// every adapter (ginidem, echoidem, echo5idem, chiidem, Gin through
+// fiberidem's ginbench) run: the same handler with and without the
+// middleware, on a memory store, for the three paths a protected route
+// sees. It is internal: a harness of idem's own tests, not part of its API.
 //
 // An adapter's tests call [Run] with a function that builds its router:
 //

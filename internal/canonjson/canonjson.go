@@ -4,7 +4,8 @@
 // FingerprintFields hash a JSON body in this form, so that whitespace,
 // member order and string escapes do not make a retry a different
 // request, while a number's spelling does (Go's decoders read 1, 1.0 and
-// 1e0 differently).
+// 1e0 differently). It is internal: core's fingerprint is its one user
+// (docs/contract.md, section 2, states the rules for users).
 package canonjson
 
 import (
@@ -14,11 +15,9 @@ import (
 	"fmt"
 	"hash"
 	"slices"
-	"sync"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
-	"unsafe"
 )
 
 // MaxDepth is the deepest nesting of arrays and objects Append
@@ -86,28 +85,18 @@ func (e *jsonError) Unwrap() []error { return []error{ErrInvalid, e.reason} }
 // around it (no byte order mark), nested at most MaxDepth deep, and at
 // most 256 MiB long. dst may share memory with src. Errors wrap
 // ErrInvalid, and dst is returned unchanged with them. The cost is
-// linear in len(src) plus sorting the members of each object; besides dst,
-// the working memory is at most 12 bytes per object member.
+// linear in len(src) plus sorting the members of each object; besides dst
+// and a copy of the form, the working memory is at most 12 bytes per
+// object member. idem hashes the form (Hash) and calls Append only in
+// its tests.
 func Append(dst, src []byte) ([]byte, error) {
-	s := getScratch()
-	defer s.release()
-	if err := s.c.parse(src, nil); err != nil {
+	var c canonicaliser
+	if err := c.parse(src, nil); err != nil {
 		return dst, err
 	}
-	if overlap(dst[len(dst):cap(dst)], src) {
-		// The second pass reads src after writing: write elsewhere first.
-		return append(dst, s.c.emitDocument(nil, nil)...), nil
-	}
-	return s.c.emitDocument(dst, nil), nil
-}
-
-// overlap reports whether a and b share memory.
-func overlap(a, b []byte) bool {
-	if len(a) == 0 || len(b) == 0 {
-		return false
-	}
-	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
+	// The second pass reads src as it writes: into a buffer of its own,
+	// so that dst may share src's memory.
+	return append(dst, c.emitDocument(nil, nil)...), nil
 }
 
 // Hash writes tag and then the canonical form of src to h, and reports
@@ -115,40 +104,22 @@ func overlap(a, b []byte) bool {
 // false. With fields not nil, the top-level value must be an object, and
 // only its members whose names match one of fields as encoding/json
 // matches names to struct fields (case-insensitively) are kept. The form
-// is hashed as it is written, never held whole in memory.
+// is hashed as it is written through a buffer of at most hashBuffer
+// bytes, never held whole in memory.
 func Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
-	s := getScratch()
-	defer s.release()
-	if s.c.parse(src, fields) != nil || (fields != nil && !s.c.topObject) {
+	var c canonicaliser
+	if c.parse(src, fields) != nil || (fields != nil && !c.topObject) {
 		return false
 	}
 	h.Write(tag)
-	s.c.emitDocument(s.out[:0], h)
+	// The form is never longer than src (escapes only shorten).
+	c.emitDocument(make([]byte, 0, min(len(src), hashBuffer)), h)
 	return true
 }
 
-// scratch is the pooled working memory of Append and Hash. It never holds
-// a reference to a caller's slice once released.
-type scratch struct {
-	c   canonicaliser
-	out [4096]byte // the canonical form's buffer on its way to a hash
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
-
-// maxPooledBytes bounds the memory a scratch may keep when it goes back to
-// the pool, so that one huge document does not pin its memory forever.
-const maxPooledBytes = 1 << 20
-
-func getScratch() *scratch { return scratchPool.Get().(*scratch) }
-
-func (s *scratch) release() {
-	c := &s.c
-	c.src, c.out, c.h, c.sel = nil, nil, nil, nil
-	if 4*cap(c.members)+16*cap(c.objs) <= maxPooledBytes {
-		scratchPool.Put(s)
-	}
-}
+// hashBuffer is the most of the canonical form Hash holds on its way to
+// the hash.
+const hashBuffer = 4096
 
 // The canonicaliser works in two passes over the source, and never copies
 // it. parse validates src and, for each object whose members must be
@@ -222,7 +193,7 @@ func (c *canonicaliser) skipWS() {
 
 // smallJSON is the largest document whose bookkeeping is sized by its
 // length rather than by counting its colons (16 KiB: at most 48 KiB of
-// bookkeeping, kept in the pool).
+// bookkeeping).
 const smallJSON = 16 << 10
 
 // countColons returns the number of colons outside strings in src: at least

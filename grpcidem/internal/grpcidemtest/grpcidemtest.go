@@ -1,8 +1,9 @@
 // Package grpcidemtest serves a test service through grpcidem on a real
 // grpc.Server over an in-memory listener (bufconn), for the tests of
-// grpcidem and of its use with the SQL stores. Requests and responses are
-// structpb.Struct with hand-written service descriptors, so no generated
-// code is needed.
+// grpcidem and of its use with the SQL stores (grpcidem/sqltest). Requests
+// and responses are structpb.Struct with hand-written service descriptors,
+// so no generated code is needed. It is internal: a harness of idem's own
+// tests, not part of grpcidem's API.
 package grpcidemtest
 
 import (
