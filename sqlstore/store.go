@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/debugtext"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
@@ -432,7 +433,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // trip, on every dialect; on SQLite, which cannot probe, that is the only
 // way to answer without waiting.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = debugString(req.Caller), debugString(req.Scope), debugString(req.Key)
+	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	// A claim may wait in the registry for another claim of the same id
 	// only while it holds no lock and no connection: outside any
 	// transaction, or in a transaction of Begin that has not begun. Only
@@ -711,8 +712,6 @@ func nullBytes(b []byte) any {
 	}
 	return b
 }
-
-func debugString(s string) string { return storeutil.DebugString(s) }
 
 func fnv64(s string) uint64 { return pgsql.Fnv64(s) }
 
