@@ -331,7 +331,7 @@ func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *Reco
 			e.cfg.logger.ErrorContext(ctx, "idempotency completer: the finisher panicked", slog.String("id", rec.ID.String()), slog.Any("panic", v))
 		}
 	}()
-	got := rt.enter(&job{t: f, c: cl, ctx: cl.ctx, allow: e.cfg.recorded})
+	got := rt.enter(&job{c: cl, ctx: cl.ctx, allow: e.cfg.recorded}, transport{handle: f.handle, panicked: f.panicked})
 	ev = cl.ev
 	if !got.ran {
 		// A client's retry claimed it first (or the store failed): that
@@ -371,5 +371,3 @@ func (f *finishCall) handle(ctx context.Context) (*Response, bool, error) {
 }
 
 func (f *finishCall) panicked(any) *Response { return &Response{Status: 500, BodyKept: true} }
-
-func (f *finishCall) reply(result) int { return 0 } // the completer counts what happened

@@ -109,7 +109,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	c.ident = Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = c.ident.ID()
 	c.ctx = context.WithValue(ctx, attemptKey{}, c) // what attemptFrom finds in fn's context
-	rt.step(&job{t: x, c: c, ctx: c.ctx, failOpen: true})
+	rt.step(&job{c: c, ctx: c.ctx, failOpen: true}, transport{handle: x.handle, panicked: x.panicked, reply: x.reply})
 	return x.resp, x.replayed, x.err
 }
 

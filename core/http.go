@@ -96,8 +96,7 @@ type call struct {
 	// What prepare found, for the machine.
 	route       *Route
 	w           http.ResponseWriter
-	next        func(http.ResponseWriter, *http.Request) // the handler: Serve's next, Within's handler
-	r, rc       *http.Request                            // the request as it came; rc: the caller function's and the fingerprinter's (setContext)
+	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (setContext)
 	start       time.Time
 	ev          Event // the event to emit, filled in as the request goes
 	ident       Identity
@@ -147,7 +146,18 @@ func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, n
 		return
 	}
 	defer c.rec.free()
-	rt.step(&job{t: c, c: c, ctx: c.ctx, failOpen: true, allow: rt.e.cfg.recorded})
+	rt.step(&job{c: c, ctx: c.ctx, failOpen: true, allow: rt.e.cfg.recorded}, transport{panicked: c.panicked,
+		handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, next) },
+		reply: func(res result) int {
+			if !res.open {
+				return c.reply(res)
+			}
+			r := c.r.WithContext(c.ctx)
+			r.Body = &c.body
+			next(w, r) // fail-open: unprotected, logged at error level
+			return 0
+		},
+	})
 }
 
 // prepare reads what identifies r and what its content is: the key, the
@@ -185,7 +195,7 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, pattern), Err: err}, start)
 		return nil
 	}
-	c := &call{route: rt, native: native, r: r, w: w, next: next, start: start}
+	c := &call{route: rt, native: native, r: r, w: w, start: start}
 	c.ev = Event{Scope: rt.p.scope, Route: routeLabel(r, pattern), Key: key}
 	c.setContext(r.Context())
 	if c.ev.Decision, c.ev.Err = c.identify(); c.ev.Err != nil {
@@ -308,13 +318,13 @@ func (rt *Route) takeOver(w http.ResponseWriter, r *http.Request, around *call, 
 	return r
 }
 
-// handle runs the handler (HTTP: next with the capture c.rec), and
-// returns what the capture holds.
-func (c *call) handle(hctx context.Context) (*Response, bool, error) {
+// handle runs handler (Serve's next, Within's handler) with the capture
+// c.rec, and returns what the capture holds.
+func (c *call) handle(hctx context.Context, handler func(http.ResponseWriter, *http.Request)) (*Response, bool, error) {
 	r := c.r.WithContext(hctx)
 	r.Body = &c.body
 	c.rec.init(c.w, c.route.atomic, c.route.e.cfg.maxResponse)
-	c.next(&c.rec, r)
+	handler(&c.rec, r)
 	spill := c.rec.settle()
 	c.rec.response(&c.resp)
 	return &c.resp, c.rec.through, spill
@@ -329,16 +339,10 @@ func (c *call) panicked(v any) *Response {
 }
 
 // reply writes res to the client: the handler's answer (the capture's),
-// a replay or a problem document in its place; fail-open runs next
-// unprotected.
+// or a replay or a problem document in its place.
 func (c *call) reply(res result) int {
 	rt := c.route
 	switch {
-	case res.open:
-		r := c.r.WithContext(c.ctx)
-		r.Body = &c.body
-		c.next(c.w, r) // logged at error level
-		return 0
 	case res.reject != nil:
 		c.rec.resetHeader() // the engine's answer replaces the handler's
 		return rt.writeProblem(c.w, c.rc, res.reject, c.ev.ID)

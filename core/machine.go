@@ -112,10 +112,8 @@ type answer struct {
 // service's transaction and exit after it.
 
 // job is one request as a driver hands it to the machine: the call (its
-// identity, fingerprint, event and start), the context of the claim, and
-// how the driver's transport runs the handler and answers.
+// identity, fingerprint, event and start) and the context of the claim.
 type job struct {
-	t   transport
 	c   *call
 	ctx context.Context // the claim's: carries c (c.ctx, or Within's transaction)
 	// failOpen: the driver can run the handler unprotected when the store
@@ -133,17 +131,19 @@ type job struct {
 	allow []string
 }
 
-// transport is what a driver does for the machine.
-type transport interface {
+// transport is what a driver does for the machine: run the handler and
+// write the answer. Its functions are only called, never kept, so that a
+// driver's closures stay on its stack.
+type transport struct {
 	// handle runs the handler with ctx and returns its answer; sent
 	// reports that the answer reached the client already (streamed),
 	// spill that it could not be kept whole: the attempt then ends as a
 	// panic would.
-	handle(ctx context.Context) (resp *Response, sent bool, spill error)
+	handle func(ctx context.Context) (resp *Response, sent bool, spill error)
 	// panicked is the answer recorded for a handler that panicked with v.
-	panicked(v any) *Response
+	panicked func(v any) *Response
 	// reply writes res and returns the status sent (0: none).
-	reply(res result) int
+	reply func(res result) int
 }
 
 // result is the machine's answer to a job, for the transport's reply:
@@ -169,15 +169,16 @@ type result struct {
 	ans     answer // the decision for a request that did not run
 }
 
-// step takes j through the machine: enter, then exit.
-func (rt *Route) step(j *job) {
-	res := rt.enter(j)
-	rt.exit(j, &res)
+// step takes j through the machine with the driver's transport t:
+// enter, then exit.
+func (rt *Route) step(j *job, t transport) {
+	res := rt.enter(j, t)
+	rt.exit(j, &res, t)
 }
 
 // enter claims j's record, or decides without running (res.ans), and runs
 // the handler to its end.
-func (rt *Route) enter(j *job) (res result) {
+func (rt *Route) enter(j *job, t transport) (res result) {
 	e, c := rt.e, j.c
 	ev := &c.ev
 	att, ans := rt.acquire(j.ctx, c.ident, ev.ID, c.fingerprint, c.start, &c.att)
@@ -221,11 +222,11 @@ func (rt *Route) enter(j *job) (res result) {
 			// The handler panicked: its attempt ends as a panic's, with
 			// the transport's answer for it recorded; the panic goes on.
 			v := recover()
-			att.end(ev, j.t.panicked(v), true)
+			att.end(ev, t.panicked(v), true)
 			e.emit(c.ctx, *ev, c.start)
 			panic(v)
 		}()
-		res.resp, res.sent, spill = j.t.handle(hctx)
+		res.resp, res.sent, spill = t.handle(hctx)
 		panicked = false
 	}()
 	if !c.settles() {
@@ -241,7 +242,7 @@ func (rt *Route) enter(j *job) (res result) {
 		e.cfg.logger.ErrorContext(c.ctx, "idempotency: the answer past the recording cap could not be spilled to its temporary file; the attempt ends as a panic would and the client gets 500",
 			slog.String("id", ev.ID.String()), slog.String("error", spill.Error()))
 		res.spilled = true
-		res.err = errors.Join(spill, att.end(ev, j.t.panicked(spill), true))
+		res.err = errors.Join(spill, att.end(ev, t.panicked(spill), true))
 		ev.Err = res.err
 		return res
 	}
@@ -253,7 +254,7 @@ func (rt *Route) enter(j *job) (res result) {
 // exit decides the answer to j from res, has the driver write it, and
 // emits the event. It is where a lost race and a transaction that ended
 // other than by the engine's commit are answered, for every driver.
-func (rt *Route) exit(j *job, res *result) {
+func (rt *Route) exit(j *job, res *result, t transport) {
 	e, c := rt.e, j.c
 	ev, att := &c.ev, &c.att
 	switch {
@@ -264,7 +265,7 @@ func (rt *Route) exit(j *job, res *result) {
 		ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", res.ans.err)
 		e.emit(c.ctx, *ev, c.start)
 		res.open = true
-		j.t.reply(*res)
+		t.reply(*res)
 		return
 	case !res.ran:
 		if j.owned && errors.Is(res.ans.err, ErrLostRace) {
@@ -308,7 +309,7 @@ func (rt *Route) exit(j *job, res *result) {
 		// failure logged; the record's lease will lapse.)
 		res.reject = res.err
 	}
-	ev.Status = j.t.reply(*res)
+	ev.Status = t.reply(*res)
 	e.emit(c.ctx, *ev, c.start)
 }
 

@@ -72,7 +72,7 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	c.route, c.start, c.ident, c.fingerprint = rt, e.cfg.clock(), ident, normalFingerprint(m.Fingerprint)
 	c.ev = Event{ID: ident.ID(), Scope: ident.Scope, Key: m.ID}
 	c.ctx = context.WithValue(ctx, attemptKey{}, c)
-	rt.step(&job{t: o, c: c, ctx: c.ctx, keepCancel: true})
+	rt.step(&job{c: c, ctx: c.ctx, keepCancel: true}, transport{handle: o.handle, panicked: o.panicked, reply: o.reply})
 	return o.res, o.err
 }
 

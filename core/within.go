@@ -118,8 +118,9 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	}
 	e, ev := rt.e, &c.ev
 	defer c.rec.free()
-	c.next = handler
-	j := &job{t: c, c: c, owned: true, allow: e.cfg.recorded}
+	j := &job{c: c, owned: true, allow: e.cfg.recorded}
+	t := transport{panicked: c.panicked, reply: c.reply,
+		handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }}
 	var (
 		res    result
 		called bool
@@ -138,7 +139,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 			return misuse
 		}
 		j.ctx = context.WithValue(tctx, attemptKey{}, c)
-		res = rt.enter(j)
+		res = rt.enter(j, t)
 		switch {
 		case !res.ran && res.ans.err != nil:
 			return res.ans.err
@@ -169,7 +170,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		e.emit(c.ctx, *ev, c.start)
 		return
 	}
-	rt.exit(j, &res)
+	rt.exit(j, &res, t)
 }
 
 // withinUnprotected runs handler for a request Within does not protect
