@@ -17,10 +17,6 @@ import (
 // and Engine.ReleaseRecord act, fenced like any attempt. idemctl and
 // Engine.AdminHandler are built on these four.
 
-// DefaultRecordsLimit is the page size of Engine.Records when the query
-// gives none.
-const DefaultRecordsLimit = 100
-
 // RecordQuery selects the records Engine.Records lists.
 type RecordQuery struct {
 	// State is the state listed (default StateIndeterminate: the records
@@ -102,7 +98,7 @@ func (e *Engine) Records(ctx context.Context, q RecordQuery) (RecordPage, error)
 	if !ok {
 		return RecordPage{}, fmt.Errorf("%w: the store (%T) cannot list records: it does not implement core.Inspector", ErrConfig, e.store)
 	}
-	after, err := ParseCursor(q.After)
+	after, err := parseCursor(q.After)
 	if err != nil {
 		return RecordPage{}, err
 	}

@@ -13,7 +13,7 @@ import (
 // WithKeyHeader sets the request header that carries the idempotency key
 // (default HeaderKey, "Idempotency-Key"), for the clients of an API that
 // spells it otherwise ("X-Idempotency-Key"). Only that header is read;
-// the key's syntax is KeyFromHeader's. Every adapter honours it (the
+// the key's syntax is the same (raw, or an RFC 8941 quoted string). Every adapter honours it (the
 // engine reads the header), and the problem documents name it. The name
 // is matched case-insensitively, as every header name is.
 func WithKeyHeader(name string) Option {
@@ -38,8 +38,9 @@ func (e *Engine) keyHeader() string {
 	return e.cfg.keyHeader
 }
 
-// keyFrom is KeyFromHeader for the header named name (canonical: an
-// http.Header key).
+// keyFrom reads the key from the header named name (canonical: an
+// http.Header key) of h: ("", nil) when the header is absent; more than
+// one header field is an error wrapping ErrInvalidKey (see parseKey).
 func keyFrom(h http.Header, name string) (string, error) {
 	vs := h[name]
 	switch len(vs) {
@@ -49,7 +50,7 @@ func keyFrom(h http.Header, name string) (string, error) {
 	default:
 		return "", clientErrorf(ErrInvalidKey, "the header appears %d times", len(vs))
 	}
-	return ParseKey(vs[0])
+	return parseKey(vs[0])
 }
 
 // namedKeyHeader returns s with the default header name replaced by the
@@ -60,11 +61,6 @@ func (e *Engine) namedKeyHeader(s string) string {
 	}
 	return s
 }
-
-// DefaultProblemDocs is the documentation the engine's problem documents
-// link to (WithProblemDocs): idem's page of problem types, which says what
-// each one means and what a client does about it.
-const DefaultProblemDocs = "https://github.com/idemkit/idem/blob/main/docs/problems.md"
 
 // WithProblemDocs sets the documentation every problem document links to
 // with Link: <url>; rel="describedby" (default DefaultProblemDocs), as the
@@ -87,12 +83,3 @@ func (e *Engine) problemDocs() string {
 	}
 	return *e.cfg.problemDocs
 }
-
-// ExposedHeaders are the response headers the engine sets that a browser
-// client must be allowed to read across origins (they are not CORS-
-// safelisted): Idempotent-Replayed on a replay, Retry-After on a 409 or
-// 503, and the Link of a problem document. List them in
-// Access-Control-Expose-Headers, and the key header (HeaderKey, or
-// WithKeyHeader's) in Access-Control-Allow-Headers; see the README's CORS
-// example. Treat it as read-only.
-var ExposedHeaders = []string{HeaderReplayed, "Retry-After", "Link"}

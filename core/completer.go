@@ -11,15 +11,6 @@ import (
 	"time"
 )
 
-// Defaults of the Completer.
-const (
-	DefaultCompleteEvery = 10 * time.Second
-	DefaultCompleteBatch = 100
-	DefaultMaxTries      = 10
-	DefaultBackoff       = 30 * time.Second
-	DefaultMaxBackoff    = time.Hour
-)
-
 // Completer settles, without a client, the records of named routes
 // (Name) that are indeterminate or whose lease lapsed: it asks the
 // route's resolver (WithResolver) and records its answer, releases the
@@ -429,43 +420,20 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 // resolver said nothing happened and the record was released: it claims
 // the record as an attempt of its own (with rec's fingerprint and the
 // mark's request and tries, so the ceiling still counts) and runs the
-// route's FinishFunc as Exec runs a function. A client that claimed the
+// route's Finish function as Exec runs a function. A client that claimed the
 // record first wins: nothing runs.
 func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *RecordedRequest, m Mark, tries int, res *CompleteResult) {
 	e := c.e
 	start := e.cfg.clock()
 	ev := Event{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Route: m.Route}
 	ident := Identity{Caller: req.Caller, Scope: rec.Scope, Key: rec.Key}
-	cl := &call{markRequest: m.Request, markTries: tries, request: req}
-	base := e.adminCtx(context.WithoutCancel(ctx))
-	actx := context.WithValue(base, attemptKey{}, cl)
-	att, ans := rt.acquire(actx, ident, rec.ID, rec.Fingerprint, start, &cl.att, nil)
-	if att == nil {
-		// A client's retry claimed it first (or the store failed): that
-		// attempt records the outcome.
-		if ans.err != nil && !errors.Is(ans.err, ErrInProgress) {
-			res.Failed++
-			ev.Decision, ev.Err = DecisionSettleError, ans.err
-			e.emit(ctx, ev, start)
-		}
-		return
-	}
-	cl.claimed = true
-	ev.Attempt = att.number
-	hctx := att.ctx
-	if !rt.atomic {
-		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(base)
-		defer cancel(nil)
-		att.cancel = cancel
-		hctx = att.withLocalTx(hctx)
-	}
-	hctx = context.WithValue(context.WithValue(hctx, attemptKey{}, cl), resolvingKey{}, req)
-	defer att.bound()()
-	e.hold(att)
-	var resp *Response
+	f := &finishCall{fn: *rt.p.finish, req: req}
+	cl := &f.call
+	cl.route, cl.start, cl.ev, cl.ident, cl.fingerprint = rt, start, ev, ident, rec.Fingerprint
+	cl.markRequest, cl.markTries, cl.request = m.Request, tries, req
+	cl.ctx = context.WithValue(e.adminCtx(context.WithoutCancel(ctx)), attemptKey{}, cl)
 	defer func() {
-		// A panic of the finisher was recorded by run (released, or
+		// A panic of the finisher was recorded (released, or
 		// indeterminate after MarkEffect) and reported: the completer
 		// goes on with the next record.
 		if v := recover(); v != nil {
@@ -473,25 +441,43 @@ func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *Reco
 			e.cfg.logger.ErrorContext(ctx, "idempotency completer: the finisher panicked", slog.String("id", rec.ID.String()), slog.Any("panic", v))
 		}
 	}()
-	att.run(ctx, &ev, start, nil, func(any) *Response { return &Response{Status: 500, BodyKept: true} },
-		func() { resp = (*rt.p.finish)(hctx, *req) })
-	if resp == nil {
-		resp = &Response{Status: 500}
+	got := rt.enter(&job{c: cl, ctx: cl.ctx, allow: e.cfg.recorded}, transport{handle: f.handle, panicked: f.panicked})
+	ev = cl.ev
+	if !got.ran {
+		// A client's retry claimed it first (or the store failed): that
+		// attempt records the outcome.
+		if got.ans.err != nil && !errors.Is(got.ans.err, ErrInProgress) {
+			res.Failed++
+			ev.Decision, ev.Err = DecisionSettleError, got.ans.err
+			e.emit(ctx, ev, start)
+		}
+		return
 	}
-	kept := *resp
-	kept.BodyKept = int64(len(resp.Body)) <= e.cfg.maxResponse
-	if !kept.BodyKept {
-		kept.Body = nil
-	}
-	att.recordAllow = e.cfg.recorded
-	err := att.end(&ev, &kept, false)
-	ev.Status = resp.Status
-	if err != nil {
+	ev.Status = f.resp.Status
+	if got.err != nil {
 		res.Failed++
-		ev.Decision, ev.Err = DecisionSettleError, err
+		ev.Decision, ev.Err = DecisionSettleError, got.err
 	} else {
 		res.Finished++
 		ev.Decision = DecisionFinished
 	}
 	e.emit(ctx, ev, start)
 }
+
+// finishCall is the finisher's transport for the machine's entry: the
+// recorded request runs again through the route's Finish function.
+type finishCall struct {
+	call
+	fn   func(ctx context.Context, req RecordedRequest) *Response
+	req  *RecordedRequest
+	resp *Response
+}
+
+func (f *finishCall) handle(ctx context.Context) (*Response, bool, error) {
+	if f.resp = f.fn(context.WithValue(ctx, resolvingKey{}, f.req), *f.req); f.resp == nil {
+		f.resp = &Response{Status: 500}
+	}
+	return capped(f.resp, f.route.e.cfg.maxResponse), false, nil
+}
+
+func (f *finishCall) panicked(any) *Response { return &Response{Status: 500, BodyKept: true} }

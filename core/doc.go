@@ -57,15 +57,17 @@
 //	               (attempt.afterEnd, afterLocalEnd)                       above, a success whose writes are gone:
 //	                                                                       indeterminate after MarkEffect, else 503
 //
-// Where it is in the code: Route.acquire takes the request rows (claim,
-// wait, takeover, fingerprint comparison), Route.resolve the
-// indeterminate ones, attempt.classify maps how the handler ended to a
-// verdict, and attempt.finish records it (commit or rollback in atomic
-// mode). Route.Serve (prepare, then run), Route.Within (prepare, then
-// within) and Engine.Once drive one attempt
-// each through the same run step (attempt.run and attempt.end: recover,
-// classify, finish, emit). The paths after a database aborted the
-// attempt's transaction are in aborted.go.
+// Where it is in the code: all of it is in machine.go. Route.acquire
+// takes the request rows (claim, wait, takeover, fingerprint comparison),
+// Route.resolve the indeterminate ones, attempt.classify maps how the
+// handler ended to a verdict, and attempt.finish records it (commit or
+// rollback in atomic mode; afterEnd, afterAbort and afterLocalEnd when
+// the transaction ended other than by the engine's commit). One entry and
+// one exit: every driver (Route.Serve, Route.Within, Route.Exec,
+// Engine.Once) reads its transport into a job, Route.enter claims and
+// runs the handler (its context, the heartbeat, recover, end), and
+// Route.exit answers (a lost race as the duplicate it was), has the
+// driver write the answer and emits the event.
 //
 // # Two modes
 //

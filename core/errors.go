@@ -27,6 +27,9 @@ var (
 	// ErrStoreUnavailable: the store could not be reached or failed (HTTP 503
 	// with Retry-After). Stores wrap driver errors with it.
 	ErrStoreUnavailable = errors.New("idem: idempotency store unavailable")
+	// ErrInvalidRequest: the request body could not be read or
+	// fingerprinted (HTTP 400).
+	ErrInvalidRequest = errors.New("idem: request body could not be read")
 	// ErrBodyTooLarge: the request body exceeds the fingerprint limit (HTTP 413).
 	ErrBodyTooLarge = errors.New("idem: request body too large to fingerprint")
 	// ErrBodyConsumed: the request announced a body (Content-Length) but

@@ -3,8 +3,6 @@ package core
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 )
 
 // Request is one request of a transport other than HTTP, for Route.Exec:
@@ -13,7 +11,8 @@ import (
 type Request struct {
 	// Key holds the values of the key's field as sent (gRPC: the
 	// idempotency-key metadata); none when the request has no key. Each
-	// is parsed as ParseKey does; more than one is ErrInvalidKey.
+	// is parsed as the Idempotency-Key header is (raw, or an RFC 8941
+	// quoted string); more than one is ErrInvalidKey.
 	Key []string
 	// Caller names who is asking (an error or "" refuses the request with
 	// ErrNoCaller, as a CallerFunc does over HTTP). nil: every request
@@ -70,133 +69,96 @@ type Request struct {
 // and goes on. Every decision is reported to the Observer and the log, as
 // Route.Serve's are; Event.Status is the Response's status, or the status
 // Route.Serve would answer a rejection with.
-func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Context) *Response) (resp *Response, replayed bool, err error) {
+func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Context) *Response) (*Response, bool, error) {
 	e := rt.e
-	start := e.cfg.clock()
-	ev := Event{Scope: rt.p.scope, Route: req.Route}
-	// reject reports a request that does not run and returns its error.
-	reject := func(err error) (*Response, bool, error) {
-		p := e.problemFor(err)
-		ev.Err, ev.Status = err, p.Status
-		e.emit(ctx, ev, start)
-		if p.RetryAfter > 0 {
-			var re *RetryError
-			if !errors.As(err, &re) {
-				err = &RetryError{Err: err, RetryAfter: p.RetryAfter}
-			}
-		}
-		return nil, false, err
+	x := &execCall{ctx: ctx, fn: fn}
+	c := &x.call
+	c.route, c.start, c.ev = rt, e.cfg.clock(), Event{Scope: rt.p.scope, Route: req.Route}
+	ev := &c.ev
+	refuse := func(err error) (*Response, bool, error) {
+		ev.Decision, ev.Err = DecisionInvalid, err
+		ev.Status = x.reject(err)
+		e.emit(ctx, *ev, c.start)
+		return nil, false, x.err
 	}
+	var err error
 	switch len(req.Key) {
 	case 0:
 		if rt.p.optionalKey {
 			return run(ctx, fn), false, nil
 		}
-		ev.Decision = DecisionInvalid
-		return reject(ErrMissingKey)
+		return refuse(ErrMissingKey)
 	case 1:
-		if ev.Key, err = ParseKey(req.Key[0]); err != nil {
-			ev.Decision = DecisionInvalid
-			return reject(err)
+		if ev.Key, err = parseKey(req.Key[0]); err != nil {
+			return refuse(err)
 		}
 	default:
-		ev.Decision = DecisionInvalid
-		return reject(clientErrorf(ErrInvalidKey, "the key is sent %d times", len(req.Key)))
+		return refuse(clientErrorf(ErrInvalidKey, "the key is sent %d times", len(req.Key)))
 	}
 	if req.Caller != nil {
-		caller, err := req.Caller(ctx)
-		if err == nil && caller == "" {
-			err = ErrNoCaller
-		} else if err != nil && !errors.Is(err, ErrNoCaller) {
-			err = &callerError{err: err} // the function failed: logged at WARN
+		if ev.Caller, err = callerOf(req.Caller(ctx)); err != nil {
+			return refuse(err)
 		}
-		if err != nil {
-			ev.Decision = DecisionInvalid
-			return reject(err)
-		}
-		ev.Caller = caller
 	}
-	var fp []byte
 	if req.Fingerprint != nil {
-		if fp, err = req.Fingerprint(); err != nil {
-			ev.Decision = DecisionInvalid
-			return reject(&fingerprintError{err: err})
+		if c.fingerprint, err = req.Fingerprint(); err != nil {
+			return refuse(&fingerprintError{err: err})
 		}
-		fp = normalFingerprint(fp)
+		c.fingerprint = normalFingerprint(c.fingerprint)
 	}
-	ident := Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
-	ev.ID = ident.ID()
-
-	c := new(call) // holds the attempt, and is what attemptFrom finds in fn's context
-	att, ans := rt.acquire(ctx, ident, ev.ID, fp, start, &c.att, nil)
-	ev.Claim = ans.claim
-	if att == nil {
-		ev.Decision, ev.Attempt = ans.decision, ans.rec.Attempt
-		if ans.unreachable && e.cfg.failOpen && !rt.atomic {
-			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(ctx, ev, start)
-			return run(ctx, fn), false, nil
-		}
-		return rt.execAnswer(ctx, ev, start, ans, reject)
-	}
-	c.claimed = true
-	ev.Attempt = att.number
-	hctx := att.ctx // atomic mode: carries the transaction
-	if !rt.atomic {
-		// Leased mode: fn keeps ctx's values but not its cancellation; its
-		// context ends when the lease is lost (see Route.Serve).
-		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-		defer cancel(nil)
-		att.cancel = cancel
-		hctx = att.withLocalTx(hctx)
-	}
-	hctx = context.WithValue(hctx, attemptKey{}, c)
-	defer att.bound()()
-	e.hold(att)
-
-	att.run(ctx, &ev, start, nil, func(any) *Response { ev.Status = 500; return &Response{Status: 500, BodyKept: true} },
-		func() { resp = fn(hctx) })
-	if resp == nil {
-		resp = &Response{Status: 500}
-	}
-	kept := *resp
-	kept.BodyKept = int64(len(resp.Body)) <= e.cfg.maxResponse
-	if !kept.BodyKept {
-		kept.Body = nil
-	}
-	ev.Status = resp.Status
-	err = att.end(&ev, &kept, false)
-	if rt.atomic && errors.Is(err, ErrLostRace) {
-		// The database rolled the transaction back for a concurrent claim
-		// (another Galera node's): fn's answer is void; answer as the
-		// duplicate this was (see Route.Serve).
-		ans := rt.afterLostRace(ctx, ev.ID, fp, start)
-		ev.Decision, ev.Err = ans.decision, err
-		if ans.err != nil {
-			ans.err = errors.Join(ans.err, err)
-		}
-		return rt.execAnswer(ctx, ev, start, ans, reject)
-	}
-	if err != nil && (rt.atomic || att.localUsed || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
-		// Not durable (atomic mode), or the new owner's answer is the one
-		// to give (lost lease): fn's answer must not reach the client.
-		return reject(err)
-	}
-	ev.Err = err // leased mode, store failing: fn's effect happened; delivered, logged
-	e.emit(ctx, ev, start)
-	return resp, false, nil
+	c.ident = Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
+	ev.ID = c.ident.ID()
+	c.ctx = context.WithValue(ctx, attemptKey{}, c) // what attemptFrom finds in fn's context
+	rt.step(&job{c: c, ctx: c.ctx, failOpen: true}, transport{handle: x.handle, panicked: x.panicked, reply: x.reply})
+	return x.resp, x.replayed, x.err
 }
 
-// execAnswer returns what Exec returns for a request that did not run.
-func (rt *Route) execAnswer(ctx context.Context, ev Event, start time.Time, ans answer, reject func(error) (*Response, bool, error)) (*Response, bool, error) {
-	if ans.err != nil {
-		return reject(ans.err)
+// execCall is Exec's transport: fn's answer, or the replay, or the error
+// in its place.
+type execCall struct {
+	call
+	ctx      context.Context
+	fn       func(ctx context.Context) *Response
+	resp     *Response
+	replayed bool
+	err      error
+}
+
+func (x *execCall) handle(hctx context.Context) (*Response, bool, error) {
+	x.resp = run(hctx, x.fn)
+	return capped(x.resp, x.route.e.cfg.maxResponse), false, nil
+}
+
+func (x *execCall) panicked(any) *Response {
+	x.ev.Status = 500
+	return &Response{Status: 500, BodyKept: true}
+}
+
+func (x *execCall) reply(res result) int {
+	switch {
+	case res.open:
+		x.resp = run(x.ctx, x.fn)
+		return 0
+	case res.reject != nil && res.void != nil:
+		return x.reject(errors.Join(res.reject, res.void))
+	case res.reject != nil:
+		return x.reject(res.reject)
+	case res.replay:
+		x.resp, x.replayed = res.ans.resp.response(), true
 	}
-	resp := ans.resp.response()
-	ev.Status = resp.Status
-	rt.e.emit(ctx, ev, start)
-	return resp, true, nil
+	return x.resp.Status
+}
+
+// reject sets x's error to the Go form of a rejection, with the
+// Retry-After HTTP would send, and returns the status HTTP would answer.
+func (x *execCall) reject(err error) int {
+	p := x.route.e.problemFor(err)
+	x.resp, x.err = nil, err
+	var re *RetryError
+	if p.RetryAfter > 0 && !errors.As(err, &re) {
+		x.err = &RetryError{Err: err, RetryAfter: p.RetryAfter}
+	}
+	return p.Status
 }
 
 // run calls fn for a request that passes through unprotected.

@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/idemkit/idem/internal/canonjson"
 )
@@ -166,13 +165,8 @@ func appendPart(dst []byte, s string) []byte {
 // fingerprint implements DefaultFingerprint (sel == nil) and
 // FingerprintFields (sel lists the fields kept).
 func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []string) []byte {
-	s := getScratch()
-	defer s.release()
-	if s.h == nil {
-		s.h = sha256.New()
-	}
-	s.h.Reset()
-	s.buf = appendRequest(s.buf[:0], r, scope)
+	s := scratch{h: sha256.New()}
+	s.buf = appendRequest(make([]byte, 0, 128), r, scope)
 	s.h.Write(s.buf)
 	s.writeBody(r, body, sel)
 	return s.h.Sum(dst)
@@ -252,23 +246,9 @@ func appendContentType(dst []byte, r *http.Request) []byte {
 	return dst
 }
 
-// scratch is the pooled working memory of the fingerprinters. It never
-// holds a reference to a caller's slice once released.
+// scratch is the working memory of the fingerprinters: the hash and the
+// bytes written to it next.
 type scratch struct {
 	h   hash.Hash
 	buf []byte // the preimage's request parts, or a form
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
-
-// maxPooledBytes bounds the memory a scratch may keep when it goes back to
-// the pool, so that one huge form does not pin its memory forever.
-const maxPooledBytes = 1 << 20
-
-func getScratch() *scratch { return scratchPool.Get().(*scratch) }
-
-func (s *scratch) release() {
-	if cap(s.buf) <= maxPooledBytes {
-		scratchPool.Put(s)
-	}
 }

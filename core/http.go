@@ -14,13 +14,9 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
-
-// HeaderReplayed marks a replayed response.
-const HeaderReplayed = "Idempotent-Replayed"
 
 // Handler protects next with the engine's defaults and opts. A record is
 // (caller, scope, key), the scope empty unless opts name one (Scope): the
@@ -73,10 +69,14 @@ func (e *Engine) Middleware(opts ...RouteOption) func(http.Handler) http.Handler
 	return func(next http.Handler) http.Handler { return e.Handler(next, opts...) }
 }
 
-// call is the per-request state. The contexts of the request that carry
-// it (Value(attemptKey{})) are how MarkEffect, Release, DownstreamKey,
-// AttemptFrom and NativeFrom find it, and how a nested layer finds the
-// layer it runs in.
+// call is the per-request state, of every driver: what the machine
+// needs of the request (its identity, fingerprint, event, start), the
+// attempt once claimed, and for HTTP the capture. The contexts of the
+// request that carry it (Value(attemptKey{})) are how MarkEffect,
+// Release, DownstreamKey, AttemptFrom and NativeFrom find it, and how a
+// nested layer finds the layer it runs in. Its methods handle, panicked
+// and reply are HTTP's transport (Exec's, Once's and the finisher's embed
+// it).
 type call struct {
 	base    context.Context // the request's context (a nested layer's: with the outer transaction hidden)
 	ctx     context.Context // base carrying the call
@@ -93,8 +93,10 @@ type call struct {
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
 
-	// What prepare found, for run.
-	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (see prepare)
+	// What prepare found, for the machine.
+	route       *Route
+	w           http.ResponseWriter
+	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (setContext)
 	start       time.Time
 	ev          Event // the event to emit, filled in as the request goes
 	ident       Identity
@@ -139,28 +141,41 @@ func NativeFrom(ctx context.Context) any {
 // same identity and fingerprint: then it is the same request nested behind
 // a writer without Unwrap, and is taken over too.
 func (rt *Route) Serve(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) {
-	if c := rt.prepare(w, r, pattern, native, next); c != nil {
-		rt.run(w, c, next)
+	c := rt.prepare(w, r, pattern, native, next)
+	if c == nil {
+		return
 	}
+	defer c.rec.free()
+	rt.step(&job{c: c, ctx: c.ctx, failOpen: true, allow: rt.e.cfg.recorded}, transport{panicked: c.panicked,
+		handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, next) },
+		reply: func(res result) int {
+			if !res.open {
+				return c.reply(res)
+			}
+			r := c.r.WithContext(c.ctx)
+			r.Body = &c.body
+			next(w, r) // fail-open: unprotected, logged at error level
+			return 0
+		},
+	})
 }
 
 // prepare reads what identifies r and what its content is: the key, the
 // scope, the caller, the body and its fingerprint. It returns nil when it
 // has dealt with r already (passed it through to next, or rejected it),
-// else the call that run takes on. It also takes a nested request over
-// from the layer it is nested in (call.supersede).
+// else the call the machine takes on. A request nested in another
+// layer's is taken over from that layer here, once (call.supersede): at
+// once when w is that layer's capture, or after the identity, when it is
+// the same request behind a writer without Unwrap.
 func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string, native any, next func(http.ResponseWriter, *http.Request)) *call {
-	var around *call // a protected request this one runs inside of
-	if outer := claimedCall(r.Context()); outer != nil {
-		if !outer.writesTo(w) {
-			around = outer
-		} else if ctx, ok := outer.supersede(r.Context()); ok {
-			r = r.WithContext(ctx)
-			if err := rt.nestable(outer.att.rt, r.Method); err != nil {
-				rt.Refuse(w, r, err)
-				return nil
-			}
+	around := claimedCall(r.Context()) // a protected request this one runs inside of
+	if around != nil && around.writesTo(w) {
+		// Nested in around's layer: taken over before this layer answers
+		// or passes anything through.
+		if r = rt.takeOver(w, r, around, r.Context()); r == nil {
+			return nil
 		}
+		around = nil
 	}
 	if !rt.covers(r.Method) {
 		next(w, r)
@@ -176,82 +191,18 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		err = ErrMissingKey
 	}
 	start := e.cfg.clock()
-	scope, route := rt.p.scope, routeLabel(r, pattern)
 	if err != nil {
-		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: scope, Route: route, Err: err}, start)
+		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, pattern), Err: err}, start)
 		return nil
 	}
-	c := &call{base: r.Context(), native: native, r: r, rc: r, start: start}
-	c.ctx = context.WithValue(c.base, attemptKey{}, c)
-	// Until the record is claimed, the caller function and the fingerprinter
-	// see the request as it came, or, when the adapter passed its framework's
-	// context, a copy whose context is the call (NativeFrom finds it there).
-	// The handler's request is made once the record is claimed, so a replay
-	// or a rejection makes neither it nor the leased mode's cancellable
-	// context.
-	if native != nil {
-		c.rc = r.WithContext(c.ctx)
-	}
-	rc := c.rc
-	c.ev = Event{Scope: scope, Route: route, Key: key}
-	ev := &c.ev
-	caller := ""
-	if e.cfg.caller != nil {
-		caller, err = e.cfg.caller(rc)
-		if err == nil && caller == "" {
-			err = ErrNoCaller
-		} else if err != nil && !errors.Is(err, ErrNoCaller) {
-			err = &callerError{err: err} // the function failed: logged at WARN
-		}
-		if err != nil {
-			ev.Decision, ev.Err = DecisionInvalid, err
-			rt.reject(w, rc, *ev, start)
-			return nil
-		}
-	}
-	ev.Caller = caller
-	body, err := c.body.load(r, e.cfg.maxRequest)
-	if errors.Is(err, ErrBodyConsumed) {
-		e.cfg.logger.ErrorContext(rc.Context(), "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
-			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
-			slog.String("scope", scope), slog.String("error", err.Error()))
-	}
-	if err != nil {
-		ev.Decision, ev.Err = DecisionInvalid, err
-		rt.reject(w, rc, *ev, start)
+	c := &call{route: rt, native: native, r: r, w: w, start: start}
+	c.ev = Event{Scope: rt.p.scope, Route: routeLabel(r, pattern), Key: key}
+	c.setContext(r.Context())
+	if c.ev.Decision, c.ev.Err = c.identify(); c.ev.Err != nil {
+		rt.reject(w, c.rc, c.ev, start)
 		return nil
 	}
-	if rc != r {
-		rc.Body = &c.body
-	}
-	if f := rt.p.fingerprint; f == nil {
-		c.fingerprint = fingerprint(c.fp[:0], rc, scope, body, nil) // DefaultFingerprint
-	} else {
-		fp, err := f(rc, scope, body)
-		if err != nil {
-			ev.Decision, ev.Err = DecisionInvalid, &fingerprintError{err: err}
-			rt.reject(w, rc, *ev, start)
-			return nil
-		}
-		c.fingerprint = normalFingerprint(fp)
-	}
-	c.ident = Identity{Caller: caller, Scope: scope, Key: key}
-	ev.ID = c.ident.ID()
-	if rt.p.record != nil {
-		if c.request, err = rt.recordRequest(r, caller, body); err != nil {
-			ev.Decision, ev.Err = DecisionInvalid, clientErrorf(ErrInvalidRequest, "the fields to record could not be read from the body: %v", err)
-			rt.reject(w, rc, *ev, start)
-			return nil
-		}
-		if rt.p.name != "" && e.settler != nil {
-			if c.markRequest, err = e.sealRequest(ev.ID, c.request); err != nil {
-				ev.Decision, ev.Err = DecisionStoreError, storeErr(err)
-				rt.reject(w, rc, *ev, start)
-				return nil
-			}
-		}
-	}
-	if around != nil && around.att.id == ev.ID && (bytes.Equal(around.fingerprint, c.fingerprint) || rt.p.fingerprint != nil || around.att.rt.p.fingerprint != nil) {
+	if around != nil && around.att.id == c.ev.ID && (bytes.Equal(around.fingerprint, c.fingerprint) || rt.p.fingerprint != nil || around.att.rt.p.fingerprint != nil) {
 		// The same request nested behind a writer without Unwrap: the same
 		// identity and fingerprint (with a Fingerprint option on either
 		// layer the two cannot be compared: taken over, and refused by
@@ -260,17 +211,11 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 		// the identity (the scope is empty by default) but not the
 		// fingerprint: it is protected on its own, and meets the outer's
 		// record as a key reused for another request (422).
-		if ctx, ok := around.supersede(c.base); ok {
-			c.base = ctx
-			c.ctx = context.WithValue(ctx, attemptKey{}, c)
-			if native != nil {
-				c.rc = r.WithContext(c.ctx)
-			}
-			if err := rt.nestable(around.att.rt, r.Method); err != nil {
-				rt.Refuse(w, r, err)
-				return nil
-			}
+		taken := rt.takeOver(w, r, around, c.base)
+		if taken == nil {
+			return nil
 		}
+		c.setContext(taken.Context()) // the takeover hid the outer's transaction
 	}
 	if rt.atomic && e.tx.InTx(c.base) && (around == nil || (!around.att.rt.atomic && around.att.lctx == nil)) {
 		// The request carries a transaction the engine did not begin (a
@@ -289,138 +234,129 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	return c
 }
 
-// run takes a prepared call through the state machine: it claims the
-// record or answers without running (replay, rejection, fail-open), runs
-// the handler through the attempt's run step, and delivers the handler's
-// answer or the engine's when the outcome could not be made durable.
-func (rt *Route) run(w http.ResponseWriter, c *call, next func(http.ResponseWriter, *http.Request)) {
-	e := rt.e
-	r, rc, ev, start := c.r, c.rc, &c.ev, c.start
-	ctx := c.ctx
-	att, ans := rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
-	ev.Claim = ans.claim
-	if att == nil {
-		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		switch {
-		case ans.unreachable && e.cfg.failOpen && !rt.atomic:
-			ev.Err = fmt.Errorf("running WITHOUT idempotency protection (fail-open): %w", ans.err)
-			e.emit(ctx, *ev, start)
-			r = r.WithContext(ctx)
-			r.Body = &c.body
-			next(w, r)
-		case ans.err != nil:
-			rt.reject(w, rc, *ev, start)
-		default:
-			ev.Status = rt.writeReplay(w, rc, &ans.resp)
-			e.emit(ctx, *ev, start)
-		}
-		return
+// setContext makes base the call's context, and the call's own context
+// (c.ctx) base carrying c. Until the record is claimed, the caller
+// function and the fingerprinter see the request as it came, or, when the
+// adapter passed its framework's context, a copy whose context is the
+// call (NativeFrom finds it there). The handler's request is made once
+// the record is claimed, so a replay or a rejection makes neither it nor
+// the leased mode's cancellable context.
+func (c *call) setContext(base context.Context) {
+	c.base = base
+	c.ctx = context.WithValue(base, attemptKey{}, c)
+	c.rc = c.r
+	if c.native != nil {
+		c.rc = c.r.WithContext(c.ctx)
 	}
-	c.claimed = true
-	ev.Attempt = att.number
-	hctx := att.ctx // atomic mode: carries the transaction
-	if !rt.atomic {
-		// Leased mode: the attempt outlives its client. A client that
-		// disconnects does not cancel it halfway through an external
-		// effect: the handler's context keeps the request's values (the
-		// application's own transaction, if any, which the handler may
-		// use) but not its cancellation, and ends only when the lease is
-		// lost (cause ErrLeaseLost). The attempt's own store calls
-		// (att.ctx) hide the store's transaction (Route.leasedCtx).
-		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-		defer cancel(nil)
-		att.cancel = cancel
-		hctx = att.withLocalTx(hctx)
-	}
-	defer att.bound()()
-	e.hold(att)
-	r = r.WithContext(hctx)
-	r.Body = &c.body
-	rec := &c.rec
-	rec.init(w, rt.atomic, e.cfg.maxResponse)
-	defer rec.free()
-	// A nested layer that took the request over (call.supersede) settles
-	// its own attempt: this layer then records nothing.
-	settles := func() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
-	att.run(ctx, ev, start, settles, c.panicResponse, func() { next(rec, r) })
-	if !settles() {
-		// A nested layer protected the request with its own options and
-		// its answer went out through rec untouched; this layer's claim
-		// was given up before the handler ran.
-		e.cfg.logger.DebugContext(ctx, "idempotency: a nested layer protected the request", slog.String("scope", ev.Scope))
-		return
-	}
-
-	if err := rec.settle(); err != nil {
-		// Atomic mode, and the answer past the cap could not be spilled
-		// to its temporary file: the answer is incomplete, so nothing is
-		// recorded; the attempt ends as a panic would (released: the
-		// transaction rolls back; indeterminate after MarkEffect) and the
-		// client gets the engine's 500.
-		p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err)) // internal: not shown
-		e.cfg.logger.ErrorContext(c.ctx, "idempotency: the answer past the recording cap could not be spilled to its temporary file; the attempt ends as a panic would and the client gets 500",
-			slog.String("id", c.ev.ID.String()), slog.String("error", err.Error()))
-		p.RecordID = ev.ID.String()
-		ferr := att.end(ev, problemResponse(p), true)
-		ev.Err = errors.Join(err, ferr)
-		if ferr != nil {
-			// Not even that could be made durable: the store's problem
-			// (503, retry).
-			p = e.problemFor(ferr)
-			p.RecordID = ev.ID.String()
-		}
-		rec.resetHeader()
-		e.cfg.errorWriter(w, r, p)
-		ev.Status = p.Status
-		e.emit(ctx, *ev, start)
-		return
-	}
-	resp := &c.resp
-	rec.response(resp)
-	att.recordAllow = e.cfg.recorded
-	err := att.end(ev, resp, false)
-	ev.Status = resp.Status
-	if rt.atomic && errors.Is(err, ErrLostRace) && !rec.through {
-		// Atomic mode, and the database rolled the transaction back for a
-		// concurrent claim of the identity (another Galera node's): the
-		// handler's answer is void; answer as the duplicate this was.
-		rec.resetHeader()
-		ans := rt.afterLostRace(ctx, ev.ID, c.fingerprint, start)
-		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, err)
-		if ans.err != nil {
-			p := e.problemFor(ans.err)
-			p.RecordID = ev.ID.String()
-			e.cfg.errorWriter(w, r, p)
-			ev.Status = p.Status
-		} else {
-			ev.Status = rt.writeReplay(w, rc, &ans.resp)
-		}
-	} else if err != nil && !rec.through && (rt.atomic || att.localUsed || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrOutcomePending)) {
-		// Atomic mode, or leased with local writes: the outcome is not
-		// durable (rolled back), so the handler's answer must not reach
-		// the client. Lost lease: the new owner's answer is the one to
-		// give. (Leased mode without local writes and without MarkEffect,
-		// with a failing store: the handler's answer is delivered and the
-		// failure logged; the record's lease will lapse.)
-		rec.resetHeader()
-		p := e.problemFor(err)
-		p.RecordID = ev.ID.String()
-		e.cfg.errorWriter(w, r, p)
-		ev.Status = p.Status
-	} else {
-		rec.deliver()
-	}
-	e.emit(ctx, *ev, start)
 }
 
-// panicResponse is the answer recorded for a handler that panicked: the
+// identify names the caller, reads the body and computes the
+// fingerprint, the identity and what the route records of the request.
+// It returns the decision and the error of a request it refuses.
+func (c *call) identify() (Decision, error) {
+	rt, r, ev := c.route, c.r, &c.ev
+	e := rt.e
+	if e.cfg.caller != nil {
+		var err error
+		if ev.Caller, err = callerOf(e.cfg.caller(c.rc)); err != nil {
+			return DecisionInvalid, err
+		}
+	}
+	body, err := c.body.load(r, e.cfg.maxRequest)
+	if errors.Is(err, ErrBodyConsumed) {
+		e.cfg.logger.ErrorContext(c.rc.Context(), "idempotency: the request body was read before the idempotency middleware, so it cannot be fingerprinted; "+
+			"install the middleware before any middleware that reads the body (or make that middleware restore it)",
+			slog.String("scope", ev.Scope), slog.String("error", err.Error()))
+	}
+	if err != nil {
+		return DecisionInvalid, err
+	}
+	if c.rc != r {
+		c.rc.Body = &c.body
+	}
+	if f := rt.p.fingerprint; f == nil {
+		c.fingerprint = fingerprint(c.fp[:0], c.rc, ev.Scope, body, nil) // DefaultFingerprint
+	} else {
+		fp, err := f(c.rc, ev.Scope, body)
+		if err != nil {
+			return DecisionInvalid, &fingerprintError{err: err}
+		}
+		c.fingerprint = normalFingerprint(fp)
+	}
+	c.ident = Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
+	ev.ID = c.ident.ID()
+	if rt.p.record == nil {
+		return "", nil
+	}
+	if c.request, err = rt.recordRequest(r, ev.Caller, body); err != nil {
+		return DecisionInvalid, clientErrorf(ErrInvalidRequest, "the fields to record could not be read from the body: %v", err)
+	}
+	if rt.p.name != "" && e.settler != nil {
+		if c.markRequest, err = e.sealRequest(ev.ID, c.request); err != nil {
+			return DecisionStoreError, storeErr(err)
+		}
+	}
+	return "", nil
+}
+
+// takeOver takes the request r over from the layer of around, which
+// protects it already (call.supersede), and returns r with ctx, the
+// outer's transaction hidden, for this layer to go on with; nil when
+// this route's options cannot take it over (nestable): r is refused.
+// When around has settled already (a nested layer on another goroutine),
+// r goes on unchanged, protected on its own.
+func (rt *Route) takeOver(w http.ResponseWriter, r *http.Request, around *call, ctx context.Context) *http.Request {
+	ctx, ok := around.supersede(ctx)
+	if !ok {
+		return r
+	}
+	r = r.WithContext(ctx)
+	if err := rt.nestable(around.att.rt, r.Method); err != nil {
+		rt.Refuse(w, r, err)
+		return nil
+	}
+	return r
+}
+
+// handle runs handler (Serve's next, Within's handler) with the capture
+// c.rec, and returns what the capture holds.
+func (c *call) handle(hctx context.Context, handler func(http.ResponseWriter, *http.Request)) (*Response, bool, error) {
+	r := c.r.WithContext(hctx)
+	r.Body = &c.body
+	c.rec.init(c.w, c.route.atomic, c.route.e.cfg.maxResponse)
+	handler(&c.rec, r)
+	spill := c.rec.settle()
+	c.rec.response(&c.resp)
+	return &c.resp, c.rec.through, spill
+}
+
+// panicked is the answer recorded for a handler that panicked: the
 // engine's 500, which does not show the panic's value.
-func (c *call) panicResponse(v any) *Response {
-	p := c.att.e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
+func (c *call) panicked(v any) *Response {
+	p := c.route.e.problemFor(fmt.Errorf("idem: the handler panicked: %v", v))
 	p.RecordID = c.ev.ID.String()
 	return problemResponse(p)
 }
+
+// reply writes res to the client: the handler's answer (the capture's),
+// or a replay or a problem document in its place.
+func (c *call) reply(res result) int {
+	rt := c.route
+	switch {
+	case res.reject != nil:
+		c.rec.resetHeader() // the engine's answer replaces the handler's
+		return rt.writeProblem(c.w, c.rc, res.reject, c.ev.ID)
+	case res.replay:
+		c.rec.resetHeader()
+		return rt.writeReplay(c.w, c.rc, &res.ans.resp)
+	}
+	c.rec.deliver()
+	return c.resp.Status
+}
+
+// settles reports whether c's layer settles its attempt, and from now on
+// no nested layer can take the request over (call.supersede).
+func (c *call) settles() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
 
 // callerError is a caller function's own failure (not "no caller"): the
 // client gets 401, and since its text may name internal systems ("ldap
@@ -431,6 +367,18 @@ func (e *callerError) Error() string {
 	return ErrNoCaller.Error() + ": the caller function failed: " + e.err.Error()
 }
 func (e *callerError) Unwrap() []error { return []error{ErrNoCaller, e.err} }
+
+// callerOf is a caller function's answer as the engine takes it: "" is
+// ErrNoCaller, and the function's own failure a *callerError.
+func callerOf(caller string, err error) (string, error) {
+	switch {
+	case err == nil && caller == "":
+		return "", ErrNoCaller
+	case err != nil && !errors.Is(err, ErrNoCaller):
+		return "", &callerError{err: err}
+	}
+	return caller, err
+}
 
 // fingerprintError is a fingerprint function's own failure: the client
 // gets 400 invalid-request without its text, and since the function is
@@ -476,7 +424,7 @@ func claimedCall(ctx context.Context) *call {
 // supersede hands the request over from the layer of c (the outer one) to
 // a layer nested in it, and returns ctx for the nested layer to go on
 // with. The outer attempt is given up (its claim rolled back or released:
-// its record never persists), its recorder turns transparent (what the
+// its record never persists), its recorder writes through (what the
 // inner layer sends, held until its own commit, passes out as is,
 // streaming included), and the outer's transaction is hidden from the
 // returned context, so the inner layer claims on its own: in a
@@ -543,10 +491,6 @@ func (c *call) writesTo(w http.ResponseWriter) bool {
 	return false
 }
 
-// ErrInvalidRequest: the request body could not be read or fingerprinted
-// (HTTP 400).
-var ErrInvalidRequest = errors.New("idem: request body could not be read")
-
 // routeLabel is the label of r's route for observability (Event.Route):
 // the adapter's pattern, else the ServeMux pattern that matched r without
 // its method, else "". Never the concrete path, and never part of the
@@ -558,15 +502,22 @@ func routeLabel(r *http.Request, pattern string) string {
 	return trimMuxPattern(r.Pattern) // maybe with a host
 }
 
+// reject answers r, which did not reach the machine, with the problem
+// document for ev.Err, and emits ev.
 func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
-	e := rt.e
-	p := e.problemFor(ev.Err)
-	if ev.ID != (ID{}) {
-		p.RecordID = ev.ID.String()
+	ev.Status = rt.writeProblem(w, r, ev.Err, ev.ID)
+	rt.e.emit(r.Context(), ev, start)
+}
+
+// writeProblem writes the problem document for err (of record id, if
+// known) and returns its status.
+func (rt *Route) writeProblem(w http.ResponseWriter, r *http.Request, err error, id ID) int {
+	p := rt.e.problemFor(err)
+	if id != (ID{}) {
+		p.RecordID = id.String()
 	}
-	e.cfg.errorWriter(w, r, p)
-	ev.Status = p.Status
-	e.emit(r.Context(), ev, start)
+	rt.e.cfg.errorWriter(w, r, p)
+	return p.Status
 }
 
 // writeReplay writes a recorded response and returns the status sent.
@@ -603,15 +554,6 @@ func (w *bufferWriter) WriteHeader(code int)        { w.status = code }
 func (w *bufferWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
 
 // --- request body ----------------------------------------------------------
-
-// bufPool holds the buffers of response captures (recorder) and of
-// completion encodings (attempt.record). Neither is handed out beyond the
-// call that uses it: a store copies Completion.Response before Complete
-// returns (storetest's NoAliasing), a Sealer does not keep plain, and a
-// ResponseWriter is not used after ServeHTTP returns (net/http's rule;
-// http.TimeoutHandler's late handler writes to a writer of its own).
-// Request bodies are not pooled: see bodyReader.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
 // bodyReader replays the request body read for the fingerprint. Its buffer
 // is allocated per request and never reused: the handler gets the
@@ -742,16 +684,13 @@ type recorder struct {
 	atomic   bool
 	status   int
 	max      int64
-	buf      *[]byte
+	buf      []byte
 	kept     bool          // the body is complete in buf
 	through  bool          // writing through to w
 	spill    *os.File      // atomic mode past the cap: the rest of the answer
 	spillW   *bufio.Writer // buffers writes to spill
 	failed   error         // spilling failed: every write fails (settle reports it)
 	hijacked bool
-	// transparent: a nested layer took over (call.supersede); every call
-	// goes to w unchanged.
-	transparent bool
 	// outer is a copy of the response header as it was before the handler
 	// ran (what an outer middleware set: CORS), nil when it was empty;
 	// resetHeader restores it.
@@ -763,8 +702,6 @@ func (rec *recorder) init(w http.ResponseWriter, atomic bool, max int64) {
 	if h := w.Header(); len(h) > 0 {
 		rec.outer = h.Clone()
 	}
-	rec.buf = bufPool.Get().(*[]byte)
-	*rec.buf = (*rec.buf)[:0]
 }
 
 func (rec *recorder) free() {
@@ -772,9 +709,6 @@ func (rec *recorder) free() {
 		_ = rec.spill.Close()
 		_ = os.Remove(rec.spill.Name())
 		rec.spill, rec.spillW = nil, nil
-	}
-	if rec.buf != nil && cap(*rec.buf) <= 1<<20 {
-		bufPool.Put(rec.buf)
 	}
 	rec.buf = nil
 }
@@ -786,6 +720,9 @@ func (rec *recorder) Header() http.Header { return rec.w.Header() }
 // CORS headers a browser needs to read the answer at all), for an answer
 // of the engine's own that replaces the handler's.
 func (rec *recorder) resetHeader() {
+	if rec.w == nil {
+		return // the handler did not run
+	}
 	h := rec.w.Header()
 	clear(h)
 	for k, v := range rec.outer {
@@ -794,10 +731,6 @@ func (rec *recorder) resetHeader() {
 }
 
 func (rec *recorder) WriteHeader(code int) {
-	if rec.transparent {
-		rec.w.WriteHeader(code)
-		return
-	}
 	if code < 200 || rec.status != 0 {
 		if code >= 100 && code < 200 && rec.through {
 			rec.w.WriteHeader(code)
@@ -811,9 +744,6 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
-	if rec.transparent {
-		return rec.w.Write(p)
-	}
 	if rec.hijacked {
 		return 0, http.ErrHijacked
 	}
@@ -829,7 +759,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.spillW != nil {
 		return rec.spillWrite(p)
 	}
-	if int64(len(*rec.buf)+len(p)) > rec.max {
+	if int64(len(rec.buf)+len(p)) > rec.max {
 		rec.kept = false
 		if rec.atomic {
 			// Nothing may reach the client before the commit, and the
@@ -846,22 +776,19 @@ func (rec *recorder) Write(p []byte) (int, error) {
 		rec.goThrough()
 		return rec.w.Write(p)
 	}
-	*rec.buf = append(*rec.buf, p...)
+	rec.buf = append(rec.buf, p...)
 	return len(p), nil
 }
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
-	if rec.transparent {
-		return io.WriteString(rec.w, s)
-	}
-	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || int64(len(*rec.buf)+len(s)) > rec.max {
+	if rec.through || rec.hijacked || rec.failed != nil || rec.spillW != nil || int64(len(rec.buf)+len(s)) > rec.max {
 		return rec.Write([]byte(s))
 	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
-	*rec.buf = append(*rec.buf, s...)
+	rec.buf = append(rec.buf, s...)
 	return len(s), nil
 }
 
@@ -898,9 +825,9 @@ func (rec *recorder) goThrough() {
 		rec.status = http.StatusOK
 	}
 	rec.w.WriteHeader(rec.status)
-	if len(*rec.buf) > 0 {
-		_, _ = rec.w.Write(*rec.buf)
-		*rec.buf = (*rec.buf)[:0]
+	if len(rec.buf) > 0 {
+		_, _ = rec.w.Write(rec.buf)
+		rec.buf = rec.buf[:0]
 	}
 	rec.sendSpill()
 }
@@ -919,27 +846,24 @@ func (rec *recorder) sendSpill() {
 	rec.spill, rec.spillW = nil, nil
 }
 
-// passThrough makes the recorder transparent (call.supersede). Anything
-// already held (a status or bytes written before the nested layer took
-// over) is sent first.
+// passThrough makes the recorder write through (call.supersede): what
+// the nested layer that took over sends passes out as it sends it,
+// streaming included. Anything already held (a status or bytes written
+// before the nested layer took over) is sent first.
 func (rec *recorder) passThrough() {
-	if rec.transparent {
-		return
-	}
-	if !rec.through && (rec.status != 0 || len(*rec.buf) > 0) {
+	switch {
+	case rec.through:
+	case rec.status != 0 || len(rec.buf) > 0:
 		rec.goThrough()
+	default:
+		rec.kept, rec.through = false, true
 	}
-	rec.transparent = true
 }
 
 // Flush streams the response in leased mode (the body is then not kept);
 // in atomic mode it is deferred until the transaction commits (deliver then
 // sends everything, past the cap from the temporary file).
 func (rec *recorder) Flush() {
-	if rec.transparent {
-		_ = http.NewResponseController(rec.w).Flush()
-		return
-	}
 	if rec.hijacked || (rec.atomic && !rec.through) {
 		return
 	}
@@ -953,10 +877,7 @@ func (rec *recorder) Flush() {
 // kept); atomic mode refuses it, since nothing may reach the client before
 // the commit.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	if rec.transparent {
-		return http.NewResponseController(rec.w).Hijack()
-	}
-	if rec.atomic {
+	if rec.atomic && !rec.through { // through in atomic mode: a nested layer took over
 		return nil, nil, fmt.Errorf("idem: Hijack is not supported in atomic mode: %w", http.ErrNotSupported)
 	}
 	conn, rw, err := http.NewResponseController(rec.w).Hijack() // also through Unwrap chains
@@ -981,7 +902,7 @@ func (rec *recorder) response(resp *Response) {
 	}
 	*resp = Response{Status: status, Header: rec.w.Header(), BodyKept: rec.kept}
 	if rec.kept {
-		resp.Body = *rec.buf
+		resp.Body = rec.buf
 	}
 }
 
@@ -994,8 +915,8 @@ func (rec *recorder) deliver() {
 		rec.status = http.StatusOK
 	}
 	rec.w.WriteHeader(rec.status)
-	if len(*rec.buf) > 0 {
-		_, _ = rec.w.Write(*rec.buf)
+	if len(rec.buf) > 0 {
+		_, _ = rec.w.Write(rec.buf)
 	}
 	rec.sendSpill()
 }

@@ -3,16 +3,16 @@ package core
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"net/http"
 	"strings"
-	"unicode/utf8"
 )
 
-// HeaderKey is the request header that carries the idempotency key.
-const HeaderKey = "Idempotency-Key"
-
-// MaxKeyLen is the longest accepted key, in bytes, after trimming.
-const MaxKeyLen = 255
+// The request header that carries the idempotency key (unless
+// WithKeyHeader names another), and the response header that marks a
+// replay.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+)
 
 // Identity names one record: who asks (Caller), which unit of work (Scope)
 // and the client's Key. Two identities that differ in any part never share a
@@ -38,18 +38,14 @@ func (i Identity) ID() ID {
 	return id
 }
 
-// KeyFromHeader extracts the idempotency key from h. It returns ("", nil)
-// when the header is absent. Both syntaxes address the same key: the raw
-// value (Idempotency-Key: abc, as Stripe clients send it) and the RFC 8941
-// sf-string (Idempotency-Key: "abc", as the IETF draft says). The key must
-// be 1 to MaxKeyLen bytes after trimming optional whitespace, without
-// control characters; a quoted string must be well formed (only \" and \\
-// escapes, printable ASCII). More than one header field, an empty value or
-// any violation returns an error wrapping ErrInvalidKey.
-func KeyFromHeader(h http.Header) (string, error) { return keyFrom(h, HeaderKey) }
-
-// ParseKey parses one Idempotency-Key field value; see KeyFromHeader.
-func ParseKey(v string) (string, error) {
+// parseKey parses one Idempotency-Key field value. Both syntaxes address
+// the same key: the raw value (Idempotency-Key: abc, as Stripe clients
+// send it) and the RFC 8941 sf-string (Idempotency-Key: "abc", as the
+// IETF draft says). The key must be 1 to MaxKeyLen bytes after trimming
+// optional whitespace, without control characters; a quoted string must
+// be well formed (only \" and \\ escapes, printable ASCII). An empty value
+// or any violation returns an error wrapping ErrInvalidKey.
+func parseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" {
 		return "", clientErrorf(ErrInvalidKey, "empty value")
@@ -116,22 +112,6 @@ func checkLen(k string) (string, error) {
 		return "", clientErrorf(ErrInvalidKey, "longer than %d bytes", MaxKeyLen)
 	}
 	return k, nil
-}
-
-// debugString returns s as valid UTF-8 of at most MaxDebugLen bytes, for the
-// debug columns of a record.
-func debugString(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if len(s) <= MaxDebugLen {
-		return s
-	}
-	s = s[:MaxDebugLen]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // normalFingerprint bounds a fingerprint to 32 bytes for the store: longer

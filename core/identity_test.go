@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestKeyFromHeader(t *testing.T) {
+func TestKeyFrom(t *testing.T) {
 	long := strings.Repeat("k", MaxKeyLen)
 	tests := []struct {
 		name   string
@@ -44,15 +44,15 @@ func TestKeyFromHeader(t *testing.T) {
 			if tt.values != nil {
 				h[HeaderKey] = tt.values
 			}
-			got, err := KeyFromHeader(h)
+			got, err := keyFrom(h, HeaderKey)
 			if tt.err {
 				if !errors.Is(err, ErrInvalidKey) {
-					t.Fatalf("KeyFromHeader(%q) = %q, %v; want ErrInvalidKey", tt.values, got, err)
+					t.Fatalf("keyFrom(%q) = %q, %v; want ErrInvalidKey", tt.values, got, err)
 				}
 				return
 			}
 			if err != nil || got != tt.want {
-				t.Fatalf("KeyFromHeader(%q) = %q, %v; want %q", tt.values, got, err, tt.want)
+				t.Fatalf("keyFrom(%q) = %q, %v; want %q", tt.values, got, err, tt.want)
 			}
 		})
 	}
@@ -75,15 +75,5 @@ func TestIdentityID(t *testing.T) {
 	}
 	if s := (Identity{"a", "b", "c"}).ID().String(); len(s) != 64 {
 		t.Fatalf("ID.String() = %q, want 64 hex digits", s)
-	}
-}
-
-func TestDebugString(t *testing.T) {
-	s := debugString(strings.Repeat("é", 200)) // 400 bytes
-	if len(s) > MaxDebugLen || !strings.HasPrefix(strings.Repeat("é", 200), s) || len(s)%2 != 0 {
-		t.Fatalf("debugString cut a rune or overflowed: len %d", len(s))
-	}
-	if got := debugString("a\xffb"); got != "a\uFFFDb" {
-		t.Fatalf("debugString(invalid UTF-8) = %q", got)
 	}
 }

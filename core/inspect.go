@@ -61,10 +61,10 @@ func (c Cursor) String() string {
 	return strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "." + c.ID.String()
 }
 
-// ParseCursor parses the text form of a Cursor (Cursor.String); the empty
+// parseCursor parses the text form of a Cursor (Cursor.String); the empty
 // string is the zero Cursor. Anything else fails with an error wrapping
 // ErrConfig.
-func ParseCursor(s string) (Cursor, error) {
+func parseCursor(s string) (Cursor, error) {
 	if s == "" {
 		return Cursor{}, nil
 	}

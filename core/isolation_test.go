@@ -94,7 +94,8 @@ func isolationRun(t *testing.T, seed uint64, requests int, atomicMode bool, wait
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := runs.Add(1)
 		body, _ := io.ReadAll(r.Body)
-		key, _ := core.KeyFromHeader(r.Header)
+		info, _ := core.AttemptFrom(r.Context())
+		key := info.Identity.Key
 		time.Sleep(time.Duration(n%3) * time.Millisecond) // overlap duplicates
 		status := http.StatusCreated
 		if strings.Contains(string(body), `"v":2`) {

@@ -75,6 +75,22 @@ func TestNoAttemptFailsLoudly(t *testing.T) {
 	})
 }
 
+// routeAtomic reports whether rt runs in atomic mode, as a request's
+// handler sees it (AttemptFrom).
+func routeAtomic(t *testing.T, rt *core.Route) bool {
+	t.Helper()
+	var atomic bool
+	_, _, err := rt.Exec(context.Background(), core.Request{Key: []string{"probe"}}, func(ctx context.Context) *core.Response {
+		info, _ := core.AttemptFrom(ctx)
+		atomic = info.Atomic
+		return &core.Response{Status: http.StatusOK}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return atomic
+}
+
 // TestAtomicRouteNeedsTxStore: a route that asks for atomic mode (Atomic)
 // on an engine whose store has no transactions fails when it is built,
 // with an error wrapping ErrConfig that names the SQL stores; on a
@@ -109,7 +125,7 @@ func TestAtomicRouteNeedsTxStore(t *testing.T) {
 	})
 	t.Run("ok, a TxStore", func(t *testing.T) {
 		rt, err := build(t, memstore.New().Atomic(), core.Atomic())
-		if err != nil || !rt.Atomic() {
+		if err != nil || !routeAtomic(t, rt) {
 			t.Fatalf("Route(Atomic()) on a TxStore: (%v, %v), want an atomic route", rt, err)
 		}
 	})

@@ -66,79 +66,53 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	if m.ID == "" || len(m.ID) > MaxKeyLen {
 		return Result{}, clientErrorf(ErrInvalidKey, "message id must be 1 to %d bytes", MaxKeyLen)
 	}
-	start := e.cfg.clock()
+	o := &onceCall{fn: fn}
+	c := &o.call
 	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
-	id := ident.ID()
-	ev := Event{ID: id, Scope: ident.Scope, Key: m.ID}
-	var cancel context.CancelCauseFunc
-	if !rt.atomic {
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-	}
-	fp := normalFingerprint(m.Fingerprint)
-	// answered returns what Once returns for a run that did not execute.
-	answered := func(ans answer) (Result, error) {
-		switch {
-		case ans.err != nil:
-			return Result{}, ans.err
-		case ans.decision == DecisionIndeterminate:
-			return Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, id)
-		case !ans.resp.kept:
-			return Result{Replayed: true}, ErrNotKept
-		}
-		return Result{Value: ans.resp.body, Replayed: true}, nil
-	}
-	c := new(call)
-	att, ans := rt.acquire(ctx, ident, id, fp, start, &c.att, cancel)
-	ev.Claim = ans.claim
-	if att == nil {
-		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		e.emit(ctx, ev, start)
-		return answered(ans)
-	}
-	ev.Attempt = att.number
-	// Atomic mode: fn runs in the attempt's transaction. Leased mode: fn
-	// gets ctx as it came (with whatever transaction the caller put in
-	// it), while the attempt's own store calls hide that transaction.
-	base := att.ctx
-	if !rt.atomic {
-		base = att.withLocalTx(ctx) // fn's local writes commit with the completion
-	}
-	c.claimed = true
-	hctx := context.WithValue(base, attemptKey{}, c)
-	defer att.bound()()
-	e.hold(att)
+	c.route, c.start, c.ident, c.fingerprint = rt, e.cfg.clock(), ident, normalFingerprint(m.Fingerprint)
+	c.ev = Event{ID: ident.ID(), Scope: ident.Scope, Key: m.ID}
+	c.ctx = context.WithValue(ctx, attemptKey{}, c)
+	rt.step(&job{c: c, ctx: c.ctx, keepCancel: true}, transport{handle: o.handle, panicked: o.panicked, reply: o.reply})
+	return o.res, o.err
+}
 
-	var value []byte
-	var err error
-	att.run(ctx, &ev, start, nil, func(any) *Response { return &Response{Status: 500, BodyKept: true} },
-		func() { value, err = fn(hctx) })
-	// fn's error is a 500 (the work did not happen, unless an effect was
-	// marked: then its outcome is unknown), nil a 200 with its value.
-	resp := &Response{Status: 200, Body: value, BodyKept: true}
-	if err != nil {
-		resp = &Response{Status: 500, BodyKept: true}
+// onceCall is Once's transport: fn's error is a 500 (the work did not
+// happen, unless an effect was marked: then its outcome is unknown), nil
+// a 200 with its value.
+type onceCall struct {
+	call
+	fn         func(ctx context.Context) ([]byte, error)
+	res        Result
+	err, fnErr error
+}
+
+func (o *onceCall) handle(ctx context.Context) (*Response, bool, error) {
+	if o.res.Value, o.fnErr = o.fn(ctx); o.fnErr != nil {
+		return &Response{Status: 500, BodyKept: true}, false, nil
 	}
-	ferr := att.end(&ev, resp, false)
-	decision := ev.Decision
-	if rt.atomic && !att.joined && errors.Is(ferr, ErrLostRace) {
-		// The database rolled our transaction back for a concurrent claim
-		// (another Galera node's; fn's error, if any, was its doing): fn's
-		// writes are gone; answer as the duplicate this was. In the
-		// caller's transaction the caller must roll back: ferr matches
-		// ErrInProgress, ErrLostRace and ErrTxAborted.
-		ans := rt.afterLostRace(ctx, id, fp, start)
-		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, ferr)
-		e.emit(ctx, ev, start)
-		return answered(ans)
-	}
-	ev.Decision, ev.Err = decision, errors.Join(err, ferr)
-	e.emit(ctx, ev, start)
+	return &Response{Status: 200, Body: o.res.Value, BodyKept: true}, false, nil
+}
+
+func (o *onceCall) panicked(any) *Response { return &Response{Status: 500, BodyKept: true} }
+
+func (o *onceCall) reply(r result) int {
 	switch {
-	case err != nil:
-		return Result{}, err
-	case ferr != nil:
-		return Result{}, ferr
+	case r.ran && r.void == nil:
+		o.ev.Err, o.err = errors.Join(o.fnErr, r.err), r.err
+		if o.fnErr != nil {
+			o.err = o.fnErr
+		}
+		if o.err != nil {
+			o.res = Result{}
+		}
+	case r.reject != nil:
+		o.res, o.err = Result{}, r.reject
+	case o.ev.Decision == DecisionIndeterminate:
+		o.res, o.err = Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, o.ev.ID)
+	case !r.ans.resp.kept:
+		o.res, o.err = Result{Replayed: true}, ErrNotKept
+	default:
+		o.res = Result{Value: r.ans.resp.body, Replayed: true}
 	}
-	return Result{Value: value}, nil
+	return 0
 }

@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// Defaults of the engine's options.
+// Defaults of the engine's options, of the Completer and the Sweeper
+// fields, and of Engine.Records.
 const (
 	DefaultRetention       = 24 * time.Hour   // how long a record lives
 	DefaultLease           = 30 * time.Second // leased mode: lease of a running attempt
@@ -19,11 +20,34 @@ const (
 	DefaultMaxRequestBody  = 1 << 20          // bytes read to fingerprint a request
 	DefaultMaxResponseBody = 1 << 20          // bytes of a response body that are recorded
 	DefaultProblemBase     = "https://github.com/idemkit/idem/blob/main/docs/problems.md#"
+	// DefaultProblemDocs is the documentation the engine's problem
+	// documents link to (WithProblemDocs): idem's page of problem types,
+	// which says what each one means and what a client does about it.
+	DefaultProblemDocs = "https://github.com/idemkit/idem/blob/main/docs/problems.md"
+
+	DefaultCompleteEvery = 10 * time.Second // Completer.Every
+	DefaultCompleteBatch = 100              // Completer.Batch
+	DefaultMaxTries      = 10               // Completer.MaxTries
+	DefaultBackoff       = 30 * time.Second // Completer.Backoff
+	DefaultMaxBackoff    = time.Hour        // Completer.MaxBackoff
+	DefaultSweepEvery    = time.Minute      // Sweeper.Every
+	DefaultSweepBatch    = 1000             // Sweeper.Batch
+	DefaultRecordsLimit  = 100              // the page size of Engine.Records when the query gives none
 )
 
-// DefaultRecordedHeaders are the response headers recorded and replayed
-// unless WithRecordedHeaders says otherwise.
-var DefaultRecordedHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag"}
+var (
+	// DefaultRecordedHeaders are the response headers recorded and
+	// replayed unless WithRecordedHeaders says otherwise.
+	DefaultRecordedHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag"}
+	// ExposedHeaders are the response headers the engine sets that a
+	// browser client must be allowed to read across origins (they are not
+	// CORS-safelisted): Idempotent-Replayed on a replay, Retry-After on a
+	// 409 or 503, and the Link of a problem document. List them in
+	// Access-Control-Expose-Headers, and the key header (HeaderKey, or
+	// WithKeyHeader's) in Access-Control-Allow-Headers; see the README's
+	// CORS example. Treat it as read-only.
+	ExposedHeaders = []string{HeaderReplayed, "Retry-After", "Link"}
+)
 
 // neverRecorded are response headers that are never recorded, even when
 // allowlisted: credentials and hop-by-hop fields.
@@ -79,7 +103,7 @@ type config struct {
 	sealer       Sealer
 	failOpen     bool
 	problemBase  string
-	errorWriter  ErrorWriter
+	errorWriter  func(w http.ResponseWriter, r *http.Request, p *Problem)
 	observer     Observer
 	logger       *slog.Logger
 	logRawKeys   bool
@@ -97,11 +121,11 @@ type policy struct {
 	fingerprint Fingerprinter // nil: DefaultFingerprint
 	optionalKey bool
 	methods     []string
-	maxAttempt  time.Duration  // 0: unbounded
-	resolver    *Resolver      // nil: indeterminate records stay so
-	name        string         // Name: the route's name for the Completer; "" unnamed
-	record      *RequestFields // RecordRequest; nil: the request is not recorded
-	finish      *FinishFunc    // Finish; nil: "not applied" releases the key
+	maxAttempt  time.Duration                                             // 0: unbounded
+	resolver    *Resolver                                                 // nil: indeterminate records stay so
+	name        string                                                    // Name: the route's name for the Completer; "" unnamed
+	record      *func(body []byte) ([]byte, error)                        // RecordRequest; nil: the request is not recorded
+	finish      *func(ctx context.Context, req RecordedRequest) *Response // Finish; nil: "not applied" releases the key
 }
 
 // WithCaller sets the function that names the caller. Either WithCaller or
@@ -251,8 +275,9 @@ func WithProblemBase(base string) Option {
 }
 
 // WithErrorWriter replaces the writer of problem documents (default
-// WriteProblem).
-func WithErrorWriter(w ErrorWriter) Option {
+// WriteProblem): every rejection the engine answers over HTTP is written
+// with w.
+func WithErrorWriter(w func(w http.ResponseWriter, r *http.Request, p *Problem)) Option {
 	return engineOption(func(c *config) error {
 		if w == nil {
 			return fmt.Errorf("%w: WithErrorWriter(nil)", ErrConfig)
@@ -437,34 +462,22 @@ func Name(name string) RouteOption {
 	return routeOption(func(p *policy) { p.name = name })
 }
 
-// RequestFields chooses what RecordRequest records of a request body: the
-// fields a resolver needs (an amount, an account), so that a record keeps
-// no more of the request than that. An error refuses the request with 400
-// (ErrInvalidRequest) before it runs.
-type RequestFields func(body []byte) ([]byte, error)
-
 // RecordRequest records the request with the route's records (default:
 // not recorded, so records stay small): its method, path with query,
 // caller and body, or what fields chooses from the body (nil: the whole
-// body, at most WithMaxRequestBody bytes), sealed with the engine's
+// body, at most WithMaxRequestBody bytes: the fields a resolver needs, an
+// amount, an account, so that a record keeps no more of the request than
+// that; an error of fields refuses the request with 400,
+// ErrInvalidRequest, before it runs), sealed with the engine's
 // Sealer. A resolver reads it with ResolvingRequest, and Finish runs it
 // again. It is written with the route's mark, so it is kept only on a
 // named route (Name) and on a store that implements Settler; on a
 // client's duplicate ResolvingRequest gives that duplicate's request
 // either way.
-func RecordRequest(fields RequestFields) RouteOption {
+func RecordRequest(fields func(body []byte) ([]byte, error)) RouteOption {
 	fp := &fields
 	return routeOption(func(p *policy) { p.record = fp })
 }
-
-// FinishFunc runs a recorded request again, for the Completer: it does
-// what the route's handler does for the request req (ResolvingRequest(ctx)
-// gives it too) and returns the answer to record. Its context carries the
-// attempt as a handler's does: MarkEffect, Release, DownstreamKey (the
-// same keys as the first attempt's) and, in atomic mode, the transaction
-// (sqlstore.Tx, gormstore.DB, pgxstore.Tx) work with it. A nil Response
-// is a 500.
-type FinishFunc func(ctx context.Context, req RecordedRequest) *Response
 
 // Finish lets the Completer run a record's request again, in the
 // background, when the route's resolver answers OutcomeNotApplied
@@ -476,7 +489,14 @@ type FinishFunc func(ctx context.Context, req RecordedRequest) *Response
 // RecordRequest and Name: fn runs only what was recorded. On a store on a
 // multi-primary cluster (MultiPrimary: MariaDB Galera) the completer
 // refuses to run it on an atomic route; make such a route Leased.
-func Finish(fn FinishFunc) RouteOption {
+//
+// fn does what the route's handler does for the request req
+// (ResolvingRequest(ctx) gives it too) and returns the answer to record.
+// Its context carries the attempt as a handler's does: MarkEffect,
+// Release, DownstreamKey (the same keys as the first attempt's) and, in
+// atomic mode, the transaction (sqlstore.Tx, gormstore.DB, pgxstore.Tx)
+// work with it. A nil Response is a 500.
+func Finish(fn func(ctx context.Context, req RecordedRequest) *Response) RouteOption {
 	if fn == nil {
 		panic("idem: Finish(nil)")
 	}

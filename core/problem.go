@@ -42,10 +42,8 @@ type Problem struct {
 	RetryAfter time.Duration `json:"-"`
 }
 
-// ErrorWriter writes a problem document; replace it with WithErrorWriter.
-type ErrorWriter func(w http.ResponseWriter, r *http.Request, p *Problem)
-
-// WriteProblem is the default ErrorWriter: application/problem+json with
+// WriteProblem is the default writer of problem documents
+// (WithErrorWriter): application/problem+json with
 // Cache-Control: no-store, Link: <Docs>; rel="describedby" when p.Docs is
 // set (the engine sets it: WithProblemDocs) and, when set, Retry-After.
 func WriteProblem(w http.ResponseWriter, _ *http.Request, p *Problem) {

@@ -21,6 +21,17 @@ type Response struct {
 	BodyKept bool
 }
 
+// capped is resp as it is recorded: its body kept up to max bytes (past
+// them the record says the body was not kept).
+func capped(resp *Response, max int64) *Response {
+	kept := *resp
+	kept.BodyKept = int64(len(kept.Body)) <= max
+	if !kept.BodyKept {
+		kept.Body = nil
+	}
+	return &kept
+}
+
 const (
 	encPlain  = 0x01 // plain encoding, version 1
 	encSealed = 0x02 // sealed: see Sealer

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/hex"
 	"time"
+
+	"github.com/idemkit/idem/internal/debugtext"
 )
 
 // ID is the fixed-size identity of a record: SHA-256 over the length-prefixed
@@ -69,8 +71,13 @@ type Record struct {
 	Response []byte
 }
 
-// MaxDebugLen bounds the debug copies of caller, scope and key in a Record.
-const MaxDebugLen = 255
+// Limits of a record's fields and of a listing.
+const (
+	MaxKeyLen    = 255           // the longest accepted key, in bytes, after trimming
+	MaxDebugLen  = debugtext.Max // the debug copies of caller, scope and key in a Record
+	MaxRouteName = 100           // a route's name (Name, Mark.Route)
+	MaxListLimit = 1000          // the most records one Inspector.List call returns
+)
 
 // ClaimRequest asks a store to create an in-progress record.
 type ClaimRequest struct {
@@ -129,9 +136,8 @@ type Completion struct {
 //
 // Memory: a store keeps its own copy of every byte slice it is given
 // (ClaimRequest.Fingerprint, Completion.Response) and never retains the
-// caller's slice after the method returns (the engine reuses the buffer it
-// passed to Complete); the slices of a returned Record belong to the
-// caller (storetest's NoAliasing checks both).
+// caller's slice after the method returns; the slices of a returned
+// Record belong to the caller (storetest's NoAliasing checks both).
 //
 // Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
 // any other failure (network, driver, decoding) with ErrStoreUnavailable,
@@ -237,9 +243,6 @@ type TxStore interface {
 	WithoutTx(ctx context.Context) context.Context
 }
 
-// MaxListLimit is the most records one Inspector.List call returns.
-const MaxListLimit = 1000
-
 // ListQuery selects the records Inspector.List returns: the live records
 // of one state, oldest first, one bounded page at a time.
 type ListQuery struct {
@@ -261,7 +264,8 @@ type ListQuery struct {
 
 // Cursor is a position in Inspector.List's order (CreatedAt, then ID):
 // the Cursor of a record lists what comes after it. Its text form (String,
-// ParseCursor) is what idemctl and Engine.AdminHandler hand out as "next".
+// parsed back by Engine.Records) is what idemctl and Engine.AdminHandler
+// hand out as "next".
 type Cursor struct {
 	CreatedAt time.Time
 	ID        ID
@@ -328,9 +332,6 @@ type Pending struct {
 	Record Record
 	Mark   Mark
 }
-
-// MaxRouteName bounds the length of a route's name (Name, Mark.Route).
-const MaxRouteName = 100
 
 // Settler is a Store that keeps marks, so a Completer can find the
 // records that need settling without a client. memstore, sqlstore,

@@ -9,12 +9,6 @@ import (
 	"time"
 )
 
-// Defaults of the Sweeper.
-const (
-	DefaultSweepEvery = time.Minute
-	DefaultSweepBatch = 1000
-)
-
 // Sweeper deletes expired records on a schedule, in bounded batches, so
 // retention actually runs. Several processes may sweep the same store at
 // once: stores delete each row once. Engine.Sweeper makes one.

@@ -113,31 +113,22 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		return
 	}
 	c := rt.prepare(w, r, pattern, native, func(w http.ResponseWriter, r *http.Request) { rt.withinUnprotected(w, r, inTx, handler) })
-	if c != nil {
-		rt.within(w, c, inTx, handler)
+	if c == nil {
+		return
 	}
-}
-
-// within is Within's run step for a prepared call (compare Route.run).
-func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler http.HandlerFunc) {
-	e := rt.e
-	ev, start := &c.ev, c.start
-	rec := &c.rec
-	rec.init(w, true, e.cfg.maxResponse)
-	defer rec.free()
-
+	e, ev := rt.e, &c.ev
+	defer c.rec.free()
+	j := &job{c: c, owned: true, allow: e.cfg.recorded}
+	t := transport{panicked: c.panicked, reply: c.reply,
+		handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }}
 	var (
-		called   bool
-		att      *attempt
-		ans      answer // the answer of a request that did not run
-		endErr   error  // the attempt's end could not be recorded in the transaction
-		released bool
-		misuse   error // the TxFunc did not use body as it must
-		spilled  bool  // the answer past the cap could not be spilled
+		res    result
+		called bool
+		misuse error // the TxFunc did not use body as it must
 	)
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
-	txErr := inTx(bctx, func(tctx context.Context) error {
+	res.txErr = inTx(bctx, func(tctx context.Context) error {
 		if called {
 			misuse = fmt.Errorf("%w: Route.Within: the TxFunc called body twice; call it once, in the transaction", ErrConfig)
 			return misuse
@@ -147,126 +138,39 @@ func (rt *Route) within(w http.ResponseWriter, c *call, inTx TxFunc, handler htt
 			misuse = fmt.Errorf("%w: Route.Within: body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)", ErrConfig)
 			return misuse
 		}
-		ctx := context.WithValue(tctx, attemptKey{}, c)
-		att, ans = rt.acquire(ctx, c.ident, ev.ID, c.fingerprint, start, &c.att, nil)
-		ev.Claim = ans.claim
-		if att == nil {
-			if ans.err != nil {
-				return ans.err
-			}
+		j.ctx = context.WithValue(tctx, attemptKey{}, c)
+		res = rt.enter(j, t)
+		switch {
+		case !res.ran && res.ans.err != nil:
+			return res.ans.err
+		case !res.ran:
 			return errReplayed
-		}
-		c.claimed = true
-		ev.Attempt = att.number
-		r := c.r.WithContext(ctx)
-		r.Body = &c.body
-		settles := func() bool { return c.phase.CompareAndSwap(phaseRunning, phaseSettled) }
-		att.run(c.ctx, ev, start, settles, c.panicResponse, func() { handler(rec, r) })
-		if err := rec.settle(); err != nil {
-			// The answer past the cap could not be spilled: it is
-			// incomplete, so the attempt ends as a panic would.
-			p := e.problemFor(fmt.Errorf("idem: spilling the answer past the recording cap: %w", err))
-			e.cfg.logger.ErrorContext(c.ctx, "idempotency: the answer past the recording cap could not be spilled to its temporary file; the attempt ends as a panic would and the client gets 500",
-				slog.String("id", c.ev.ID.String()), slog.String("error", err.Error()))
-			p.RecordID = ev.ID.String()
-			spilled = true
-			endErr = errors.Join(err, att.end(ev, problemResponse(p), true))
-			return endErr
-		}
-		rec.response(&c.resp)
-		att.recordAllow = e.cfg.recorded
-		if endErr = att.end(ev, &c.resp, false); endErr != nil {
-			return endErr
-		}
-		ev.Status = c.resp.Status
-		if ev.Decision == DecisionReleased {
-			released = true
+		case res.err != nil:
+			return res.err
+		case ev.Decision == DecisionReleased:
 			return errReleased
 		}
 		return nil
 	})
-
-	r := c.rc
-	problem := func(err error) {
-		rec.resetHeader()
-		p := e.problemFor(err)
-		p.RecordID = ev.ID.String()
-		e.cfg.errorWriter(w, r, p)
-		ev.Status = p.Status
-	}
-	if !called && txErr == nil {
+	if !called && res.txErr == nil {
 		misuse = fmt.Errorf("%w: Route.Within: the TxFunc returned without calling body; call it in the transaction", ErrConfig)
 	}
-	switch {
-	case misuse != nil:
-		// Whatever ran before (a second body's first call) is the
-		// client's no more: its answer is withheld.
-		ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: %w", ErrNotProtected, misuse)
-		e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
-		problem(ev.Err)
-	case !called:
-		ev.Decision, ev.Err = DecisionStoreError, txErr // the transaction could not begin
-		problem(storeErr(txErr))
-	case att == nil && errors.Is(ans.err, ErrLostRace):
-		// The claim lost to a concurrent transaction: the other request
-		// holds the key; once it is visible, its answer.
-		ans = rt.afterLostRace(c.ctx, ev.ID, c.fingerprint, start)
-		fallthrough
-	case att == nil:
-		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
-		if ans.err != nil {
-			problem(ans.err)
-		} else {
-			ev.Status = rt.writeReplay(w, r, &ans.resp)
+	if misuse != nil || !called {
+		// The TxFunc misused body (whatever ran before, a second body's
+		// first call, is the client's no more: its answer is withheld),
+		// or the transaction could not begin.
+		ev.Decision, ev.Err = DecisionStoreError, res.txErr
+		reject := storeErr(res.txErr)
+		if misuse != nil {
+			ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: %w", ErrNotProtected, misuse)
+			e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
+			reject = ev.Err
 		}
-	case endErr != nil && errors.Is(endErr, ErrLostRace):
-		ans = rt.afterLostRace(c.ctx, ev.ID, c.fingerprint, start)
-		ev.Decision, ev.Err = ans.decision, errors.Join(ans.err, endErr)
-		if ans.err != nil {
-			problem(ans.err)
-		} else {
-			rec.resetHeader()
-			ev.Status = rt.writeReplay(w, r, &ans.resp)
-		}
-	case endErr != nil && !spilled:
-		// The completion failed in the transaction (on Postgres: a
-		// statement of the handler failed and the database aborted it; on
-		// MariaDB: the server rolled it back under the handler, and the
-		// claim is gone), and the service rolled it back. The record tells
-		// what is left (afterEnd): an answer that holds without the
-		// handler's writes is recorded in a transaction of the engine's
-		// own.
-		var err error
-		ev.Decision, err = att.afterEnd(att.verdict, &c.resp, endErr)
-		ev.Err = errors.Join(endErr, err)
-		if err != nil {
-			problem(err)
-		} else {
-			rec.deliver()
-		}
-	case endErr != nil:
-		ev.Err = endErr
-		problem(endErr)
-	case released:
-		rec.deliver() // nothing recorded, whatever the transaction did
-	case txErr != nil:
-		// The commit failed, or its outcome is unknown (or the service
-		// failed after body and rolled back): the record tells whether it
-		// committed (afterEnd); after MarkEffect the outcome is recorded
-		// in a transaction of the engine's own, so a retry does not repeat
-		// the effect.
-		var err error
-		ev.Decision, err = att.afterEnd(att.verdict, &c.resp, txErr)
-		ev.Err = errors.Join(txErr, err)
-		if err != nil {
-			problem(err)
-		} else {
-			rec.deliver()
-		}
-	default:
-		rec.deliver()
+		ev.Status = c.reply(result{reject: reject})
+		e.emit(c.ctx, *ev, c.start)
+		return
 	}
-	e.emit(c.ctx, *ev, start)
+	rt.exit(j, &res, t)
 }
 
 // withinUnprotected runs handler for a request Within does not protect

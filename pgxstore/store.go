@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/syncclock"
+	"github.com/idemkit/idem/internal/debugtext"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
@@ -266,7 +267,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
 // statement. In a transaction of Begin that has not begun, BEGIN and the
 // claim travel in one round trip.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key)
+	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	v := ctx.Value(ctxKey{})
 	if _, hidden := v.(hiddenTx); hidden {
 		v = nil

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/internal/storeutil"
+	"github.com/idemkit/idem/internal/debugtext"
 )
 
 // DefaultPrefix is the prefix of every key the store writes (WithPrefix).
@@ -159,7 +159,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	v, waitErr := s.write(ctx, claimScript, key,
 		us(req.Now), strconv.FormatInt(req.Token, 10), us(req.LeaseUntil), us(req.ExpiresAt),
 		max(ttl.Milliseconds(), 1), takeover, req.Fingerprint,
-		storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key))
+		debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key))
 	if v == nil {
 		return core.ClaimResult{}, waitErr
 	}

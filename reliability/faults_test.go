@@ -148,8 +148,8 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	var runs atomic.Int64
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		key, _ := core.KeyFromHeader(r.Header)
 		info, _ := core.AttemptFrom(r.Context())
+		key := info.Identity.Key
 		var err error
 		if leased {
 			core.MarkEffect(r.Context()) // the row is written outside the store's transaction

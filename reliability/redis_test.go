@@ -121,8 +121,8 @@ func TestRedisFaults(t *testing.T) {
 	)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		key, _ := core.KeyFromHeader(r.Header)
 		info, _ := core.AttemptFrom(r.Context())
+		key := info.Identity.Key
 		core.MarkEffect(r.Context())
 		effMu.Lock()
 		if effects[key] == nil {

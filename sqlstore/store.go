@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/debugtext"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
@@ -449,7 +450,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // trip, on every dialect; on SQLite, which cannot probe, that is the only
 // way to answer without waiting.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	req.Caller, req.Scope, req.Key = storeutil.DebugString(req.Caller), storeutil.DebugString(req.Scope), storeutil.DebugString(req.Key)
+	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	// A claim may wait in the registry for another claim of the same id
 	// only while it holds no lock and no connection: outside any
 	// transaction, or in a transaction of Begin that has not begun. Only

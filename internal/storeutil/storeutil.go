@@ -1,13 +1,14 @@
-// Package storeutil holds what the SQL stores (sqlstore, pgxstore) check,
-// clean and write the same way: table names, the record's debug strings,
-// and the statements of an operator's listing (core.Inspector).
+// Package storeutil holds what the SQL stores (sqlstore, pgxstore) check
+// and write the same way: table names and the statements of an
+// operator's listing (core.Inspector) and of the completer's marks. The
+// record's debug strings are cleaned by internal/debugtext, which the
+// engine uses too.
 package storeutil
 
 import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/core"
 )
@@ -34,25 +35,6 @@ func ValidTable(pkg, name string) error {
 		}
 	}
 	return nil
-}
-
-// DebugString returns s as valid UTF-8 without NUL bytes (which Postgres
-// text refuses), of at most core.MaxDebugLen bytes.
-func DebugString(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= core.MaxDebugLen {
-		return s
-	}
-	s = s[:core.MaxDebugLen]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // ListCols is the column list of core.Inspector's List, in the stores'

@@ -140,7 +140,8 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 	seed := rand.Uint64()
 	t.Logf("seed %d; primary %s, replica %s", seed, primary, replica)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, _ := core.KeyFromHeader(r.Header)
+		info, _ := core.AttemptFrom(r.Context())
+		key := info.Identity.Key
 		if err := core.MarkEffect(r.Context()); err != nil {
 			w.WriteHeader(http.StatusInternalServerError)
 			return
