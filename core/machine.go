@@ -681,6 +681,15 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 			a := rt.replay(ctx, got)
 			a.decision = DecisionResolved
 			return a, false
+		default:
+			// Unresolved. Another settler (a replica's completer, its
+			// finisher) may have settled or claimed the record while the
+			// resolver was asked: answer from what it is now, not from
+			// what was read before.
+			got, err := e.store.Get(ctx, rec.ID, e.cfg.clock())
+			if errors.Is(err, ErrNotFound) || (err == nil && got.Token != rec.Token) {
+				return answer{}, true // claim again, and decide from what it is
+			}
 		}
 	}
 	a = rt.replay(ctx, rec)

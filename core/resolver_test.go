@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
@@ -54,5 +55,54 @@ func TestRouteResolver(t *testing.T) {
 	}
 	if routeCalls != 1 || engineCalls != 1 || ran != 1 {
 		t.Fatalf("route resolver asked %d times, engine's %d, fn ran %d times; want 1, 1, 1", routeCalls, engineCalls, ran)
+	}
+}
+
+// TestResolverUnresolvedWhileAnotherSettles: a duplicate reads an
+// indeterminate record and asks the route's resolver, which cannot tell
+// yet; meanwhile another settler (a replica's completer running the
+// recorded request again, core.Finish) released the record and claimed it
+// for its own attempt. The duplicate must answer from what the record is
+// now (in progress: ErrInProgress, retry later), not replay the 5xx it
+// read before, which tells the client that nobody knows whether the
+// payment ran while it is being run.
+func TestResolverUnresolvedWhileAnotherSettles(t *testing.T) {
+	store := memstore.New()
+	e, err := core.New(store, core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := core.Message{Consumer: "payments", ID: "m1"}
+	charge := func(ctx context.Context) ([]byte, error) {
+		if err := core.MarkEffect(ctx); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("the provider timed out")
+	}
+	if _, err := e.Once(ctx, m, charge); err == nil {
+		t.Fatal("the first run must fail")
+	}
+	asked := 0
+	otherSettler := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+		asked++
+		if asked == 1 {
+			// Another settler found it not applied, released it and now
+			// runs it again under a token of its own.
+			if err := store.Release(ctx, rec.ID, rec.Token); err != nil {
+				t.Errorf("release: %v", err)
+			}
+			now := time.Now()
+			res, err := store.Claim(ctx, core.ClaimRequest{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key,
+				Fingerprint: rec.Fingerprint, Token: 424242, Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
+			if err != nil || !res.Claimed {
+				t.Errorf("the other settler's claim: %+v, %v", res, err)
+			}
+		}
+		return core.Resolution{Outcome: core.OutcomeUnresolved}, nil
+	})
+	_, err = e.Once(ctx, m, charge, otherSettler)
+	if !errors.Is(err, core.ErrInProgress) {
+		t.Fatalf("a duplicate while another settler runs the record: %v, want ErrInProgress (not the stale indeterminate answer)", err)
 	}
 }

@@ -447,11 +447,14 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 // racingRetryOK reports whether code is an answer a client's retry may
 // get while the completers finish its payment: the finisher's 201, 409
 // while the finisher runs, or the record's indeterminate answer
-// (indeterminate): the retry read the record indeterminate, then a
-// completer released it and its finisher charged, and the retry's
-// resolver, asked after the charge, answered that it could not tell
-// (the charging attempt records its own answer), so the retry replayed
-// what it had read. Every later retry gets the 201 (checked after).
+// (indeterminate), which is right when the retry read the record and
+// its resolver could not tell before any completer had released it (the
+// record was indeterminate and nobody was settling it at that moment).
+// A retry whose resolver could not tell while a completer released or
+// claimed the record answers from the record as it is then (the engine
+// reads it again after an unresolved answer: core's
+// TestResolverUnresolvedWhileAnotherSettles). Every later retry gets
+// the 201 (checked after).
 func racingRetryOK(code, indeterminate int) bool {
 	return code == http.StatusCreated || code == http.StatusConflict || code == indeterminate
 }
