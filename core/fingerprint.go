@@ -71,8 +71,9 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 // to the kind):
 //
 //   - 'e' and nothing for an empty body, whatever its type;
-//   - 'j' and canonjson.Append(body) for application/json and any type with the
-//     +json suffix; when the body cannot be canonicalised (invalid JSON,
+//   - 'j' and the canonical JSON (docs/contract.md section 2: members
+//     sorted, insignificant whitespace removed, strings unescaped, numbers by their literal
+//     text) for application/json and any type with the +json suffix; when the body cannot be canonicalised (invalid JSON,
 //     too deep, ...), 'r' and the raw bytes instead;
 //   - 'f' and the canonical form for application/x-www-form-urlencoded:
 //     fields sorted by name, the values of one field in the order they came
@@ -84,8 +85,8 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 // that share an explicit Scope never replays across them with a different
 // path. A nil r counts as a request without a method, path, query or
 // Content-Type (n = 0). It never returns an error, and it does not retain
-// body. Its working memory is bounded by a small multiple of the body (see
-// canonjson.Append), never the canonical body itself: that is hashed as it
+// body. Its working memory is bounded by a small multiple of the body
+// (TestFingerprintMemory), never the canonical body itself: that is hashed as it
 // is written.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
 	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
@@ -99,7 +100,7 @@ func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, err
 // case-insensitively (so "amount" keeps "Amount" and "AMOUNT" too: a
 // handler decoding into a struct reads them); a missing member differs
 // from a member that is null, and members whose names collide keep their
-// order (see canonjson.Append). For a form body, only the fields named
+// order. For a form body, only the fields named
 // exactly. A JSON body whose top level is not an object, or that cannot be
 // canonicalised, is hashed as raw bytes, like DefaultFingerprint does; so
 // is any other body. With no fields, every JSON object (and every form)
