@@ -72,9 +72,10 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 //
 //   - 'e' and nothing for an empty body, whatever its type;
 //   - 'j' and the canonical JSON (docs/contract.md section 2: members
-//     sorted, insignificant whitespace removed, strings unescaped, numbers by their literal
-//     text) for application/json and any type with the +json suffix; when the body cannot be canonicalised (invalid JSON,
-//     too deep, ...), 'r' and the raw bytes instead;
+//     sorted, insignificant whitespace removed, strings unescaped,
+//     numbers by their literal text) for application/json and any type
+//     with the +json suffix; when the body cannot be canonicalised
+//     (invalid JSON, too deep, ...), 'r' and the raw bytes instead;
 //   - 'f' and the canonical form for application/x-www-form-urlencoded:
 //     fields sorted by name, the values of one field in the order they came
 //     (it can be meaningful), each name and value decoded and escaped again
