@@ -372,6 +372,15 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 		fail(fmt.Errorf("%w: no route of this process is named %q (core.Name), so record %s cannot be settled here (visit %d of %d)", ErrConfig, m.Route, rec.ID, tries, maxTries))
 		return
 	}
+	if rt.atomic && rt.p.finish != nil {
+		// The pass checked the routes it began with; this one may have
+		// been registered since (Once registers its route at its first
+		// call). Asked once, like the pass's check.
+		if err := c.checkCluster(ctx); err != nil {
+			fail(err)
+			return
+		}
+	}
 	var req *RecordedRequest
 	if len(m.Request) > 0 {
 		if req, err = e.openRequest(rec.ID, m.Request); err != nil {

@@ -557,3 +557,64 @@ func TestCompleterRefusesAtomicFinisherOnMultiPrimary(t *testing.T) {
 		})
 	}
 }
+
+// The refusal holds for a route registered while a pass runs (Once with
+// route options registers its route at its first call; another replica
+// may have marked records of it already): the pass checked the routes
+// before the route existed, and must not run the route's finisher on a
+// multi-primary cluster when it meets its record.
+func TestCompleterRefusesAtomicFinisherRegisteredDuringAPass(t *testing.T) {
+	clock := &fakeClock{now: adminT0}
+	store := &multiPrimary{AtomicStore: memstore.New().Atomic(), multi: true}
+	var finished atomic.Int32
+	notApplied := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
+	})
+	payments := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), notApplied,
+		core.Finish(func(context.Context, core.RecordedRequest) *core.Response {
+			finished.Add(1)
+			return &core.Response{Status: 201}
+		})}
+	indeterminate := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := core.MarkEffect(r.Context()); err != nil {
+			t.Error(err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	post := func(h http.Handler, key string) {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusBadGateway {
+			t.Fatalf("%s: %d %s, want 502", key, w.Code, w.Body)
+		}
+	}
+	// This replica: only "refunds" when the pass begins; its resolver
+	// registers "payments" (as a first Once call would).
+	e, err := core.New(store, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refunds := e.Handler(indeterminate, core.Name("refunds"), core.RecordRequest(nil),
+		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+			e.Route(payments...)
+			return core.Resolution{}, nil
+		}))
+	post(refunds, "refund")
+	clock.Add(time.Second)
+	// Another replica marked a payment.
+	other, err := core.New(store, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(other.Handler(indeterminate, payments...), "payment")
+	clock.Add(core.DefaultLease + time.Second)
+	res, err := e.Completer().Complete(t.Context())
+	if n := finished.Load(); n != 0 {
+		t.Fatalf("the pass ran the atomic finisher %d times on a multi-primary cluster (pass: %+v, %v), want it refused", n, res, err)
+	}
+	if res.Failed == 0 && !errors.Is(err, core.ErrConfig) {
+		t.Errorf("pass: %+v, %v; want the payment's visit failed with an error wrapping ErrConfig", res, err)
+	}
+}

@@ -1232,6 +1232,12 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	ctx := e.tx.WithoutTx(a.storeCtx())
 	req := a.rt.claimRequest(a.ident, a.id, a.fp, e.cfg.clock())
 	req.Token = a.token
+	if a.rt.p.name != "" && e.settler != nil {
+		// The rollback took the first claim's mark with it: this claim
+		// writes it again, or the completer would never find the
+		// indeterminate record it is there to settle.
+		req.Mark = a.rt.mark(a.ctx, req.Now)
+	}
 	var (
 		tctx context.Context
 		tx   Tx

@@ -34,6 +34,10 @@ type slot struct {
 	rec   *core.Record // current value; nil when the owner deleted it
 	owner *memTx       // open transaction that wrote rec; nil once committed
 	prev  *core.Record // committed value while owner != nil; nil: absent
+	// marked: the owner's claim replaced the mark of the id; prevMark is
+	// the mark it replaced (nil: none), restored if the owner rolls back.
+	marked   bool
+	prevMark *mark
 }
 
 // view returns the record as seen by tx (nil: outside any transaction), and
@@ -122,6 +126,10 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		return core.ClaimResult{}, err
 	}
 	if req.Mark != nil {
+		if sl := s.m[req.ID]; tx != nil && !sl.marked {
+			// The claim's mark rolls back with it (core.Settler).
+			sl.marked, sl.prevMark = true, s.marks[req.ID]
+		}
 		s.putMark(req.ID, req.Token, *req.Mark)
 	}
 	// The claimed record's fingerprint is the request's: the caller gets

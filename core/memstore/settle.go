@@ -18,10 +18,11 @@ type mark struct {
 	m     core.Mark
 }
 
-// Mark implements [core.Settler]. Marks are not transactional (neither
-// are those that Claim writes, core.ClaimRequest.Mark): a mark written
-// in a transaction that rolls back is stale (its record is absent) and
-// Due deletes it.
+// Mark implements [core.Settler]. A mark written by Mark is not
+// transactional: one written in a transaction that rolls back is stale
+// (its record is absent) and Due deletes it. A claim's mark
+// (core.ClaimRequest.Mark) rolls back with the claim: the mark it
+// replaced is back.
 func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
 	if _, err := s.txFrom(ctx); err != nil {
 		return err
@@ -30,6 +31,16 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 	defer s.mu.Unlock()
 	s.putMark(id, token, m)
 	return nil
+}
+
+// restoreMark puts back m, the mark of id that a rolled-back claim
+// replaced (nil: id had none); s.mu is held.
+func (s *Store) restoreMark(id core.ID, m *mark) {
+	if m == nil {
+		delete(s.marks, id)
+		return
+	}
+	s.marks[id] = m
 }
 
 // putMark writes the mark of id under token; s.mu is held.

@@ -151,8 +151,11 @@ func (tx *memTx) finish(commit bool) error {
 		if sl := tx.s.m[id]; sl != nil && sl.owner == tx {
 			if !commit {
 				sl.rec = sl.prev
+				if sl.marked {
+					tx.s.restoreMark(id, sl.prevMark)
+				}
 			}
-			sl.owner, sl.prev = nil, nil
+			sl.owner, sl.prev, sl.marked, sl.prevMark = nil, nil, false, nil
 			if sl.rec == nil {
 				delete(tx.s.m, id)
 			}

@@ -337,4 +337,25 @@ func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 			wantOK(t, "Release", s.Release(t.Context(), id, req.Token))
 		}
 	}
+	// A takeover in a transaction that rolls back leaves the record as it
+	// was, and its mark with it: the lapsed lease is still the
+	// completer's to settle.
+	id := newID("SettleAtomic", 9)
+	held := claimAt(id, 39, at(0))
+	m := markOf(at(time.Minute), 4)
+	held.Mark = &m
+	mustClaim(t, t.Context(), ts, held)
+	tctx, tx, err := ts.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := claimAt(id, 49, at(lease+time.Second))
+	took.Takeover, took.LeaseUntil = true, time.Time{}
+	took.Mark = &core.Mark{Route: "refunds", After: at(lease + 2*time.Second)}
+	mustClaim(t, tctx, ts, took)
+	wantOK(t, "Rollback", tx.Rollback())
+	if p, ok := dueOf(t, s, id, at(lease+2*time.Minute)); !ok || p.Record.Token != 39 || p.Mark.Route != "payments" {
+		t.Errorf("after a takeover rolled back: Due = %+v (listed %v), want the lapsed record's own mark (payments, token 39)", p, ok)
+	}
+	wantOK(t, "Release", s.Release(t.Context(), id, held.Token))
 }

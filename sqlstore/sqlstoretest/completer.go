@@ -43,6 +43,61 @@ func RunCompleter(t *testing.T, cfg ClusterConfig) {
 			completerRace(t, stores[:2], fixtures[:2], leased)
 		})
 	}
+	t.Run("atomic, a panic after MarkEffect leaves a marked record", func(t *testing.T) {
+		abortedMark(t, cfg.New(t)[0].Store)
+	})
+}
+
+// abortedMark: in atomic mode a handler that marked an effect and then
+// panicked has its transaction (the claim and its mark) rolled back, and
+// the engine records the indeterminate outcome in a transaction of its
+// own. That record must carry the route's mark too, or the completer,
+// which exists for exactly such records, never finds it.
+func abortedMark(t *testing.T, s core.TxStore) {
+	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
+	quiet := core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolver := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })
+	var id core.ID
+	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, ok := core.AttemptFrom(r.Context())
+		if !ok || !a.Atomic {
+			t.Errorf("AttemptFrom: %+v, %v; want an atomic attempt", a, ok)
+		}
+		id = a.ID
+		if err := core.MarkEffect(r.Context()); err != nil {
+			t.Error(err)
+		}
+		panic("after the charge")
+	}), core.Name("payments"), core.RecordRequest(nil), resolver)
+	key := fmt.Sprintf("aborted-mark-%d", clock.Now().UnixNano())
+	func() {
+		defer func() { _ = recover() }()
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader("1"))
+		r.Header.Set("Idempotency-Key", key)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	rec, err := s.Get(t.Context(), id, clock.Now())
+	if err != nil || rec.State != core.StateIndeterminate {
+		t.Fatalf("after a panic past MarkEffect: %+v, %v; want an indeterminate record", rec, err)
+	}
+	clock.add(time.Hour)
+	due, err := s.(core.Settler).Due(t.Context(), clock.Now(), core.MaxListLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range due {
+		if p.Record.ID == id {
+			if p.Mark.Route != "payments" || len(p.Mark.Request) == 0 {
+				t.Errorf("the record's mark: route %q, %d bytes of request; want payments and the recorded request", p.Mark.Route, len(p.Mark.Request))
+			}
+			return
+		}
+	}
+	t.Fatalf("the indeterminate record %s of the named route is not due an hour later: it has no mark, so the completer never settles it", id)
 }
 
 // completerClock is the replicas' shared clock, moved by the test.
