@@ -37,7 +37,7 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 	if err != nil {
 		return err
 	}
-	if _, err := c.Exec(ctx, s.mq.Mark, id[:], token, m.Route, nullBytes(m.Request), timeArg(m.After), int32(m.Tries)); err != nil {
+	if _, err := c.Exec(ctx, s.mq.Mark, id[:], token, m.Route, storeutil.NullBytes(m.Request), timeArg(m.After), int32(m.Tries)); err != nil {
 		return s.markFailure(ctx, "mark", err)
 	}
 	return nil

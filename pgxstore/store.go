@@ -285,7 +285,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim", err)
 	case held:
-		return inProgressElsewhere(req.ID), nil
+		return storeutil.InProgressElsewhere(req.ID), nil
 	case found != nil:
 		return core.ClaimResult{Record: *found}, nil
 	}
@@ -317,7 +317,7 @@ func markArgs(args []any, m *core.Mark) []any {
 	if m == nil {
 		return args
 	}
-	return append(args, m.Route, nullBytes(m.Request), timeArg(m.After), int32(m.Tries))
+	return append(args, m.Route, storeutil.NullBytes(m.Request), timeArg(m.After), int32(m.Tries))
 }
 
 // claimDB runs the claim, pipelined with BEGIN when ctx carries a
@@ -354,7 +354,7 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 			return false, nil
 		}
 		return found, err
-	}, stmt{ins, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+	}, stmt{ins, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
 		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}, req.Mark)},
 		stmt{s.q.ReadOther, []any{req.ID[:], req.Token}})
 	switch {
@@ -364,13 +364,13 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 		if l != nil {
 			l.claimed(req.ID, req.Token)
 		}
-		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	case !found:
 		// Another transaction holds the id's lock and has not committed
 		// its row (or, rarely, a sweep deleted the expired row the
 		// INSERT saw: a retry claims it).
-		return inProgressElsewhere(req.ID), nil
-	case live(rec, req.Now) && !takeable(rec, req):
+		return storeutil.InProgressElsewhere(req.ID), nil
+	case storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		if l != nil && rec.State != core.StateCompleted {
 			// The INSERT may have taken the lock (a row committed between
 			// its snapshot and its probe): end the transaction before the
@@ -397,7 +397,7 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 		q = s.q.ClaimLeased
 	}
 	claim := stmt{q, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key,
-		nullBytes(req.Fingerprint), req.Token, timeArg(req.LeaseUntil), timeArg(req.ExpiresAt),
+		storeutil.NullBytes(req.Fingerprint), req.Token, timeArg(req.LeaseUntil), timeArg(req.ExpiresAt),
 		timeArg(req.Now), req.Takeover}, req.Mark)}
 	for try := 0; ; try++ {
 		var (
@@ -419,11 +419,11 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 				l.claimed(req.ID, req.Token)
 			}
 			return core.ClaimResult{Claimed: true, Record: rec}, nil
-		case !ok && (!found || !live(rec, req.Now) || takeable(rec, req)):
+		case !ok && (!found || !storeutil.Live(rec, req.Now) || storeutil.Takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
-			return inProgressElsewhere(req.ID), nil
-		case found && live(rec, req.Now) && !(ok && takeable(rec, req)):
+			return storeutil.InProgressElsewhere(req.ID), nil
+		case found && storeutil.Live(rec, req.Now) && !(ok && storeutil.Takeable(rec, req)):
 			// Completed, indeterminate, or held by a live lease.
 			return core.ClaimResult{Record: rec}, nil
 		}
@@ -431,7 +431,7 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 		// show (committed between the snapshot and the lock): run again
 		// with a new snapshot (READ COMMITTED).
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), nil
+			return storeutil.InProgressElsewhere(req.ID), nil
 		}
 	}
 }
@@ -530,7 +530,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
 		return fmt.Errorf("%w: pgxstore: Complete with state %v", core.ErrConfig, cp.State)
 	}
-	args := []any{int16(cp.State), cp.Status, nullBytes(bytes.Clone(cp.Response)), timeArg(cp.ExpiresAt), id[:], token}
+	args := []any{int16(cp.State), cp.Status, storeutil.NullBytes(bytes.Clone(cp.Response)), timeArg(cp.ExpiresAt), id[:], token}
 	if l, ok := ctx.Value(ctxKey{}).(*lazyTx); ok && l.s == s {
 		deferred, err := l.deferCompletion(id, token, args)
 		if err != nil {
@@ -672,13 +672,6 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("%w: pgxstore: %s: %w", core.ErrStoreUnavailable, op, err)
 }
 
-func nullBytes(b []byte) any {
-	if b == nil {
-		return nil
-	}
-	return b
-}
-
 // timeArg is t as a column value: UTC, truncated to microseconds (the
 // columns keep microseconds); the zero time is NULL.
 func timeArg(t time.Time) any {
@@ -686,13 +679,6 @@ func timeArg(t time.Time) any {
 		return nil
 	}
 	return t.UTC().Truncate(time.Microsecond)
-}
-
-func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
-
-// takeable reports whether req may take rec over (lapsed lease, Takeover).
-func takeable(rec core.Record, req core.ClaimRequest) bool {
-	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
 }
 
 // peek reads the committed row of req.ID for the registry (inflight.Peek):
@@ -721,7 +707,7 @@ func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, 
 		return nil, nil
 	case err != nil:
 		return nil, err
-	case live(rec, req.Now) && !takeable(rec, req):
+	case storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		return &rec, nil
 	}
 	return nil, nil
@@ -742,30 +728,6 @@ func (s *Store) peekOnce(ctx context.Context, req core.ClaimRequest, rec *core.R
 	defer conn.Release()
 	_, err = scanRecord(conn.QueryRow(ctx, s.q.Read, req.ID[:]), rec)
 	return lost(conn.Conn(), err), err
-}
-
-// newRecord is the record a claim of an id never seen writes, with times
-// as the columns keep them.
-func newRecord(req core.ClaimRequest) core.Record {
-	return core.Record{
-		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint),
-		State: core.StateInProgress, Token: req.Token, Attempt: 1,
-		LeaseUntil: colTime(req.LeaseUntil), ExpiresAt: colTime(req.ExpiresAt), CreatedAt: colTime(req.Now),
-	}
-}
-
-// colTime is t as a timestamp column returns it: UTC, microseconds.
-func colTime(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.UTC().Truncate(time.Microsecond)
-}
-
-// inProgressElsewhere is the answer when another transaction holds the
-// identity and its row is not visible.
-func inProgressElsewhere(id core.ID) core.ClaimResult {
-	return core.ClaimResult{Record: core.Record{ID: id, State: core.StateInProgress}}
 }
 
 // scanRecord scans the columns of pgsql.Cols into rec, after any extra

@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/inflight"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // MySQL and MariaDB have no transaction-scoped advisory lock (GET_LOCK is
@@ -173,7 +173,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 	}
 	if got.Int64 != 1 {
 		// Other leased claims of this id kept it for leasedLockWait.
-		return inProgressElsewhere(req.ID), nil
+		return storeutil.InProgressElsewhere(req.ID), nil
 	}
 	defer func() {
 		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK(?)`, name); err != nil {
@@ -211,11 +211,11 @@ func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest
 	if s.waitingInsert.Load() {
 		return s.claimMySQLIn(ctx, c, req)
 	}
-	_, err := c.ExecContext(ctx, s.q.insertNoWait, req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+	_, err := c.ExecContext(ctx, s.q.insertNoWait, req.ID[:], req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
 		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
 	switch n := mysqlErrno(err); {
 	case err == nil:
-		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	case n == erParseError: // MySQL: no SET STATEMENT
 		s.waitingInsert.Store(true)
 		return s.claimMySQLIn(ctx, c, req)
@@ -230,7 +230,7 @@ func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest
 	case errors.Is(err, sql.ErrNoRows): // deleted since: claimed below as absent
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim read", err)
-	case found && live(rec, req.Now) && !takeable(rec, req):
+	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		return core.ClaimResult{Record: rec}, nil
 	}
 	if fresh && l.restart() {
@@ -284,7 +284,7 @@ func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequ
 	err := s.insertClaim(ctx, c, req)
 	switch n := mysqlErrno(err); {
 	case err == nil:
-		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	case n == erDupEntry || n == erLockWaitTimeout:
 		// The row is there (expired, a lapsed lease, or committed after
 		// the read's snapshot), or another transaction holds it (its
@@ -302,7 +302,7 @@ func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequ
 // STATEMENT (MySQL: a syntax error, which leaves the transaction as it
 // was) gets the plain INSERT, now and from then on (waitingInsert).
 func (s *Store) insertClaim(ctx context.Context, c Conn, req core.ClaimRequest) error {
-	args := []any{req.ID[:], req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+	args := []any{req.ID[:], req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
 		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
 	if !s.waitingInsert.Load() {
 		_, err := c.ExecContext(ctx, s.q.insertNoWait, args...)
@@ -429,15 +429,15 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case err != nil:
 			return core.ClaimResult{}, s.failure(ctx, "claim probe", err)
 		}
-		if found && live(rec, req.Now) && !takeable(rec, req) {
+		if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
 			return core.ClaimResult{Record: rec}, nil
 		}
-		claimed := newRecord(req)
+		claimed := storeutil.NewRecord(req)
 		if found { // expired, or a lapsed lease taken over; the probe locked it
-			if live(rec, req.Now) {
+			if storeutil.Live(rec, req.Now) {
 				claimed.Attempt, claimed.CreatedAt = rec.Attempt+1, rec.CreatedAt
 			}
-			_, err = c.ExecContext(ctx, s.q.update, req.Caller, req.Scope, req.Key, nullBytes(req.Fingerprint), req.Token,
+			_, err = c.ExecContext(ctx, s.q.update, req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
 				claimed.Attempt, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(claimed.CreatedAt), req.ID[:])
 		} else {
 			err = s.insertClaim(ctx, c, req)
@@ -454,7 +454,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// insert and has not committed (MariaDB: at once; MySQL: not
 			// within innodb_lock_wait_timeout, see the README), or the id
 			// kept changing under us.
-			return inProgressElsewhere(req.ID), nil
+			return storeutil.InProgressElsewhere(req.ID), nil
 		}
 		return core.ClaimResult{}, s.failure(ctx, "claim", err)
 	}
@@ -473,10 +473,10 @@ func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimReques
 	case err != nil:
 		return core.ClaimResult{}, false, unavailable("claim read", err)
 	}
-	if found && live(rec, req.Now) && !takeable(rec, req) {
+	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
 		return core.ClaimResult{Record: rec}, false, nil
 	}
-	return inProgressElsewhere(req.ID), found, nil
+	return storeutil.InProgressElsewhere(req.ID), found, nil
 }
 
 // sleep waits d or until ctx ends.
@@ -489,24 +489,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// newRecord is the record a claim writes, with times as the columns keep
-// them.
-func newRecord(req core.ClaimRequest) core.Record {
-	return core.Record{
-		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint),
-		State: core.StateInProgress, Token: req.Token, Attempt: 1,
-		LeaseUntil: colTime(req.LeaseUntil), ExpiresAt: colTime(req.ExpiresAt), CreatedAt: colTime(req.Now),
-	}
-}
-
-// colTime is t as a timestamp column returns it: UTC, microseconds.
-func colTime(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.UTC().Truncate(time.Microsecond)
 }
 
 // maxSweepWindows bounds how many windows of expired rows one

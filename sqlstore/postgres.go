@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/internal/pgsql"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // Postgres: the statements are idem's shared Postgres SQL (internal/pgsql),
@@ -80,7 +81,7 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 		q = s.q.insertLeased
 	}
 	args := []any{s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
-		nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
+		storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
 	res, err := c.ExecContext(ctx, q, s.markArgs(args, req.Mark)...)
 	if err != nil {
 		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
@@ -89,7 +90,7 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 	case err != nil:
 		return core.ClaimResult{}, unavailable("rows affected", err)
 	case n == 1:
-		return core.ClaimResult{Claimed: true, Record: newRecord(req)}, nil
+		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	}
 	// The row is there, or another transaction holds the id: a read
 	// answers a replay, or finds no row (another transaction holds the
@@ -99,10 +100,10 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) || err == nil && !found:
-		return inProgressElsewhere(req.ID), nil
+		return storeutil.InProgressElsewhere(req.ID), nil
 	case err != nil:
 		return core.ClaimResult{}, s.failure(ctx, "claim read", err)
-	case live(rec, req.Now) && !takeable(rec, req):
+	case storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		return core.ClaimResult{Record: rec}, nil
 	}
 	return s.claimPostgresExisting(ctx, c, inTx, req)
@@ -119,7 +120,7 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 			rec          core.Record
 		)
 		args := []any{s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
-			nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
+			storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
 			s.d.timeArg(req.Now), req.Takeover}
 		q := s.q.claim
 		switch {
@@ -137,11 +138,11 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 		switch {
 		case inserted:
 			return core.ClaimResult{Claimed: true, Record: rec}, nil
-		case !ok && (!found || !live(rec, req.Now) || takeable(rec, req)):
+		case !ok && (!found || !storeutil.Live(rec, req.Now) || storeutil.Takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
-			return inProgressElsewhere(req.ID), nil
-		case found && live(rec, req.Now) && !(ok && takeable(rec, req)):
+			return storeutil.InProgressElsewhere(req.ID), nil
+		case found && storeutil.Live(rec, req.Now) && !(ok && storeutil.Takeable(rec, req)):
 			// Completed, indeterminate, or held by a live lease: the record
 			// as it is (a completed record is final, so reading it past
 			// another holder of the lock is safe).
@@ -151,7 +152,7 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 		// show (committed between the snapshot and the lock): run again
 		// with a new snapshot (READ COMMITTED).
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), nil
+			return storeutil.InProgressElsewhere(req.ID), nil
 		}
 	}
 }

@@ -55,7 +55,7 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 	if err != nil {
 		return err
 	}
-	if _, err := s.exec(ctx, c, inTx, s.mq.Mark, id[:], token, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
+	if _, err := s.exec(ctx, c, inTx, s.mq.Mark, id[:], token, m.Route, storeutil.NullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
 		return s.markFailure(ctx, "mark", err)
 	}
 	return nil
@@ -68,7 +68,7 @@ func (s *Store) markArgs(args []any, m *core.Mark) []any {
 	if m == nil {
 		return args
 	}
-	return append(args, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries)
+	return append(args, m.Route, storeutil.NullBytes(m.Request), s.d.timeArg(m.After), m.Tries)
 }
 
 // claimFailure is the error of a Postgres claim statement: a marked one
@@ -90,7 +90,7 @@ func (s *Store) claimMark(ctx context.Context, c Conn, req core.ClaimRequest, re
 		return err
 	}
 	m := req.Mark
-	if _, err := c.ExecContext(ctx, s.mq.Mark, req.ID[:], req.Token, m.Route, nullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
+	if _, err := c.ExecContext(ctx, s.mq.Mark, req.ID[:], req.Token, m.Route, storeutil.NullBytes(m.Request), s.d.timeArg(m.After), m.Tries); err != nil {
 		return s.markFailure(ctx, "claim: mark", err)
 	}
 	return nil

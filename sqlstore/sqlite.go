@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // SQLite serialises writers: a transaction that has written holds the
@@ -94,7 +95,7 @@ func (s *Store) claimSQLiteOn(ctx context.Context, c Conn, req core.ClaimRequest
 	for try := 0; ; try++ {
 		var rec core.Record
 		_, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:], req.Caller, req.Scope, req.Key,
-			nullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
+			storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
 			s.d.timeArg(req.Now), takeover), &rec)
 		switch {
 		case err == nil:
@@ -109,7 +110,7 @@ func (s *Store) claimSQLiteOn(ctx context.Context, c Conn, req core.ClaimRequest
 			return res, err
 		}
 		if try+1 == maxClaimTries {
-			return inProgressElsewhere(req.ID), nil
+			return storeutil.InProgressElsewhere(req.ID), nil
 		}
 	}
 }

@@ -485,7 +485,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	case err != nil:
 		return core.ClaimResult{}, unavailable("claim", err)
 	case held:
-		return inProgressElsewhere(req.ID), nil
+		return storeutil.InProgressElsewhere(req.ID), nil
 	case found != nil:
 		return core.ClaimResult{Record: *found}, nil
 	}
@@ -546,7 +546,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	if err != nil {
 		return err
 	}
-	res, err := s.exec(ctx, c, inTx, s.q.complete, int16(cp.State), cp.Status, nullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
+	res, err := s.exec(ctx, c, inTx, s.q.complete, int16(cp.State), cp.Status, storeutil.NullBytes(cp.Response), s.d.timeArg(cp.ExpiresAt), id[:], token)
 	if err != nil {
 		return s.failure(ctx, "complete", err)
 	}
@@ -723,21 +723,6 @@ func isLostRace(err error) bool {
 	return mysqlErrno(err) == erDeadlock
 }
 
-func nullBytes(b []byte) any {
-	if b == nil {
-		return nil
-	}
-	return b
-}
-
-// live reports whether rec is live at now.
-func live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
-
-// takeable reports whether req may take rec over (lapsed lease, Takeover).
-func takeable(rec core.Record, req core.ClaimRequest) bool {
-	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
-}
-
 // readExisting reads the committed row of req.ID without locking. ok is
 // true when that row answers the claim: it is live and cannot be claimed
 // (neither expired nor a lapsed lease that req may take over).
@@ -750,7 +735,7 @@ func (s *Store) readExisting(ctx context.Context, c Conn, req core.ClaimRequest)
 	case err != nil:
 		return core.ClaimResult{}, false, unavailable("claim read", err)
 	}
-	if found && live(rec, req.Now) && !takeable(rec, req) {
+	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
 		return core.ClaimResult{Record: rec}, true, nil
 	}
 	return core.ClaimResult{}, false, nil
@@ -779,12 +764,6 @@ func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, 
 		return nil, err
 	}
 	return &res.Record, nil
-}
-
-// inProgressElsewhere is the answer when another transaction holds the
-// identity and its row is not visible.
-func inProgressElsewhere(id core.ID) core.ClaimResult {
-	return core.ClaimResult{Record: core.Record{ID: id, State: core.StateInProgress}}
 }
 
 // maxClaimTries bounds the retries of a claim that lost a race against a

@@ -1,8 +1,9 @@
 // Package storeutil holds what the SQL stores (sqlstore, pgxstore) check
-// and write the same way: table names and the statements of an
-// operator's listing (core.Inspector) and of the completer's marks. The
-// record's debug strings are cleaned by internal/debugtext, which the
-// engine uses too.
+// and write the same way: table names, the statements of an operator's
+// listing (core.Inspector) and of the completer's marks, and the claim's
+// helpers (the record a claim writes, whether a row is live or may be
+// taken over, column values). The record's debug strings are cleaned by
+// internal/debugtext, which the engine uses too.
 package storeutil
 
 import (
