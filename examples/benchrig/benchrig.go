@@ -75,11 +75,11 @@ func SQL(db *sql.DB, dialect string) Backend {
 	return Backend{
 		dialect: dialect,
 		exec: func(ctx context.Context, q string, args ...any) error {
-			_, err := conn(ctx).ExecContext(ctx, placeholders(dialect, q), args...)
+			_, err := conn(ctx).ExecContext(ctx, Rebind(dialect, q), args...)
 			return err
 		},
 		lock: func(ctx context.Context, q string, order int64, due *int64) error {
-			return conn(ctx).QueryRowContext(ctx, placeholders(dialect, q), order).Scan(due)
+			return conn(ctx).QueryRowContext(ctx, Rebind(dialect, q), order).Scan(due)
 		},
 		begin: func(ctx context.Context) (context.Context, func() error, func() error, error) {
 			tx, err := db.BeginTx(ctx, txOptions(dialect))
@@ -122,11 +122,11 @@ func PGX(pool *pgxpool.Pool) Backend {
 	return Backend{
 		dialect: "postgres",
 		exec: func(ctx context.Context, q string, args ...any) error {
-			_, err := c(ctx).Exec(ctx, placeholders("postgres", q), args...)
+			_, err := c(ctx).Exec(ctx, Rebind("postgres", q), args...)
 			return err
 		},
 		lock: func(ctx context.Context, q string, order int64, due *int64) error {
-			return c(ctx).QueryRow(ctx, placeholders("postgres", q), order).Scan(due)
+			return c(ctx).QueryRow(ctx, Rebind("postgres", q), order).Scan(due)
 		},
 		begin: func(ctx context.Context) (context.Context, func() error, func() error, error) {
 			tx, err := pool.Begin(ctx)
@@ -268,8 +268,9 @@ func txOptions(dialect string) *sql.TxOptions {
 	return nil
 }
 
-// placeholders rewrites ? placeholders as $1, $2, ... for Postgres.
-func placeholders(dialect, query string) string {
+// Rebind rewrites ? placeholders as $1, $2, ... for Postgres (the
+// example service's repositories use it too).
+func Rebind(dialect, query string) string {
 	if dialect != "postgres" {
 		return query
 	}

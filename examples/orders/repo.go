@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -54,23 +54,8 @@ func (r *sqlRepo) conn(ctx context.Context) sqlstore.Conn {
 // q rewrites ? placeholders for Postgres.
 func (r *sqlRepo) q(query string) string { return rebind(r.dialect, query) }
 
-// rebind rewrites ? placeholders as $1, $2, ... for Postgres.
-func rebind(dialect, query string) string {
-	if dialect != "postgres" {
-		return query
-	}
-	var b strings.Builder
-	n := 0
-	for _, c := range query {
-		if c == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
+// rebind rewrites ? placeholders for Postgres.
+func rebind(dialect, query string) string { return benchrig.Rebind(dialect, query) }
 
 // migrate creates the business tables. Replicas may start at once: on
 // Postgres, concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog,
