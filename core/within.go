@@ -122,9 +122,10 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	t := transport{handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }, panicked: c.panicked, reply: c.reply}
 	var res result
 	calls := 0 // of body
-	// refuse answers a TxFunc that did not use body as it must: the
-	// request is refused, whatever ran before (a second body's first
-	// call) is the client's no more, and body returns the returned error.
+	// refuse refuses the request of a TxFunc that did not use body as it
+	// must (whatever ran before, a second body's first call, is the
+	// client's no more: its answer is withheld; exit writes the problem)
+	// and returns the error for body to return.
 	refuse := func(why string) error {
 		err := fmt.Errorf("%w: Route.Within: %s", ErrConfig, why)
 		ev.Decision, ev.Err = DecisionInvalid, rt.refused(c.ctx, err)
