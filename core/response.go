@@ -217,23 +217,26 @@ func seenName(r *recorded, name string, n int) bool {
 // that is not a canonical name's spelling (say "Set-Cookie" spelt
 // "set-cookie" when Set-Cookie is never recorded) is never allowed.
 func eachAllowed(h http.Header, allow []string, f func(name string, vs []string)) {
+	// The keys under a spelling other than the canonical one are rare (a
+	// handler assigning to the map): found in one pass over h, not in one
+	// per allowed name. (A name with bytes a header name cannot have is
+	// its own canonical spelling: net/http does not send it.)
+	var buf [2]string
+	others := buf[:0]
+	for k := range h {
+		if k != http.CanonicalHeaderKey(k) {
+			others = append(others, k)
+		}
+	}
+	slices.Sort(others)
 	for _, name := range allow {
 		if vs := h[name]; len(vs) > 0 {
 			f(name, vs)
 		}
-		if len(h) == 0 {
-			continue
-		}
-		var buf [2]string
-		others := buf[:0]
-		for k, vs := range h {
-			if len(vs) > 0 && len(k) == len(name) && k != name && asciiEqualFold(k, name) {
-				others = append(others, k)
-			}
-		}
-		slices.Sort(others)
 		for _, k := range others {
-			f(k, h[k])
+			if vs := h[k]; len(vs) > 0 && k != name && asciiEqualFold(k, name) {
+				f(k, vs)
+			}
 		}
 	}
 }
