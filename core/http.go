@@ -93,6 +93,9 @@ type call struct {
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
 	fps   scratch           // the fingerprint's working memory
+	// detached is the claim's context without its cancellation (leased
+	// mode: Route.leasedCtx).
+	detached detached
 
 	// What prepare found, for the machine.
 	route       *Route
