@@ -115,7 +115,7 @@ func Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
 // Hasher is the working memory of [Hash], for a caller that holds it in a
 // larger object of its own (core's per-request state) instead of
 // allocating it per document: a document of up to smallDoc bytes, nested
-// at most 16 deep, needs no other memory. Its zero value is ready; it
+// at most 8 deep, needs no other memory. Its zero value is ready; it
 // keeps nothing of a document once Hash has returned, so it may be used
 // again.
 type Hasher struct{ c canonicaliser }
@@ -134,11 +134,13 @@ func (x *Hasher) Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool
 
 // hashBuffer is the most of the canonical form Hash holds on its way to
 // the hash.
-const hashBuffer = 256
+const hashBuffer = 128
 
 // smallDoc is the longest document whose bookkeeping fits in the
-// canonicaliser's own arrays (members0, objs0): about 800 bytes of them.
-const smallDoc = 256
+// canonicaliser's own arrays (members0, objs0: about 400 bytes), the
+// size of a typical API request (an order, a payment); a longer one
+// allocates them.
+const smallDoc = 128
 
 // The canonicaliser works in two passes over the source, and never copies
 // it. parse validates src and, for each object whose members must be
@@ -152,8 +154,9 @@ const smallDoc = 256
 // the two share one array) and objs one record of 16 bytes per reordered
 // object (each has two members or more, or is the top-level object
 // Hash narrows to its fields), both allocated once for the most there can
-// be (in the canonicaliser's own arrays up to smallDoc bytes): from a count of the colons outside strings, or for documents up to
-// smallJSON from the length (a member takes at least 4 bytes). That is at
+// be (in the canonicaliser's own arrays up to smallDoc bytes): from a
+// count of the colons outside strings, or for documents up to smallJSON
+// from the length (a member takes at least 4 bytes). That is at
 // most 12 bytes per member, and a member takes at least 5 bytes of source
 // (`"":0` and a ',' or '}'), so at most 2.4 bytes per byte of src beyond
 // smallJSON (3 below it); the output is hashed as it is written through a
@@ -180,11 +183,11 @@ type canonicaliser struct {
 	one [1]byte  // a byte on its way to a full out
 
 	// The arrays behind members, objs, stack and Hash's out for a small
-	// document (smallDoc bytes, 16 levels deep), so that it needs no
+	// document (smallDoc bytes, 8 levels deep), so that it needs no
 	// memory of its own.
 	members0 [smallDoc/4 + 1]int32
 	objs0    [smallDoc/8 + 1]object
-	stack0   [16]frame
+	stack0   [8]frame
 	buf      [hashBuffer]byte
 }
 
