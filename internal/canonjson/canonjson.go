@@ -114,8 +114,9 @@ func Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
 
 // Hasher is the working memory of [Hash], for a caller that holds it in a
 // larger object of its own (core's per-request state) instead of
-// allocating it per document: a document of up to smallDoc bytes, nested
-// at most 8 deep, needs no other memory. Its zero value is ready; it
+// allocating it per document: a document of up to 16 members in up to 4
+// objects, nested at most 8 deep (an order with its address, a payment
+// with its metadata), needs no other memory. Its zero value is ready; it
 // keeps nothing of a document once Hash has returned, so it may be used
 // again.
 type Hasher struct{ c canonicaliser }
@@ -136,12 +137,6 @@ func (x *Hasher) Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool
 // the hash.
 const hashBuffer = 128
 
-// smallDoc is the longest document whose bookkeeping fits in the
-// canonicaliser's own arrays (members0, objs0: about 400 bytes), the
-// size of a typical API request (an order, a payment); a longer one
-// allocates them.
-const smallDoc = 128
-
 // The canonicaliser works in two passes over the source, and never copies
 // it. parse validates src and, for each object whose members must be
 // written in another order than they came, records that order (the source
@@ -154,9 +149,11 @@ const smallDoc = 128
 // the two share one array) and objs one record of 16 bytes per reordered
 // object (each has two members or more, or is the top-level object
 // Hash narrows to its fields), both allocated once for the most there can
-// be (in the canonicaliser's own arrays up to smallDoc bytes): from a
-// count of the colons outside strings, or for documents up to smallJSON
-// from the length (a member takes at least 4 bytes). That is at
+// be (in the canonicaliser's own arrays when they are large enough): from
+// a count of the colons outside strings, or for documents up to smallJSON
+// from the length (a member takes at least 4 bytes) or the colons,
+// whichever is fewer; objs for no more objects than the document has
+// opening braces. That is at
 // most 12 bytes per member, and a member takes at least 5 bytes of source
 // (`"":0` and a ',' or '}'), so at most 2.4 bytes per byte of src beyond
 // smallJSON (3 below it); the output is hashed as it is written through a
@@ -183,10 +180,9 @@ type canonicaliser struct {
 	one [1]byte  // a byte on its way to a full out
 
 	// The arrays behind members, objs, stack and Hash's out for a small
-	// document (smallDoc bytes, 8 levels deep), so that it needs no
-	// memory of its own.
-	members0 [smallDoc/4 + 1]int32
-	objs0    [smallDoc/8 + 1]object
+	// document (see Hasher), so that it needs no memory of its own.
+	members0 [16]int32
+	objs0    [4]object
 	stack0   [8]frame
 	buf      [hashBuffer]byte
 }
@@ -256,7 +252,7 @@ func countColons(src []byte) int {
 	}
 }
 
-var colon = []byte{':'}
+var colon, openBrace = []byte{':'}, []byte{'{'}
 
 // parse runs the first pass over src; sel, when not nil, narrows the
 // top-level object to the members it names (Hash's fields).
@@ -268,19 +264,24 @@ func (c *canonicaliser) parse(src []byte, sel []string) error {
 		return c.fail(errJSONTooLarge)
 	}
 	// Members are at most a quarter of the bytes (`"":` and a ',' or '}'
-	// each, values aside). For small bodies that bound costs less than
-	// counting.
+	// each, values aside), and at most the colons (colons in strings only
+	// add to the count). For small bodies these bounds cost less than
+	// counting the colons outside strings. The objects recorded have two
+	// members each or more (or are the top-level one), and each has its
+	// opening brace.
 	n := len(src)/4 + 1
 	if len(src) > smallJSON {
 		n = countColons(src)
+	} else {
+		n = min(n, bytes.Count(src, colon))
 	}
 	if cap(c.members) < n {
 		c.members = make([]int32, n)
 	}
 	c.members = c.members[:n]
 	c.top, c.low = 0, n
-	if cap(c.objs) < n/2+1 {
-		c.objs = make([]object, 0, n/2+1)
+	if objs := min(n/2+1, bytes.Count(src, openBrace)); cap(c.objs) < objs {
+		c.objs = make([]object, 0, objs)
 	}
 
 	c.out, c.h = nil, nil // no output in the first pass
