@@ -401,11 +401,17 @@ func (e *fingerprintError) Unwrap() []error { return []error{ErrInvalidRequest, 
 // when they cannot establish how to protect a covered request: failing
 // closed instead of passing it through.
 func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, ""), Err: rt.refused(r.Context(), err)}, rt.e.cfg.clock())
+}
+
+// refused returns err wrapping ErrNotProtected, logged at error level:
+// the wiring must change, and the client's detail does not say how.
+func (rt *Route) refused(ctx context.Context, err error) error {
 	if !errors.Is(err, ErrNotProtected) {
 		err = fmt.Errorf("%w: %w", ErrNotProtected, err)
 	}
-	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: request refused", slog.String("error", err.Error()))
-	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, ""), Err: err}, rt.e.cfg.clock())
+	rt.e.cfg.logger.ErrorContext(ctx, "idempotency: request refused", slog.String("error", err.Error()))
+	return err
 }
 
 // Phases of a claimed call.

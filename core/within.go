@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -116,59 +117,46 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	if c == nil {
 		return
 	}
-	e, ev := rt.e, &c.ev
 	defer c.rec.free()
-	j := &job{c: c, owned: true, allow: e.cfg.recorded}
-	t := transport{panicked: c.panicked, reply: c.reply,
-		handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }}
-	var (
-		res    result
-		called bool
-		misuse error // the TxFunc did not use body as it must
-	)
+	ev, j := &c.ev, &job{c: c, owned: true, allow: rt.e.cfg.recorded}
+	t := transport{handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }, panicked: c.panicked, reply: c.reply}
+	var res result
+	calls := 0 // of body
+	// refuse refuses the request of a TxFunc that did not use body as it
+	// must (whatever ran before, a second body's first call, is the
+	// client's no more: its answer is withheld; exit writes the problem)
+	// and returns the error for body to return.
+	refuse := func(why string) error {
+		err := fmt.Errorf("%w: Route.Within: %s", ErrConfig, why)
+		ev.Decision, ev.Err = DecisionInvalid, rt.refused(c.ctx, err)
+		res = result{ans: answer{err: ev.Err}}
+		return err
+	}
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
 	res.txErr = inTx(bctx, func(tctx context.Context) error {
-		if called {
-			misuse = fmt.Errorf("%w: Route.Within: the TxFunc called body twice; call it once, in the transaction", ErrConfig)
-			return misuse
-		}
-		called = true
-		if tctx == nil || !e.tx.InTx(tctx) {
-			misuse = fmt.Errorf("%w: Route.Within: body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)", ErrConfig)
-			return misuse
+		calls++
+		switch {
+		case calls > 1:
+			return refuse("the TxFunc called body twice; call it once, in the transaction")
+		case tctx == nil || !rt.e.tx.InTx(tctx):
+			return refuse("body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)")
 		}
 		j.ctx = context.WithValue(tctx, attemptKey{}, c)
-		res = rt.enter(j, t)
-		switch {
-		case !res.ran && res.ans.err != nil:
-			return res.ans.err
-		case !res.ran:
-			return errReplayed
-		case res.err != nil:
-			return res.err
-		case ev.Decision == DecisionReleased:
+		if res = rt.enter(j, t); !res.ran {
+			return cmp.Or(res.ans.err, errReplayed) // a rejection, or a replay
+		}
+		if res.err == nil && ev.Decision == DecisionReleased {
 			return errReleased
 		}
-		return nil
+		return res.err
 	})
-	if !called && res.txErr == nil {
-		misuse = fmt.Errorf("%w: Route.Within: the TxFunc returned without calling body; call it in the transaction", ErrConfig)
-	}
-	if misuse != nil || !called {
-		// The TxFunc misused body (whatever ran before, a second body's
-		// first call, is the client's no more: its answer is withheld),
-		// or the transaction could not begin.
+	switch {
+	case calls == 0 && res.txErr == nil:
+		refuse("the TxFunc returned without calling body; call it in the transaction")
+	case calls == 0: // the transaction could not begin
 		ev.Decision, ev.Err = DecisionStoreError, res.txErr
-		reject := storeErr(res.txErr)
-		if misuse != nil {
-			ev.Decision, ev.Err = DecisionInvalid, fmt.Errorf("%w: %w", ErrNotProtected, misuse)
-			e.cfg.logger.ErrorContext(c.ctx, "idempotency: request refused", slog.String("error", ev.Err.Error()))
-			reject = ev.Err
-		}
-		ev.Status = c.reply(result{reject: reject})
-		e.emit(c.ctx, *ev, c.start)
-		return
+		res = result{ans: answer{err: storeErr(res.txErr)}}
 	}
 	rt.exit(j, &res, t)
 }
@@ -177,31 +165,24 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 // (method not covered, KeyOptional without a key): in inTx too, its
 // answer held until inTx returned; a 5xx rolls the transaction back.
 func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx TxFunc, handler http.HandlerFunc) {
-	e := rt.e
 	var rec recorder
-	rec.init(w, true, e.cfg.maxResponse)
+	rec.init(w, true, rt.e.cfg.maxResponse)
 	defer rec.free()
-	failed := false
-	txErr := inTx(r.Context(), func(ctx context.Context) error {
+	err := inTx(r.Context(), func(ctx context.Context) error {
 		handler(&rec, r.WithContext(ctx))
-		if err := rec.settle(); err != nil {
+		if err := rec.settle(); err != nil || rec.status < 500 {
 			return err
 		}
-		if rec.status >= 500 {
-			failed = true
-			return errReleased
-		}
-		return nil
+		return errReleased
 	})
-	if txErr != nil && !failed {
-		rec.resetHeader()
-		e.cfg.logger.ErrorContext(r.Context(), "idempotency: the transaction of an unprotected request did not commit", slog.String("error", txErr.Error()))
-		err := txErr
-		if !errors.Is(err, ErrTxAborted) {
-			err = storeErr(err)
-		}
-		e.cfg.errorWriter(w, r, e.problemFor(err))
+	if err == nil || (rec.failed == nil && rec.status >= 500) {
+		rec.deliver() // committed, or rolled back for the handler's whole 5xx
 		return
 	}
-	rec.deliver()
+	rt.e.cfg.logger.ErrorContext(r.Context(), "idempotency: the transaction of an unprotected request did not commit", slog.String("error", err.Error()))
+	if !errors.Is(err, ErrTxAborted) {
+		err = storeErr(err)
+	}
+	rec.resetHeader()
+	rt.writeProblem(w, r, err, ID{})
 }

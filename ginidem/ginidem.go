@@ -1,9 +1,13 @@
 package ginidem
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -46,11 +50,10 @@ func (config Config) ToMiddleware() (gin.HandlerFunc, error) {
 	if config.Engine == nil {
 		return nil, fmt.Errorf("%w: ginidem: Config.Engine is nil", core.ErrConfig)
 	}
-	skip := config.Skipper
 	rt := config.Engine.Route(config.Options...)
 	return func(c *gin.Context) {
 		pattern := c.FullPath()
-		if pattern == "" || (skip != nil && skip(c)) {
+		if pattern == "" || (config.Skipper != nil && config.Skipper(c)) {
 			// No route matched (Gin answers 404 or 405 itself), or skipped.
 			c.Next()
 			return
@@ -61,7 +64,7 @@ func (config Config) ToMiddleware() (gin.HandlerFunc, error) {
 		ran := false
 		rt.Serve(c.Writer, c.Request, pattern, c, func(w http.ResponseWriter, r *http.Request) {
 			ran = true
-			next(c, w, r)
+			captured(c, w, r, c.Next)
 		})
 		if !ran {
 			c.Abort()
@@ -72,37 +75,27 @@ func (config Config) ToMiddleware() (gin.HandlerFunc, error) {
 // useCachedBody gives the request the body an earlier c.ShouldBindBodyWith
 // consumed and Gin kept under gin.BodyBytesKey.
 func useCachedBody(c *gin.Context) {
-	v, ok := c.Get(gin.BodyBytesKey)
-	if !ok {
-		return
+	v, _ := c.Get(gin.BodyBytesKey)
+	if b, ok := v.([]byte); ok {
+		c.Request.Body = io.NopCloser(bytes.NewReader(b))
+		c.Request.ContentLength = int64(len(b))
 	}
-	b, ok := v.([]byte)
-	if !ok {
-		return
-	}
-	c.Request.Body = io.NopCloser(bytes.NewReader(b))
-	c.Request.ContentLength = int64(len(b))
 }
 
-// next runs the rest of the chain with the writer and request of the engine.
-func next(c *gin.Context, w http.ResponseWriter, r *http.Request) {
-	if w == http.ResponseWriter(c.Writer) { // passed through unprotected
-		req := c.Request
-		defer func() { c.Request = req }()
-		c.Request = r
-		c.Next()
-		return
-	}
-	captured(c, w, r, c.Next)
-}
-
-// captured runs fn with c's request r and a writer into the engine's
-// capture w, and restores c's own afterwards.
+// captured runs fn (the rest of the chain, Within's handler) with the
+// engine's request r and, unless w is c.Writer itself (passed through
+// unprotected), a writer into the engine's capture w; it restores c's own
+// afterwards.
 func captured(c *gin.Context, w http.ResponseWriter, r *http.Request, fn func()) {
 	req, gw := c.Request, c.Writer
-	defer func() { c.Request, c.Writer = req, gw }()
+	defer func() { c.Request = req }()
 	c.Request = r
-	cw := &writer{w: w, ctx: r.Context(), status: gw.Status(), size: -1}
+	if w == http.ResponseWriter(gw) {
+		fn()
+		return
+	}
+	defer func() { c.Writer = gw }()
+	cw := &writer{ResponseWriter: w, ctx: r.Context(), status: gw.Status(), size: -1}
 	c.Writer = cw
 	fn()
 	// Gin writes a status set without a body (c.Status(204)) after the
@@ -143,3 +136,84 @@ var errNoContext = fmt.Errorf("%w: ginidem.Caller found no Gin context: the requ
 func DownstreamKey(c *gin.Context, step string) (string, error) {
 	return core.DownstreamKey(c.Request.Context(), step)
 }
+
+// writer is the gin.ResponseWriter the handlers write to while the engine
+// captures the response. Of the interface's twelve methods Header is the
+// capture writer's (embedded) and Pusher nil; the others keep Gin's
+// bookkeeping: like Gin's own writer it holds the status until the first
+// byte (or WriteHeaderNow), and counts the size. Flush, Hijack and Unwrap
+// reach the engine's writer, which decides what a stream or a hijack means
+// for the record.
+type writer struct {
+	http.ResponseWriter                 // the engine's capture writer: Header
+	ctx                 context.Context // the request's, for CloseNotify
+	status              int
+	size                int // -1 until the header is written
+}
+
+func (w *writer) WriteHeader(code int) {
+	switch {
+	case code >= 100 && code < 200: // informational: sent (or ignored) by the engine's writer now
+		w.ResponseWriter.WriteHeader(code)
+	case code > 0 && !w.Written():
+		w.status = code
+	}
+}
+
+func (w *writer) WriteHeaderNow() {
+	if !w.Written() {
+		w.size = 0
+		w.ResponseWriter.WriteHeader(w.status)
+	}
+}
+
+func (w *writer) Write(p []byte) (int, error) {
+	w.WriteHeaderNow()
+	n, err := w.ResponseWriter.Write(p)
+	w.size += n
+	return n, err
+}
+
+func (w *writer) WriteString(s string) (int, error) {
+	w.WriteHeaderNow()
+	n, err := io.WriteString(w.ResponseWriter, s)
+	w.size += n
+	return n, err
+}
+
+func (w *writer) Status() int   { return w.status }
+func (w *writer) Size() int     { return w.size }
+func (w *writer) Written() bool { return w.size != -1 }
+
+// Flush sends the pending header and flushes through the engine's writer.
+func (w *writer) Flush() {
+	w.WriteHeaderNow()
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack hands the connection over when the engine's writer allows it (not
+// in atomic mode) and nothing of the body was written yet, as Gin does.
+func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.size > 0 {
+		return nil, nil, errors.New("ginidem: response body already written")
+	}
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.size < 0 {
+		w.size = 0 // the header must not be written after a hijack
+	}
+	return conn, rw, err
+}
+
+// CloseNotify fires when the request's context is done (the client went
+// away, or the request ended).
+func (w *writer) CloseNotify() <-chan bool {
+	ch := make(chan bool, 1)
+	context.AfterFunc(w.ctx, func() { ch <- true })
+	return ch
+}
+
+// Pusher returns nil: the engine's capture writer has no server push.
+func (w *writer) Pusher() http.Pusher { return nil }
+
+// Unwrap returns the engine's writer (for http.ResponseController).
+func (w *writer) Unwrap() http.ResponseWriter { return w.ResponseWriter }

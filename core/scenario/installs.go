@@ -73,20 +73,28 @@ func testRecoveredAfterEffect(t *testing.T, x *harness) {
 }
 
 // testBodyConsumedUpstream: a middleware in front of the adapter's that
-// reads the body without restoring it (a logger, a binder) leaves the
-// middleware nothing to fingerprint: the request is refused (500
-// body-consumed), never fingerprinted as empty and run.
+// reads the body without restoring it (a logger, a binder), or replaces it
+// with http.NoBody, leaves the middleware nothing to fingerprint: the
+// request is refused (500 body-consumed, whose detail does not carry the
+// server's error text), never fingerprinted as empty and run.
 func testBodyConsumedUpstream(t *testing.T, x *harness) {
 	var n atomic.Int32
 	x.start(nil, Route{Method: "POST", Pattern: "/orders", Handler: orderHandler(&n)})
 	router := x.h
-	x.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body) // read, not restored
-		router.ServeHTTP(w, r)
-	})
-
-	for range 2 {
-		wantProblem(t, x.do(post("/orders", orderJSON, "k1")), http.StatusInternalServerError, "body-consumed")
+	for _, consume := range []func(r *http.Request){
+		func(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }, // read, not restored
+		func(r *http.Request) { r.Body = http.NoBody },               // replaced
+	} {
+		x.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			consume(r)
+			router.ServeHTTP(w, r)
+		})
+		for range 2 {
+			p := wantProblem(t, x.do(post("/orders", orderJSON, "k1")), http.StatusInternalServerError, "body-consumed")
+			if strings.Contains(p.Detail, "Content-Length") {
+				t.Errorf("the problem's detail carries the server's error text: %q", p.Detail)
+			}
+		}
 	}
 	wantCalls(t, &n, 0)
 }

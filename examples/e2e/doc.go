@@ -19,9 +19,10 @@
 //     during a slow leased payment, and a default client through SIGKILL
 //     inside a leased payment and a restart on the same address 5 s later
 //     (the takeover's answer, one charge).
-//   - otel_test.go: the service's -otel flag: otelidem's metrics and span
-//     events as JSON on standard output (-otel stdout) and on GET /metrics
-//     (-otel prometheus), and neither without the flag.
+//   - otel_test.go: the OpenTelemetry example (examples/otel, built too):
+//     otelidem's metrics and span events as JSON on standard output (-otel
+//     stdout) and on GET /metrics (-otel prometheus), and neither without
+//     the flag, nor from the orders service.
 //
 // Postgres and MariaDB come from IDEM_TEST_POSTGRES_DSN and
 // IDEM_TEST_MYSQL_DSN (scripts/test.sh starts both); every test creates a

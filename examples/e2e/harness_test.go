@@ -33,9 +33,9 @@ import (
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
-// binary is the orders service, built once by TestMain; idemctl the
-// operator's command.
-var binary, idemctl string
+// binary is the orders service, built once by TestMain, otelBinary the
+// OpenTelemetry example (examples/otel); idemctl the operator's command.
+var binary, otelBinary, idemctl string
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
@@ -57,27 +57,29 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "orders")
-	args := []string{"build", "-o", binary}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/idemkit/idem/examples/orders")
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	start := time.Now()
-	cmd := exec.Command(goTool, args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go %s: %v\n", strings.Join(args, " "), err)
-		return 1
+	binary, otelBinary = filepath.Join(dir, "orders"), filepath.Join(dir, "otel")
+	for bin, pkg := range map[string]string{binary: "orders", otelBinary: "otel"} {
+		args := []string{"build", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "github.com/idemkit/idem/examples/"+pkg)
+		cmd := exec.Command(goTool, args...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: go %s: %v\n", strings.Join(args, " "), err)
+			return 1
+		}
 	}
 	// idemctl, the operator's command, from its own module (the e2e
 	// tests run it against the service's database).
 	idemctl = filepath.Join(dir, "idemctl")
-	cmd = exec.Command(goTool, "build", "-o", idemctl, ".")
+	cmd := exec.Command(goTool, "build", "-o", idemctl, ".")
 	cmd.Dir = filepath.Join("..", "..", "idemctl")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
@@ -85,7 +87,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	if testing.Verbose() {
-		fmt.Fprintf(os.Stderr, "e2e: built %s (race=%v) and idemctl in %s\n", binary, raceEnabled, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "e2e: built %s, %s (race=%v) and idemctl in %s\n", binary, otelBinary, raceEnabled, time.Since(start).Round(time.Millisecond))
 	}
 	return m.Run()
 }
@@ -94,6 +96,7 @@ func runMain(m *testing.M) int {
 
 // config is how one service process is started.
 type config struct {
+	otel      bool   // the OpenTelemetry example (examples/otel: -addr and extra only), not the orders service
 	framework string // gin, echo, chi
 	store     string // gorm, sql
 	db        *database
@@ -101,7 +104,12 @@ type config struct {
 	extra     []string // more flags: -work-delay, -lease, ...
 }
 
-func (c config) String() string { return c.db.kind + "/" + c.framework + "/" + c.store }
+func (c config) String() string {
+	if c.otel {
+		return "otel"
+	}
+	return c.db.kind + "/" + c.framework + "/" + c.store
+}
 
 // server is one running service process.
 type server struct {
@@ -166,7 +174,7 @@ func (b *logBuffer) grep(re *regexp.Regexp) []string {
 	return out
 }
 
-var listeningRE = regexp.MustCompile(`msg="orders: listening" addr=(\S+)`)
+var listeningRE = regexp.MustCompile(`msg="(?:orders|otel): listening" addr=(\S+)`)
 
 // startServer starts the service with c on 127.0.0.1:0 and waits for its
 // "listening" log line. The process is killed at the end of the test if it
@@ -190,13 +198,16 @@ func startServerFor(t, owner testing.TB, name string, c config) *server {
 // waitReady), so that several can start at the same moment.
 func launch(t, owner testing.TB, name string, c config) *server {
 	t.Helper()
-	dsn := c.dsn
-	if dsn == "" {
-		dsn = c.db.serviceDSN
+	bin, args := otelBinary, []string{"-addr", "127.0.0.1:0"}
+	if !c.otel {
+		dsn := c.dsn
+		if dsn == "" {
+			dsn = c.db.serviceDSN
+		}
+		bin, args = binary, append(args, "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", dsn)
 	}
-	args := []string{"-addr", "127.0.0.1:0", "-framework", c.framework, "-store", c.store, "-db", c.db.kind, "-dsn", dsn}
 	args = append(args, c.extra...)
-	cmd := exec.Command(binary, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0 exitcode=66")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 
 // otelRequests sends what every -otel test observes: an order (executed),
 // its retry (replayed) and the key reused for another order (mismatch).
+// -otel is the flag of the OpenTelemetry example (examples/otel), which
+// serves the orders example's POST /orders.
 func otelRequests(t *testing.T, base string) {
 	t.Helper()
 	key, body, account := "otel-"+randomHex(8), orderBody("otel-widget", 1), "observer"
@@ -36,8 +38,8 @@ var wantDecisions = map[string]int64{"executed": 1, "replayed": 1, "mismatch": 1
 // interval being an hour) and every request's span with its idem.decision
 // event, as JSON on standard output.
 func TestOTelStdout(t *testing.T) {
-	c := config{framework: "chi", store: "sql", db: newDatabase(t, "sqlite"), extra: []string{"-otel", "stdout", "-otel-interval", "1h"}}
-	s := startServer(t, "orders-otel-stdout", c)
+	c := config{otel: true, extra: []string{"-otel", "stdout", "-otel-interval", "1h"}}
+	s := startServer(t, "otel-stdout", c)
 	otelRequests(t, "http://"+s.addr)
 	if code := s.terminate(t); code != 0 {
 		t.Fatalf("exit code after SIGTERM: %d, want 0", code)
@@ -145,8 +147,8 @@ func TestOTelStdout(t *testing.T) {
 // TestOTelPrometheus: -otel prometheus serves otelidem's metrics on GET
 // /metrics, under the Prometheus exporter's names.
 func TestOTelPrometheus(t *testing.T) {
-	c := config{framework: "gin", store: "gorm", db: newDatabase(t, "sqlite"), extra: []string{"-otel", "prometheus"}}
-	s := startServer(t, "orders-otel-prometheus", c)
+	c := config{otel: true, extra: []string{"-otel", "prometheus"}}
+	s := startServer(t, "otel-prometheus", c)
 	base := "http://" + s.addr
 	otelRequests(t, base)
 	m := mustDo(t, client, http.MethodGet, base+"/metrics", "", "", "")
@@ -179,11 +181,19 @@ func TestOTelPrometheus(t *testing.T) {
 	}
 }
 
-// TestOTelOff: by default the service has no telemetry: no /metrics, nothing
-// on standard output.
+// TestOTelOff: the orders service, and the OpenTelemetry example by
+// default, have no telemetry: no /metrics, nothing on standard output.
 func TestOTelOff(t *testing.T) {
-	c := config{framework: "echo", store: "sql", db: newDatabase(t, "sqlite")}
-	s := startServer(t, "orders-otel-off", c)
+	for name, c := range map[string]config{
+		"orders": {framework: "echo", store: "sql", db: newDatabase(t, "sqlite")},
+		"otel":   {otel: true},
+	} {
+		t.Run(name, func(t *testing.T) { testOTelOff(t, name, c) })
+	}
+}
+
+func testOTelOff(t *testing.T, name string, c config) {
+	s := startServer(t, name+"-otel-off", c)
 	base := "http://" + s.addr
 	otelRequests(t, base)
 	if m := mustDo(t, client, http.MethodGet, base+"/metrics", "", "", ""); m.status != http.StatusNotFound {

@@ -6,9 +6,10 @@
 //	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
 //	    [-store gorm|sql|pgx] [-db sqlite|postgres|mysql] [-dsn DSN]
 //	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s] [-retention 24h]
-//	    [-otel off|stdout|prometheus] [-otel-interval 10s] [-complete-every 10s]
+//	    [-complete-every 10s]
 //
-// See README.md in this directory for the HTTP interface.
+// See README.md in this directory for the HTTP interface; the OpenTelemetry
+// wiring of such a service is the example examples/otel.
 package main
 
 import (
@@ -42,10 +43,6 @@ type options struct {
 	completeEvery time.Duration
 	lease         time.Duration
 	retention     time.Duration
-	// otel is -otel: off, stdout or prometheus (see otel.go);
-	// otelInterval how often -otel stdout writes the metrics.
-	otel         string
-	otelInterval time.Duration
 	// unprotected and pprofAddr are the benchmark mode's hidden flags
 	// (examples/benchrig): its routes, and net/http/pprof on a listener
 	// of its own.
@@ -65,8 +62,6 @@ func main() {
 	flag.DurationVar(&o.completeEvery, "complete-every", core.DefaultCompleteEvery, "how often the completer settles stuck payments without a client (0: no completer)")
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
 	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
-	flag.StringVar(&o.otel, "otel", "off", "OpenTelemetry metrics and traces: off, stdout (JSON on standard output) or prometheus (GET /metrics)")
-	flag.DurationVar(&o.otelInterval, "otel-interval", 10*time.Second, "how often -otel stdout writes the metrics")
 	flag.BoolVar(&o.unprotected, "unprotected-route", false, "")
 	flag.StringVar(&o.pprofAddr, "pprof-addr", "", "")
 	flag.Parse()
@@ -84,21 +79,6 @@ func run(o options, logger *slog.Logger) error {
 
 	if o.pprofAddr != "" {
 		benchrig.ServePprof(o.pprofAddr, logger)
-	}
-	tel, err := setupTelemetry(o.otel, os.Stdout, o.otelInterval)
-	if err != nil {
-		return err
-	}
-	if tel != nil {
-		// Deferred first, so it runs last: the final metrics include the
-		// requests that the graceful shutdown let finish.
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := tel.shutdown(ctx); err != nil {
-				logger.Error("orders: telemetry shutdown: " + err.Error())
-			}
-		}()
 	}
 	b, err := openBackend(ctx, o)
 	if err != nil {
@@ -135,11 +115,7 @@ func run(o options, logger *slog.Logger) error {
 		// log only adds warnings (indeterminate outcomes, lost leases,
 		// store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
-	}
-	if tel != nil {
-		engineOpts = append(engineOpts, core.WithObserver(observers(recordDecision, tel.observer)))
-	} else {
-		engineOpts = append(engineOpts, core.WithObserver(recordDecision))
+		core.WithObserver(recordDecision),
 	}
 	if o.retention > 0 {
 		engineOpts = append(engineOpts, core.Retention(o.retention))
@@ -172,17 +148,8 @@ func run(o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if tel != nil {
-		h = tel.wrap(h)
-		if tel.metrics != nil {
-			mux := http.NewServeMux()
-			mux.Handle("GET /metrics", tel.metrics)
-			mux.Handle("/", h)
-			h = mux
-		}
-	}
 	srv := &http.Server{Handler: accessLog(logger, h), ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db, "otel", o.otel)
+	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

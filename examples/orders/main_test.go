@@ -39,17 +39,3 @@ func TestRunOnAPortInUse(t *testing.T) {
 		})
 	}
 }
-
-// TestRunWithUnknownOTel: an -otel value that is none of off, stdout and
-// prometheus stops the start with a message naming them.
-func TestRunWithUnknownOTel(t *testing.T) {
-	o := options{
-		addr: "127.0.0.1:0", framework: "chi", store: "sql", db: "sqlite",
-		dsn: filepath.Join(t.TempDir(), "orders.db"), otel: "jaeger",
-		sweepEvery: time.Minute, lease: 30 * time.Second, retention: time.Hour,
-	}
-	err := run(o, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
-	if err == nil || !strings.Contains(err.Error(), `-otel "jaeger": want off, stdout or prometheus`) {
-		t.Fatalf("run with -otel jaeger: %v, want the error naming off, stdout and prometheus", err)
-	}
-}
