@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,77 +15,6 @@ import (
 // client"). Engine.Records and Engine.Record read; Engine.ResolveRecord
 // and Engine.ReleaseRecord act, fenced like any attempt. idemctl and
 // Engine.AdminHandler are built on these four.
-
-// RecordQuery selects the records Engine.Records lists.
-type RecordQuery struct {
-	// State is the state listed (default StateIndeterminate: the records
-	// whose outcome is unknown).
-	State State
-	// OlderThan, when positive, lists only records created at least that
-	// long ago (by the engine's clock): an in-progress record younger than
-	// the route's MaxAttempt is usually an attempt still running.
-	OlderThan time.Duration
-	// After is the Next of the previous page ("" for the first).
-	After string
-	// Limit is the most records on the page (default DefaultRecordsLimit,
-	// at most MaxListLimit).
-	Limit int
-}
-
-// RecordPage is one page of Engine.Records.
-type RecordPage struct {
-	Records []RecordInfo `json:"records"`
-	// Next, when not empty, is the RecordQuery.After of the next page. It
-	// is empty after the last one.
-	Next string `json:"next,omitempty"`
-}
-
-// RecordInfo is what an operator sees of a record. Times are UTC.
-type RecordInfo struct {
-	// ID is the record's ID in hex: the record_id of the problem
-	// documents clients get, and the "id" of the engine's log lines.
-	ID    string `json:"record_id"`
-	State string `json:"state"` // in_progress, completed, indeterminate
-	// Caller, Scope and Key are the record's debug copies (at most
-	// MaxDebugLen bytes each).
-	Caller      string `json:"caller"`
-	Scope       string `json:"scope"`
-	Key         string `json:"key"`
-	Fingerprint string `json:"fingerprint,omitempty"` // hex
-	// Attempt counts the record's claims: 1, +1 per takeover.
-	Attempt   int       `json:"attempt"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
-	// LeaseUntil is when the holder's lease lapses (in progress, leased
-	// mode); LeaseLapsed reports that it has, by the engine's clock: the
-	// attempt stopped without recording an outcome.
-	LeaseUntil  *time.Time `json:"lease_until,omitempty"`
-	LeaseLapsed bool       `json:"lease_lapsed,omitempty"`
-	// Status is the recorded HTTP status (completed, indeterminate).
-	Status int `json:"status,omitempty"`
-	// Response is the recorded response, opened with the engine's Sealer
-	// (Engine.Record and the actions only: a listing does not read
-	// responses). ResponseError says why it could not be opened (sealed
-	// and no Sealer, or the wrong one).
-	Response      *ResponseInfo `json:"response,omitempty"`
-	ResponseError string        `json:"response_error,omitempty"`
-	// Why says in a sentence what the state means and what happens next.
-	Why string `json:"why"`
-}
-
-// ResponseInfo is a recorded response as an operator reads it.
-type ResponseInfo struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header,omitempty"`
-	// Body is the recorded body when it is valid UTF-8 (JSON, text);
-	// BodyBase64 holds it otherwise (encoding/json writes []byte in
-	// base64).
-	Body       string `json:"body,omitempty"`
-	BodyBase64 []byte `json:"body_base64,omitempty"`
-	// BodyKept is false when the body was too large or streamed: it was
-	// not recorded, and replays say so.
-	BodyKept bool `json:"body_kept"`
-}
 
 // Records lists the live records in q.State, oldest first (by creation,
 // then ID), one page at a time. The store must implement Inspector

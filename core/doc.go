@@ -7,7 +7,7 @@
 // # The contract in one paragraph
 //
 // A record is identified by (caller, scope, key): the caller comes from a
-// CallerFunc (or WithSingleCaller says there is only one), the scope is
+// WithCaller function (or WithSingleCaller says there is only one), the scope is
 // empty unless a route names one with Scope (it never comes from the
 // router: not the route pattern, not the path, not the method), the key is
 // the client's Idempotency-Key header in raw or RFC 8941 quoted form. So a

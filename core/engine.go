@@ -268,7 +268,8 @@ func Release(ctx context.Context) error {
 // a protected request (a framework's context passed instead of the
 // request's, or a request that passed through unprotected) it returns an
 // error wrapping ErrNoAttempt that names the right call. Gin and Echo
-// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey.
+// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey; a
+// resolver, which has the record, asks for rec.ID.DownstreamKey(step).
 func DownstreamKey(ctx context.Context, step string) (string, error) {
 	a := attemptFrom(ctx)
 	if a == nil {
@@ -278,11 +279,6 @@ func DownstreamKey(ctx context.Context, step string) (string, error) {
 		return "", fmt.Errorf("%w: core.DownstreamKey: empty step name (name the external call, such as \"charge\")", ErrConfig)
 	}
 	return DownstreamKeyFor(a.id, step), nil
-}
-
-// DownstreamKeyFor is DownstreamKey for a record ID (for resolvers).
-func DownstreamKeyFor(id ID, step string) string {
-	return Identity{Caller: id.String(), Scope: "idem/downstream", Key: step}.ID().String()
 }
 
 // AttemptInfo describes the protected request a handler runs in.

@@ -15,7 +15,7 @@ type Request struct {
 	// quoted string); more than one is ErrInvalidKey.
 	Key []string
 	// Caller names who is asking (an error or "" refuses the request with
-	// ErrNoCaller, as a CallerFunc does over HTTP). nil: every request
+	// ErrNoCaller, as the WithCaller function does over HTTP). nil: every request
 	// shares one key space, so the adapter must make that an explicit
 	// choice of its user (as WithSingleCaller is over HTTP).
 	Caller func(ctx context.Context) (string, error)

@@ -10,9 +10,18 @@ import (
 	"time"
 )
 
-// Defaults of the engine's options, of the Completer and the Sweeper
-// fields, and of Engine.Records.
+// The engine's headers, its limit on keys, and the defaults of its
+// options, of the Completer and the Sweeper fields, and of
+// Engine.Records.
 const (
+	// HeaderKey is the request header that carries the idempotency key
+	// (unless WithKeyHeader names another); HeaderReplayed is the
+	// response header that marks a replay.
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+	// MaxKeyLen is the longest accepted key, in bytes, after trimming.
+	MaxKeyLen = 255
+
 	DefaultRetention       = 24 * time.Hour   // how long a record lives
 	DefaultLease           = 30 * time.Second // leased mode: lease of a running attempt
 	DefaultMaxAttempt      = 5 * time.Minute  // how long one attempt may run (MaxAttempt)
@@ -58,16 +67,6 @@ var neverRecorded = map[string]bool{
 	"Idempotent-Replayed": true,
 }
 
-// CallerFunc names who is asking: an account, tenant or API credential,
-// typically read from a value an earlier authentication middleware stored.
-// An error or an empty string answers 401 (ErrNoCaller). Adapters offer
-// framework-typed variants (ginidem.Caller, echoidem.Caller) built on
-// NativeFrom.
-type CallerFunc func(r *http.Request) (string, error)
-
-// Observer receives every decision the engine takes; see Event.
-type Observer func(ctx context.Context, ev Event)
-
 // Option configures an Engine.
 type Option interface{ applyEngine(*config) error }
 
@@ -91,7 +90,7 @@ func (f routeOption) applyRoute(p *policy)        { f(p) }
 // config is the engine-wide configuration.
 type config struct {
 	policy       policy
-	caller       CallerFunc
+	caller       func(r *http.Request) (string, error)
 	singleCaller bool
 	clock        func() time.Time
 	lease        time.Duration
@@ -128,10 +127,14 @@ type policy struct {
 	finish      *func(ctx context.Context, req RecordedRequest) *Response // Finish; nil: "not applied" releases the key
 }
 
-// WithCaller sets the function that names the caller. Either WithCaller or
-// WithSingleCaller is required: a deployment must not share one key space
-// between callers by accident.
-func WithCaller(f CallerFunc) Option {
+// WithCaller sets the function that names the caller: who is asking (an
+// account, tenant or API credential), typically read from a value an
+// earlier authentication middleware stored. An error or an empty string
+// answers 401 (ErrNoCaller). Adapters offer framework-typed variants
+// (ginidem.Caller, echoidem.Caller) built on NativeFrom. Either WithCaller
+// or WithSingleCaller is required: a deployment must not share one key
+// space between callers by accident.
+func WithCaller(f func(r *http.Request) (string, error)) Option {
 	return engineOption(func(c *config) error {
 		if f == nil {
 			return fmt.Errorf("%w: WithCaller(nil)", ErrConfig)

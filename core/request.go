@@ -16,7 +16,7 @@ type RecordedRequest struct {
 	// Path is the request's path with its query, as sent
 	// (http.Request.RequestURI's form: "/orders?x=1").
 	Path string
-	// Caller is who sent it (the engine's CallerFunc's answer; "" with
+	// Caller is who sent it (the answer of the engine's WithCaller function; "" with
 	// WithSingleCaller).
 	Caller string
 	// Body is the request's body, or what RecordRequest's function chose
