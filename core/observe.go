@@ -7,6 +7,9 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // level is the log level of ev: DEBUG for the routine decisions (executed,
@@ -14,22 +17,22 @@ import (
 // WARN or ERROR only for what an operator must act on: store errors and
 // fail-open (ERROR), indeterminate outcomes, lost leases and failing
 // caller or fingerprint functions (WARN).
-func level(ev *Event) slog.Level {
+func level(ev *observe.Event) slog.Level {
 	switch ev.Decision {
-	case DecisionExecuted, DecisionReplayed, DecisionReleased, DecisionResolved, DecisionRejectedBusy, DecisionMismatch:
+	case observe.DecisionExecuted, observe.DecisionReplayed, observe.DecisionReleased, observe.DecisionResolved, observe.DecisionRejectedBusy, observe.DecisionMismatch:
 		return slog.LevelDebug
-	case DecisionSettled, DecisionSettleReleased, DecisionFinished:
+	case observe.DecisionSettled, observe.DecisionSettleReleased, observe.DecisionFinished:
 		return slog.LevelInfo
-	case DecisionLeft, DecisionSettleError:
+	case observe.DecisionLeft, observe.DecisionSettleError:
 		return slog.LevelWarn
-	case DecisionInvalid:
+	case observe.DecisionInvalid:
 		var ce *callerError
 		var fe *fingerprintError
 		if errors.As(ev.Err, &ce) || errors.As(ev.Err, &fe) {
 			return slog.LevelWarn
 		}
 		return slog.LevelDebug
-	case DecisionIndeterminate, DecisionLeaseLost:
+	case observe.DecisionIndeterminate, observe.DecisionLeaseLost:
 		return slog.LevelWarn
 	}
 	return slog.LevelError
@@ -46,7 +49,7 @@ func (e *Engine) logKey(key string) string {
 
 // emit reports ev (whose Key is still the raw key) to the observer and the
 // logger; the key is hashed only when someone listens.
-func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
+func (e *Engine) emit(ctx context.Context, ev observe.Event, start time.Time) {
 	lvl := level(&ev)
 	logging := e.cfg.logger.Enabled(ctx, lvl)
 	if e.cfg.observer == nil && !logging {
@@ -70,7 +73,7 @@ func (e *Engine) emit(ctx context.Context, ev Event, start time.Time) {
 	if ev.Route != "" {
 		attrs = append(attrs, slog.String("route", ev.Route))
 	}
-	if ev.ID != (ID{}) {
+	if ev.ID != (store.ID{}) {
 		attrs = append(attrs, slog.String("id", ev.ID.String())) // a problem's record_id
 	}
 	if ev.Status != 0 {

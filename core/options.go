@@ -8,6 +8,10 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/seal"
+	"github.com/idemkit/idem/core/store"
 )
 
 // The engine's headers, its limit on keys, and the defaults of its
@@ -99,11 +103,11 @@ type config struct {
 	maxRequest   int64
 	maxResponse  int64
 	recorded     []string
-	sealer       Sealer
+	sealer       seal.Sealer
 	failOpen     bool
 	problemBase  string
 	errorWriter  func(w http.ResponseWriter, r *http.Request, p *Problem)
-	observer     Observer
+	observer     observe.Observer
 	logger       *slog.Logger
 	logRawKeys   bool
 	keyHeader    string  // WithKeyHeader; "": HeaderKey
@@ -256,7 +260,7 @@ func WithRecordedHeaders(names ...string) Option {
 }
 
 // WithSealer seals recorded responses at rest (default: none). See seal.NewAESGCM.
-func WithSealer(s Sealer) Option {
+func WithSealer(s seal.Sealer) Option {
 	return engineOption(func(c *config) error { c.sealer = s; return nil })
 }
 
@@ -302,7 +306,7 @@ func WithResolver(r Resolver) RouteOption {
 
 // WithObserver sets a hook called for every decision (default: none), for
 // metrics (Prometheus, OpenTelemetry) without a dependency in core.
-func WithObserver(o Observer) Option {
+func WithObserver(o observe.Observer) Option {
 	return engineOption(func(c *config) error { c.observer = o; return nil })
 }
 
@@ -459,8 +463,8 @@ func Methods(methods ...string) RouteOption {
 // (two routes built with the same name and different options panic). At
 // most MaxRouteName bytes; an empty name panics.
 func Name(name string) RouteOption {
-	if name == "" || len(name) > MaxRouteName {
-		panic(fmt.Sprintf("idem: Name must be 1 to %d bytes, got %d", MaxRouteName, len(name)))
+	if name == "" || len(name) > store.MaxRouteName {
+		panic(fmt.Sprintf("idem: Name must be 1 to %d bytes, got %d", store.MaxRouteName, len(name)))
 	}
 	return routeOption(func(p *policy) { p.name = name })
 }
