@@ -1,6 +1,6 @@
 // Package admin is the operator's view of idem's records: what
 // core.Engine.Records, Engine.Record and Engine.ResolveRecord return, and
-// the JSON documents of Engine.AdminHandler that idemctl reads
+// the JSON documents of Engine.AdminHandler and of idemctl -json
 // (docs/contract.md, section 5 "Recovery without a client"). The engine
 // fills them in; this package holds no behaviour of its own, so a client
 // of the admin API decodes the same types the server encodes:
