@@ -60,22 +60,10 @@ type app struct {
 
 type accountKey struct{}
 
-func withAccount(ctx context.Context, account string) context.Context {
-	return context.WithValue(ctx, accountKey{}, account)
-}
-
+// accountFrom is the caller that authorize put in ctx.
 func accountFrom(ctx context.Context) string {
 	s, _ := ctx.Value(accountKey{}).(string)
 	return s
-}
-
-// bearer returns the account named by "Authorization: Bearer <account>".
-func bearer(r *http.Request) string {
-	a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		return ""
-	}
-	return strings.TrimSpace(a)
 }
 
 func problem(w http.ResponseWriter, status int, slug, detail string) {
@@ -96,12 +84,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(d):
 		return nil
 	}
 }

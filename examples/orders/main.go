@@ -22,12 +22,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/observe"
 	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
@@ -45,11 +43,7 @@ type options struct {
 	completeEvery time.Duration
 	lease         time.Duration
 	retention     time.Duration
-	// unprotected and pprofAddr are the benchmark mode's hidden flags
-	// (examples/benchrig): its routes, and net/http/pprof on a listener
-	// of its own.
-	unprotected bool
-	pprofAddr   string
+	rig           benchrig.Flags // the benchmark scripts' hidden flags
 }
 
 func main() {
@@ -64,8 +58,7 @@ func main() {
 	flag.DurationVar(&o.completeEvery, "complete-every", core.DefaultCompleteEvery, "how often the completer settles stuck payments without a client (0: no completer)")
 	flag.DurationVar(&o.lease, "lease", core.DefaultLease, "lease of a running payment (leased mode)")
 	flag.DurationVar(&o.retention, "retention", core.DefaultRetention, "how long idempotency records are kept (a retry after this window runs again)")
-	flag.BoolVar(&o.unprotected, "unprotected-route", false, "")
-	flag.StringVar(&o.pprofAddr, "pprof-addr", "", "")
+	o.rig.Register(flag.CommandLine)
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -79,9 +72,6 @@ func run(o options, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if o.pprofAddr != "" {
-		benchrig.ServePprof(o.pprofAddr, logger)
-	}
 	b, err := openBackend(ctx, o)
 	if err != nil {
 		return err
@@ -104,11 +94,11 @@ func run(o options, logger *slog.Logger) error {
 	if ts, ok := b.store.(store.TxStore); ok {
 		a.outside = ts.WithoutTx
 	}
-	var bench []benchrig.Route
-	if o.unprotected {
-		if bench, err = b.rig.Routes(ctx, a.createOrder); err != nil {
-			return fmt.Errorf("benchmark tables: %w", err)
-		}
+	// What the benchmarks and the end-to-end tests add (examples/benchrig):
+	// the access log, -unprotected-route's routes, -pprof-addr.
+	rig, err := benchrig.Start(ctx, o.rig, b.rig, a.createOrder, logger)
+	if err != nil {
+		return fmt.Errorf("benchmark rig: %w", err)
 	}
 	engineOpts := []core.Option{
 		core.WithClock(clock.Now),
@@ -117,12 +107,12 @@ func run(o options, logger *slog.Logger) error {
 		// log only adds warnings (indeterminate outcomes, lost leases,
 		// store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
-		core.WithObserver(recordDecision),
+		rig.Observer(),
 	}
 	if o.retention > 0 {
 		engineOpts = append(engineOpts, core.Retention(o.retention))
 	}
-	h, e, err := newRouter(o.framework, b.store, a, bench, engineOpts)
+	h, e, err := newRouter(o.framework, b.store, a, rig.Routes, engineOpts)
 	if err != nil {
 		return err
 	}
@@ -150,7 +140,7 @@ func run(o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: accessLog(logger, h), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: rig.Log(h), ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -169,70 +159,4 @@ func run(o options, logger *slog.Logger) error {
 		return err
 	}
 	return nil
-}
-
-// --- one log line per request, with the idempotency decision ---------------
-
-type decisionKey struct{}
-
-type decisionSlot struct {
-	mu sync.Mutex
-	ev *observe.Event
-}
-
-// recordDecision is the engine's observer: it hands the decision to the
-// access log of the same request.
-func recordDecision(ctx context.Context, ev observe.Event) {
-	if s, ok := ctx.Value(decisionKey{}).(*decisionSlot); ok {
-		s.mu.Lock()
-		s.ev = &ev
-		s.mu.Unlock()
-	}
-}
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func accessLog(logger *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		slot := &decisionSlot{}
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() {
-			attrs := []any{"method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start).Round(time.Microsecond)}
-			slot.mu.Lock()
-			if ev := slot.ev; ev != nil {
-				attrs = append(attrs, "idempotency", string(ev.Decision), "key", ev.Key)
-				if ev.Attempt > 1 {
-					attrs = append(attrs, "attempt", ev.Attempt)
-				}
-				if ev.Err != nil {
-					attrs = append(attrs, "reason", ev.Err.Error())
-				}
-			} else {
-				attrs = append(attrs, "idempotency", "none")
-			}
-			slot.mu.Unlock()
-			logger.Info("request", attrs...)
-		}()
-		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), decisionKey{}, slot)))
-	})
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
@@ -44,12 +46,12 @@ func newRouter(framework string, store store.Store, a *app, bench []benchrig.Rou
 // stand-in for real authentication) into r's context; without one it
 // answers 401 and reports false.
 func authorize(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
-	account := bearer(r)
-	if account == "" {
+	account, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if account = strings.TrimSpace(account); !ok || account == "" {
 		problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
 		return nil, false
 	}
-	return r.WithContext(withAccount(r.Context(), account)), true
+	return r.WithContext(context.WithValue(r.Context(), accountKey{}, account)), true
 }
 
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
