@@ -26,7 +26,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 }
 
 // Rig is what the service takes from the rig: the engine option and the
-// handler wrapper of the access log, and the benchmark's routes.
+// handler of the access log, and the benchmark's routes.
 type Rig struct {
 	// Routes are the benchmark's routes (none without -unprotected-route),
 	// for the service's router to register.
@@ -57,9 +57,19 @@ func Start(ctx context.Context, f Flags, b Backend, createOrder http.HandlerFunc
 // log of the same request (Log).
 func (r *Rig) Observer() core.Option { return core.WithObserver(recordDecision) }
 
-// Log is next with the access log: one line per request, with the
-// idempotency decision (Observer) when there was one.
-func (r *Rig) Log(next http.Handler) http.Handler { return accessLog(r.logger, next) }
+// Handler is next behind GET /healthz (the scripts' and the tests' "is
+// it up") and the access log: one line per request, with the idempotency
+// decision (Observer) when there was one.
+func (r *Rig) Handler(next http.Handler) http.Handler {
+	return accessLog(r.logger, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method == http.MethodGet && req.URL.Path == "/healthz" {
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		}
+		next.ServeHTTP(w, req)
+	}))
+}
 
 type decisionKey struct{}
 

@@ -138,25 +138,15 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, orders)
 }
 
-// pay is POST /orders/{id}/payments (leased mode): the effect lives at an
-// external payment provider, so the key is claimed and committed first, and
-// the provider call carries a downstream key derived from the request's
-// identity. If this process dies after the provider charged, the lease runs
-// out, a retry takes over and repeats the provider call with the same
-// downstream key: the provider answers with the first charge instead of
-// charging again. A client that times out does not cancel the payment (its
-// context outlives the client in leased mode): the retry gets the 201. A
-// failure after the provider was called leaves the payment indeterminate;
-// settlePayment settles it on the retry.
-//
-// The charge row is written after the provider call through the repo on
-// the request's context: on a SQL store that is the attempt's own
-// transaction, which commits with the completed record (a takeover after
-// that commit replays the 201; before it, the row was rolled back and the
-// takeover repeats only the provider call, with its downstream key). The
-// order is read before the provider call outside that transaction
-// (a.outside), so the transaction holds no connection, nor SQLite's write
-// lock, while the provider works.
+// pay is POST /orders/{id}/payments (leased mode): the charge happens at
+// an external provider, so the key is claimed and committed first, and the
+// provider is called with a downstream key derived from the request's
+// identity: a retry that takes over after a crash repeats the call with
+// the same key, and the provider answers with the first charge. A failure
+// after the call leaves the payment indeterminate (settlePayment settles
+// it). The order is read outside the attempt's transaction (a.outside), so
+// that it holds no connection, nor SQLite's write lock, while the provider
+// works; the charge row is written in it and commits with the record.
 func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	account := accountFrom(ctx)
@@ -207,22 +197,13 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, c)
 }
 
-// settlePayment is the payment route's core.Resolver: a payment left
-// indeterminate (the provider was called, then the attempt failed, for
-// example recording the charge) is settled from the provider's own record
-// of the downstream key, when a retry meets it or, without any client,
-// when the completer (main.go) finds it. Charged: the missing payment is
-// recorded from the recorded request (core.RecordRequest: the order in
-// its path, the account that sent it, the amount in its body), in the
-// resolver's transaction, which commits with the answer (on a SQL store:
-// one commit, so a payment is never recorded twice nor without its
-// answer), and every retry gets the 201 the handler would have sent. Not
-// charged: nothing happened, the key is released and the next retry
-// runs. It is the payment route's own (paymentRoute), so it only meets
-// the records of payment requests: a key is unique within its caller
-// (the scope is empty), and a record that another request left under the
-// same key answers a payment with a 422 before any resolver is asked (the
-// fingerprint holds the method and the concrete path).
+// settlePayment is the payment route's core.Resolver, which a retry or
+// the completer (main.go) asks about a payment left indeterminate: it asks
+// the provider about the downstream key. Charged: it records the charge
+// from the recorded request (core.RecordRequest: the order in its path,
+// the caller, the amount in its body) in the resolver's transaction, which
+// commits with the answer, the 201 the handler would have sent. Not
+// charged: nothing happened, the key is released and the retry runs.
 func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolution, error) {
 	pr, err := a.provider.lookup(ctx, rec.ID.DownstreamKey("charge"))
 	if errors.Is(err, errNotFound) {
@@ -275,9 +256,4 @@ func orderIDFromPath(p string) (int64, error) {
 		return 0, fmt.Errorf("%w: order id %q", errNotFound, idText)
 	}
 	return id, nil
-}
-
-func healthz(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain")
-	_, _ = w.Write([]byte("ok\n"))
 }

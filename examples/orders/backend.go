@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/pgxstore"
@@ -28,11 +29,21 @@ import (
 // repo and the simulated provider, built from the -store, -db and -dsn
 // flags.
 type backend struct {
-	store    store.Store
+	store    idemStore
 	repo     repo
 	provider *provider
 	rig      benchrig.Backend // the benchmark rig's (-unprotected-route)
 	close    func()
+}
+
+// idemStore is what the service uses of its store (sqlstore, gormstore
+// and pgxstore have all of it).
+type idemStore interface {
+	store.Settler        // the completer settles its marked records
+	store.TxStore        // WithoutTx: the payment's read outside the transaction
+	syncclock.TimeSource // the database's clock
+	Migrate(ctx context.Context) error
+	Check(ctx context.Context) error
 }
 
 func openBackend(ctx context.Context, o options) (*backend, error) {
@@ -49,16 +60,12 @@ func openBackend(ctx context.Context, o options) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := b.store.(interface { // every store creates and checks its table
-		Migrate(ctx context.Context) error
-		Check(ctx context.Context) error
-	})
-	err = st.Migrate(ctx)
+	err = b.store.Migrate(ctx)
 	if err == nil {
 		// The dialect matches the server, the table has the store's shape:
 		// a misconfiguration stops the start, naming the fix, instead of
 		// answering 503 at the first request.
-		err = st.Check(ctx)
+		err = b.store.Check(ctx)
 	}
 	if err == nil {
 		err = migrate(ctx, b.provider.db, o.db)
@@ -171,7 +178,7 @@ func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
 		return nil, err
 	}
 	sdb := stdlib.OpenDBFromPool(pool)
-	return &backend{store: st, repo: &pgxRepo{sqlRepo: &sqlRepo{db: sdb, dialect: db}, pool: pool}, provider: &provider{db: sdb, dialect: db},
+	return &backend{store: st, repo: pgxRepo{&sqlRepo{db: sdb, dialect: db}}, provider: &provider{db: sdb, dialect: db},
 		rig: benchrig.PGX(pool), close: pool.Close}, nil
 }
 

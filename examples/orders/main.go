@@ -1,15 +1,10 @@
 // Command orders is idem's example service: a small orders API protected by
-// Idempotency-Key on Gin, Echo or chi, with a GORM or database/sql store on
-// SQLite (embedded, the default), Postgres or MySQL/MariaDB, or the native
-// pgx store on Postgres.
+// Idempotency-Key on Gin, Echo or chi, with a GORM, database/sql or pgx
+// store on SQLite (embedded, the default), Postgres or MySQL/MariaDB.
 //
-//	go run ./examples/orders [-addr 127.0.0.1:8080] [-framework gin|echo|chi]
-//	    [-store gorm|sql|pgx] [-db sqlite|postgres|mysql] [-dsn DSN]
-//	    [-work-delay 0s] [-sweep-every 1m] [-lease 30s] [-retention 24h]
-//	    [-complete-every 10s]
+//	go run ./examples/orders [-framework gin|echo|chi] [-store gorm|sql|pgx] [-db sqlite|postgres|mysql] [-dsn DSN]
 //
-// See README.md in this directory for the HTTP interface; the OpenTelemetry
-// wiring of such a service is the example examples/otel.
+// README.md in this directory has every flag and the HTTP interface.
 package main
 
 import (
@@ -26,24 +21,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
-	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
 )
 
+// options are the flags (README.md has each one's meaning and default).
 type options struct {
-	addr       string
-	framework  string
-	store      string
-	db         string
-	dsn        string
-	workDelay  time.Duration
-	sweepEvery time.Duration
-	// completeEvery: how often the completer looks for stuck payments.
-	completeEvery time.Duration
-	lease         time.Duration
-	retention     time.Duration
-	rig           benchrig.Flags // the benchmark scripts' hidden flags
+	addr, framework, store, db, dsn                        string
+	workDelay, sweepEvery, completeEvery, lease, retention time.Duration
+	rig                                                    benchrig.Flags // the benchmark scripts' hidden flags
 }
 
 func main() {
@@ -80,22 +66,15 @@ func run(o options, logger *slog.Logger) error {
 
 	// Leases and expiry follow the database's clock, so replicas whose wall
 	// clocks drift still agree on who owns a key.
-	src, ok := b.store.(syncclock.TimeSource)
-	if !ok {
-		return fmt.Errorf("store %T cannot read the database clock", b.store)
-	}
-	clock, err := syncclock.New(ctx, src, 0)
+	clock, err := syncclock.New(ctx, b.store, 0)
 	if err != nil {
 		return err
 	}
 	defer clock.Stop()
 
-	a := &app{repo: b.repo, provider: b.provider, workDelay: o.workDelay, outside: func(ctx context.Context) context.Context { return ctx }}
-	if ts, ok := b.store.(store.TxStore); ok {
-		a.outside = ts.WithoutTx
-	}
+	a := &app{repo: b.repo, provider: b.provider, outside: b.store.WithoutTx, workDelay: o.workDelay}
 	// What the benchmarks and the end-to-end tests add (examples/benchrig):
-	// the access log, -unprotected-route's routes, -pprof-addr.
+	// GET /healthz, the access log, -unprotected-route's routes, -pprof-addr.
 	rig, err := benchrig.Start(ctx, o.rig, b.rig, a.createOrder, logger)
 	if err != nil {
 		return fmt.Errorf("benchmark rig: %w", err)
@@ -125,9 +104,8 @@ func run(o options, logger *slog.Logger) error {
 	// The completer settles payments left indeterminate, or whose
 	// attempt died, without waiting for the client's retry (every
 	// replica runs one; each record is visited by one at a time).
-	// -complete-every 0 runs none (an operator settles them), and a
-	// store that keeps no marks (store.Settler) has none to run.
-	if _, marks := b.store.(store.Settler); marks && o.completeEvery > 0 {
+	// -complete-every 0 runs none (an operator settles them).
+	if o.completeEvery > 0 {
 		completer := e.Completer()
 		completer.Every = o.completeEvery
 		if err := completer.Start(ctx); err != nil {
@@ -140,7 +118,7 @@ func run(o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: rig.Log(h), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: rig.Handler(h), ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

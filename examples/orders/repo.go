@@ -51,9 +51,6 @@ func (r *sqlRepo) conn(ctx context.Context) sqlstore.Conn {
 	return r.db
 }
 
-// q rewrites ? placeholders for Postgres.
-func (r *sqlRepo) q(query string) string { return rebind(r.dialect, query) }
-
 // rebind rewrites ? placeholders for Postgres.
 func rebind(dialect, query string) string { return benchrig.Rebind(dialect, query) }
 
@@ -90,11 +87,11 @@ func (r *sqlRepo) insertOrder(ctx context.Context, o *Order) error {
 		o.ID, err = res.LastInsertId()
 		return err
 	}
-	return c.QueryRowContext(ctx, r.q(ins+` RETURNING id`), o.Account, o.Item, o.Quantity, o.CreatedAt).Scan(&o.ID)
+	return c.QueryRowContext(ctx, rebind(r.dialect, ins+` RETURNING id`), o.Account, o.Item, o.Quantity, o.CreatedAt).Scan(&o.ID)
 }
 
 func (r *sqlRepo) listOrders(ctx context.Context, account string) ([]Order, error) {
-	rows, err := r.conn(ctx).QueryContext(ctx, r.q(`SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? ORDER BY id`), account)
+	rows, err := r.conn(ctx).QueryContext(ctx, rebind(r.dialect, `SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? ORDER BY id`), account)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +110,7 @@ func (r *sqlRepo) listOrders(ctx context.Context, account string) ([]Order, erro
 
 func (r *sqlRepo) findOrder(ctx context.Context, account string, id int64) (*Order, error) {
 	var o Order
-	err := r.conn(ctx).QueryRowContext(ctx, r.q(`SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? AND id = ?`), account, id).
+	err := r.conn(ctx).QueryRowContext(ctx, rebind(r.dialect, `SELECT id, account, item, quantity, created_at FROM orders WHERE account = ? AND id = ?`), account, id).
 		Scan(&o.ID, &o.Account, &o.Item, &o.Quantity, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errNotFound
@@ -137,7 +134,7 @@ func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error)
 		return nil, err
 	}
 	var got Charge
-	err := c.QueryRowContext(ctx, r.q(`SELECT id, order_id, account, amount_cents, provider_charge_id, created_at FROM charges WHERE provider_charge_id = ?`), ch.ProviderChargeID).
+	err := c.QueryRowContext(ctx, rebind(r.dialect, `SELECT id, order_id, account, amount_cents, provider_charge_id, created_at FROM charges WHERE provider_charge_id = ?`), ch.ProviderChargeID).
 		Scan(&got.ID, &got.OrderID, &got.Account, &got.AmountCents, &got.ProviderChargeID, &got.CreatedAt)
 	got.CreatedAt = got.CreatedAt.UTC()
 	return &got, err
@@ -145,23 +142,19 @@ func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error)
 
 // --- GORM ------------------------------------------------------------------
 
+// gormRepo knows nothing of idem: the gormstore plugin (db.Use in
+// openSQL) runs the statements of db.WithContext(ctx) in the middleware's
+// transaction when ctx carries one (atomic mode), and on the pool
+// otherwise.
 type gormRepo struct{ db *gorm.DB }
 
-// tx is the repository's *gorm.DB bound to ctx. The repository knows
-// nothing of idem: the gormstore plugin (db.Use(gormstore.Plugin()) in
-// openGORM) runs its statements in the middleware's transaction when ctx
-// carries one (atomic mode), and on the pool otherwise.
-func (r *gormRepo) tx(ctx context.Context) *gorm.DB {
-	return r.db.WithContext(ctx)
-}
-
 func (r *gormRepo) insertOrder(ctx context.Context, o *Order) error {
-	return r.tx(ctx).Create(o).Error
+	return r.db.WithContext(ctx).Create(o).Error
 }
 
 func (r *gormRepo) listOrders(ctx context.Context, account string) ([]Order, error) {
 	var out []Order
-	err := r.tx(ctx).Where("account = ?", account).Order("id").Find(&out).Error
+	err := r.db.WithContext(ctx).Where("account = ?", account).Order("id").Find(&out).Error
 	for i := range out {
 		out[i].CreatedAt = out[i].CreatedAt.UTC()
 	}
@@ -170,7 +163,7 @@ func (r *gormRepo) listOrders(ctx context.Context, account string) ([]Order, err
 
 func (r *gormRepo) findOrder(ctx context.Context, account string, id int64) (*Order, error) {
 	var o Order
-	err := r.tx(ctx).Where("account = ? AND id = ?", account, id).Take(&o).Error
+	err := r.db.WithContext(ctx).Where("account = ? AND id = ?", account, id).Take(&o).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, errNotFound
 	}
@@ -178,7 +171,7 @@ func (r *gormRepo) findOrder(ctx context.Context, account string, id int64) (*Or
 }
 
 func (r *gormRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error) {
-	db := r.tx(ctx)
+	db := r.db.WithContext(ctx)
 	if err := db.Clauses(clause.OnConflict{DoNothing: true}).Create(ch).Error; err != nil {
 		return nil, err
 	}
@@ -209,14 +202,12 @@ type providerRecord struct {
 	AmountCents int64
 }
 
-// charge charges once per key and returns the charge's id.
+// charge charges once per key and returns the charge's id, the same for
+// a repeated key.
 func (p *provider) charge(ctx context.Context, key string, c providerRecord) (string, error) {
-	if _, err := p.db.ExecContext(ctx, insertIgnore(p.dialect, "provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
-		key, "ch_"+key[:24], c.Account, c.OrderID, c.AmountCents); err != nil {
-		return "", err
-	}
-	var id string
-	err := p.db.QueryRowContext(ctx, rebind(p.dialect, `SELECT charge_id FROM provider_charges WHERE idem_key = ?`), key).Scan(&id)
+	id := "ch_" + key[:24]
+	_, err := p.db.ExecContext(ctx, insertIgnore(p.dialect, "provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
+		key, id, c.Account, c.OrderID, c.AmountCents)
 	return id, err
 }
 

@@ -70,7 +70,6 @@ func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery())
-	r.GET("/healthz", gin.WrapF(healthz))
 	api := r.Group("", func(c *gin.Context) {
 		req, ok := authorize(c.Writer, c.Request)
 		if !ok {
@@ -95,7 +94,6 @@ func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := echo.New()
 	r.HideBanner, r.HidePort = true, true
-	r.GET("/healthz", echo.WrapHandler(http.HandlerFunc(healthz)))
 	// Route by route, not on a group: a group with middleware makes Echo
 	// answer its unknown paths through that middleware (a 401, not a 404).
 	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
@@ -123,7 +121,6 @@ func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 
 func chiRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := chi.NewRouter()
-	r.Get("/healthz", healthz)
 	r.Group(func(api chi.Router) {
 		api.Use(func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
