@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/examples/internal/fakepay"
 )
 
 // Order is the orders API's resource.
@@ -51,7 +52,7 @@ var errNotFound = errors.New("not found")
 // framework wraps.
 type app struct {
 	repo     repo
-	provider *provider
+	provider *fakepay.Provider
 	// outside is ctx without the attempt's transaction (the store's
 	// WithoutTx): for the payment route's read before the provider call.
 	outside   func(ctx context.Context) context.Context
@@ -179,7 +180,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.provider.charge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
+	chargeID, err := a.provider.Charge(ctx, chargeKey, fakepay.Charge{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return
@@ -205,14 +206,14 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 // commits with the answer, the 201 the handler would have sent. Not
 // charged: nothing happened, the key is released and the retry runs.
 func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolution, error) {
-	pr, err := a.provider.lookup(ctx, rec.ID.DownstreamKey("charge"))
-	if errors.Is(err, errNotFound) {
+	pr, err := a.provider.Lookup(ctx, rec.ID.DownstreamKey("charge"))
+	if errors.Is(err, fakepay.ErrNoCharge) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
 	}
-	ch := &Charge{ProviderChargeID: pr.ChargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	ch := &Charge{ProviderChargeID: pr.ID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
 	req, ok := core.ResolvingRequest(ctx)
 	if !ok {
 		return core.Resolution{}, errors.New("the payment's request was not recorded (core.RecordRequest on the payment route)")
@@ -229,7 +230,7 @@ func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolut
 	ch.Account, ch.AmountCents = req.Caller, in.AmountCents
 	if ch.Account != pr.Account || ch.OrderID != pr.OrderID || ch.AmountCents != pr.AmountCents {
 		return core.Resolution{}, fmt.Errorf("the provider's charge %s (%s, order %d, %d cents) is not the recorded request's (%s, order %d, %d cents): settle it by hand",
-			pr.ChargeID, pr.Account, pr.OrderID, pr.AmountCents, ch.Account, ch.OrderID, ch.AmountCents)
+			pr.ID, pr.Account, pr.OrderID, pr.AmountCents, ch.Account, ch.OrderID, ch.AmountCents)
 	}
 	c, err := a.repo.insertCharge(ctx, ch)
 	if err != nil {

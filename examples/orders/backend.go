@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
+	"github.com/idemkit/idem/examples/internal/fakepay"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
@@ -31,7 +32,8 @@ import (
 type backend struct {
 	store    idemStore
 	repo     repo
-	provider *provider
+	db       *sql.DB // the business tables' (migrate)
+	provider *fakepay.Provider
 	rig      benchrig.Backend // the benchmark rig's (-unprotected-route)
 	close    func()
 }
@@ -68,7 +70,7 @@ func openBackend(ctx context.Context, o options) (*backend, error) {
 		err = b.store.Check(ctx)
 	}
 	if err == nil {
-		err = migrate(ctx, b.provider.db, o.db)
+		err = migrate(ctx, b.db, o.db)
 	}
 	if err != nil {
 		b.close()
@@ -84,7 +86,7 @@ func openSQL(storeName, db, dsn string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &backend{provider: &provider{db: sdb, dialect: db}, close: func() { sdb.Close() }}
+	b := &backend{db: sdb, provider: fakepay.New(sdb, db), close: func() { sdb.Close() }}
 	if storeName == "sql" {
 		dialect := map[string]sqlstore.Dialect{"sqlite": sqlstore.SQLite, "postgres": sqlstore.Postgres, "mysql": sqlstore.MySQL}[db]
 		b.store, err = sqlstore.New(sdb, dialect)
@@ -178,7 +180,7 @@ func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
 		return nil, err
 	}
 	sdb := stdlib.OpenDBFromPool(pool)
-	return &backend{store: st, repo: pgxRepo{&sqlRepo{db: sdb, dialect: db}}, provider: &provider{db: sdb, dialect: db},
+	return &backend{store: st, repo: pgxRepo{&sqlRepo{db: sdb, dialect: db}}, db: sdb, provider: fakepay.New(sdb, db),
 		rig: benchrig.PGX(pool), close: pool.Close}, nil
 }
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
 	"github.com/idemkit/idem/examples/benchrig"
+	"github.com/idemkit/idem/examples/internal/fakepay"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -28,10 +28,7 @@ func schema(dialect string) []string {
 			quantity INT NOT NULL, created_at ` + ts + ` NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS charges (id ` + id + `, order_id BIGINT NOT NULL, account ` + text + ` NOT NULL,
 			amount_cents BIGINT NOT NULL, provider_charge_id VARCHAR(64) NOT NULL UNIQUE, created_at ` + ts + ` NOT NULL)`,
-		// The simulated payment provider's own storage: one charge per
-		// downstream idempotency key.
-		`CREATE TABLE IF NOT EXISTS provider_charges (idem_key VARCHAR(64) NOT NULL PRIMARY KEY,
-			charge_id VARCHAR(64) NOT NULL, account ` + text + ` NOT NULL, order_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL)`,
+		fakepay.Schema(text), // the simulated payment provider's own table
 	}
 }
 
@@ -118,19 +115,13 @@ func (r *sqlRepo) findOrder(ctx context.Context, account string, id int64) (*Ord
 	return &o, err
 }
 
-// insertIgnore is "insert unless the unique key exists" per dialect.
-func insertIgnore(dialect, table, cols string, n int) string {
-	ph := strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-	if dialect == "mysql" {
-		return `INSERT IGNORE INTO ` + table + ` (` + cols + `) VALUES (` + ph + `)`
-	}
-	return rebind(dialect, `INSERT INTO `+table+` (`+cols+`) VALUES (`+ph+`) ON CONFLICT DO NOTHING`)
-}
-
 func (r *sqlRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error) {
 	c := r.conn(ctx)
-	if _, err := c.ExecContext(ctx, insertIgnore(r.dialect, "charges", "order_id, account, amount_cents, provider_charge_id, created_at", 5),
-		ch.OrderID, ch.Account, ch.AmountCents, ch.ProviderChargeID, ch.CreatedAt); err != nil {
+	ins := `INSERT INTO charges (order_id, account, amount_cents, provider_charge_id, created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`
+	if r.dialect == "mysql" {
+		ins = `INSERT IGNORE INTO charges (order_id, account, amount_cents, provider_charge_id, created_at) VALUES (?, ?, ?, ?, ?)`
+	}
+	if _, err := c.ExecContext(ctx, rebind(r.dialect, ins), ch.OrderID, ch.Account, ch.AmountCents, ch.ProviderChargeID, ch.CreatedAt); err != nil {
 		return nil, err
 	}
 	var got Charge
@@ -179,45 +170,4 @@ func (r *gormRepo) insertCharge(ctx context.Context, ch *Charge) (*Charge, error
 	err := db.Where("provider_charge_id = ?", ch.ProviderChargeID).Take(&got).Error
 	got.CreatedAt = got.CreatedAt.UTC()
 	return &got, err
-}
-
-// --- the simulated payment provider -----------------------------------------
-
-// provider is the simulated payment provider: another system, with its
-// own storage (the table provider_charges, here in the service's
-// database), whose writes never join the request's transaction. It
-// creates a charge once per idempotency key and returns the first
-// charge's id for a repeated key. The order id travels as the charge's
-// metadata, as real providers allow.
-type provider struct {
-	db      *sql.DB
-	dialect string
-}
-
-// providerRecord is what the provider keeps per charge.
-type providerRecord struct {
-	ChargeID    string
-	Account     string
-	OrderID     int64
-	AmountCents int64
-}
-
-// charge charges once per key and returns the charge's id, the same for
-// a repeated key.
-func (p *provider) charge(ctx context.Context, key string, c providerRecord) (string, error) {
-	id := "ch_" + key[:24]
-	_, err := p.db.ExecContext(ctx, insertIgnore(p.dialect, "provider_charges", "idem_key, charge_id, account, order_id, amount_cents", 5),
-		key, id, c.Account, c.OrderID, c.AmountCents)
-	return id, err
-}
-
-// lookup returns the charge made with key: errNotFound when there is none.
-func (p *provider) lookup(ctx context.Context, key string) (*providerRecord, error) {
-	var c providerRecord
-	err := p.db.QueryRowContext(ctx, rebind(p.dialect, `SELECT charge_id, account, order_id, amount_cents FROM provider_charges WHERE idem_key = ?`), key).
-		Scan(&c.ChargeID, &c.Account, &c.OrderID, &c.AmountCents)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
-	}
-	return &c, err
 }

@@ -54,6 +54,16 @@ func authorize(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	return r.WithContext(context.WithValue(r.Context(), accountKey{}, account)), true
 }
 
+// auth is authorize as net/http middleware (chi's, and Echo's through
+// echo.WrapMiddleware).
+func auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r, ok := authorize(w, r); ok {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
 // charge is an external call, outside the database transaction), with its
 // own resolver, which settles a payment left indeterminate from the
@@ -96,24 +106,15 @@ func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r.HideBanner, r.HidePort = true, true
 	// Route by route, not on a group: a group with middleware makes Echo
 	// answer its unknown paths through that middleware (a 401, not a 404).
-	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			req, ok := authorize(c.Response(), c.Request())
-			if !ok {
-				return nil
-			}
-			c.SetRequest(req)
-			return next(c)
-		}
-	}
-	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), auth, echoidem.New(e))
-	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)), auth)
-	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), auth, echoidem.New(e, a.paymentRoute()...))
+	authMW := echo.WrapMiddleware(auth)
+	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), authMW, echoidem.New(e))
+	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)), authMW)
+	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), authMW, echoidem.New(e, a.paymentRoute()...))
 	for _, b := range bench {
 		if b.Protected {
-			r.POST(b.Path, echo.WrapHandler(b.Handler), auth, echoidem.New(e))
+			r.POST(b.Path, echo.WrapHandler(b.Handler), authMW, echoidem.New(e))
 		} else {
-			r.POST(b.Path, echo.WrapHandler(b.Handler), auth)
+			r.POST(b.Path, echo.WrapHandler(b.Handler), authMW)
 		}
 	}
 	return r
@@ -122,13 +123,7 @@ func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 func chiRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := chi.NewRouter()
 	r.Group(func(api chi.Router) {
-		api.Use(func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-				if req, ok := authorize(w, req); ok {
-					next.ServeHTTP(w, req)
-				}
-			})
-		})
+		api.Use(auth)
 		api.With(chiidem.New(e)).Post("/orders", a.createOrder)
 		api.Get("/orders", a.listOrders)
 		api.With(chiidem.New(e, a.paymentRoute()...)).Post("/orders/{id}/payments", a.pay)
