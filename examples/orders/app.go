@@ -41,8 +41,7 @@ type repo interface {
 	insertOrder(ctx context.Context, o *Order) error
 	listOrders(ctx context.Context, account string) ([]Order, error)
 	findOrder(ctx context.Context, account string, id int64) (*Order, error)
-	// insertCharge records c once per ProviderChargeID and returns the
-	// stored charge (the first one when it already exists).
+	// insertCharge records c once per ProviderChargeID; it returns the first.
 	insertCharge(ctx context.Context, c *Charge) (*Charge, error)
 }
 
@@ -51,11 +50,9 @@ var errNotFound = errors.New("not found")
 // app holds the HTTP handlers; they are plain net/http handlers that every
 // framework wraps.
 type app struct {
-	repo     repo
-	provider *fakepay.Provider
-	// outside is ctx without the attempt's transaction (the store's
-	// WithoutTx): for the payment route's read before the provider call.
-	outside   func(ctx context.Context) context.Context
+	repo      repo
+	provider  *fakepay.Provider
+	outside   func(ctx context.Context) context.Context // ctx without the attempt's transaction (the store's WithoutTx)
 	workDelay time.Duration
 }
 
@@ -68,10 +65,8 @@ func accountFrom(ctx context.Context) string {
 }
 
 func problem(w http.ResponseWriter, status int, slug, detail string) {
-	core.WriteProblem(w, nil, &core.Problem{
-		Type: "https://github.com/idemkit/idem/blob/main/examples/orders/README.md#" + slug, Title: http.StatusText(status),
-		Status: status, Detail: detail,
-	})
+	const docs = "https://github.com/idemkit/idem/blob/main/examples/orders/README.md#"
+	core.WriteProblem(w, nil, &core.Problem{Type: docs + slug, Title: http.StatusText(status), Status: status, Detail: detail})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -103,8 +98,7 @@ func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil || strings.TrimSpace(in.Item) == "" || in.Quantity < 1 {
-		// Nothing happened: release the key so the corrected request can
-		// use it (the transaction rolls back).
+		// Nothing happened (it rolls back): the corrected request may use the key.
 		core.Release(ctx)
 		detail := `want {"item": non-empty string, "quantity": integer >= 1}`
 		if err != nil {
@@ -132,9 +126,6 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		problem(w, http.StatusInternalServerError, "internal", "could not list orders")
 		return
-	}
-	if orders == nil {
-		orders = []Order{}
 	}
 	writeJSON(w, http.StatusOK, orders)
 }

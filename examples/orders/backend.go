@@ -26,9 +26,8 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// backend is the database, the idempotency store on it, the business
-// repo and the simulated provider, built from the -store, -db and -dsn
-// flags.
+// backend is the database, the idempotency store on it, the business repo
+// and the simulated provider, built from the -store, -db and -dsn flags.
 type backend struct {
 	store    idemStore
 	repo     repo
@@ -99,9 +98,7 @@ func openSQL(storeName, db, dsn string) (*backend, error) {
 		var gdb *gorm.DB
 		gdb, err = gorm.Open(d, &gorm.Config{Logger: logger.Discard})
 		if err == nil {
-			// The repo writes through gdb.WithContext(ctx); the plugin runs
-			// those statements in the request's transaction in atomic mode.
-			err = gdb.Use(gormstore.Plugin())
+			err = gdb.Use(gormstore.Plugin()) // gormRepo's statements join the request's transaction
 		}
 		if err == nil {
 			b.store, err = gormstore.New(gdb)
@@ -184,8 +181,7 @@ func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
 		rig: benchrig.PGX(pool), close: pool.Close}, nil
 }
 
-// maxConns bounds the service's database connections; all of them stay
-// open when idle. database/sql keeps only 2 idle connections by default,
-// so under concurrent load every request beyond the second would open a
-// new connection (on Postgres, a new server process) and close it again.
+// maxConns bounds the service's database connections, all kept open when
+// idle: database/sql keeps 2 by default, so under load every request beyond
+// the second would open a connection (on Postgres, a server process).
 const maxConns = 16

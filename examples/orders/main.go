@@ -9,12 +9,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,6 +20,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
+	"github.com/idemkit/idem/examples/internal/serve"
 )
 
 // options are the flags (README.md has each one's meaning and default).
@@ -82,9 +80,8 @@ func run(o options, logger *slog.Logger) error {
 	engineOpts := []core.Option{
 		core.WithClock(clock.Now),
 		core.WithLease(o.lease),
-		// The access log writes the one line per request; the engine's own
-		// log only adds warnings (indeterminate outcomes, lost leases,
-		// store errors).
+		// The access log (rig) writes a line per request; the engine's own log
+		// adds only warnings (indeterminate outcomes, lost leases, store errors).
 		core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		rig.Observer(),
 	}
@@ -101,10 +98,9 @@ func run(o options, logger *slog.Logger) error {
 	sweeper.Start(ctx)
 	defer sweeper.Stop()
 
-	// The completer settles payments left indeterminate, or whose
-	// attempt died, without waiting for the client's retry (every
-	// replica runs one; each record is visited by one at a time).
-	// -complete-every 0 runs none (an operator settles them).
+	// The completer settles payments left indeterminate, or whose attempt
+	// died, without waiting for a retry (every replica runs one; a record is
+	// visited by one at a time). -complete-every 0: an operator settles them.
 	if o.completeEvery > 0 {
 		completer := e.Completer()
 		completer.Every = o.completeEvery
@@ -114,27 +110,5 @@ func run(o options, logger *slog.Logger) error {
 		defer completer.Stop()
 	}
 
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: rig.Handler(h), ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("orders: listening", "addr", ln.Addr().String(), "framework", o.framework, "store", o.store, "db", o.db)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("orders: shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serve.Run(ctx, logger, "orders", o.addr, rig.Handler(h), "framework", o.framework, "store", o.store, "db", o.db)
 }

@@ -93,7 +93,7 @@ func (r *sqlRepo) listOrders(ctx context.Context, account string) ([]Order, erro
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Order
+	out := []Order{} // [] in the JSON answer, not null
 	for rows.Next() {
 		var o Order
 		if err := rows.Scan(&o.ID, &o.Account, &o.Item, &o.Quantity, &o.CreatedAt); err != nil {
@@ -144,7 +144,7 @@ func (r *gormRepo) insertOrder(ctx context.Context, o *Order) error {
 }
 
 func (r *gormRepo) listOrders(ctx context.Context, account string) ([]Order, error) {
-	var out []Order
+	out := []Order{}
 	err := r.db.WithContext(ctx).Where("account = ?", account).Order("id").Find(&out).Error
 	for i := range out {
 		out[i].CreatedAt = out[i].CreatedAt.UTC()

@@ -18,12 +18,10 @@ import (
 	"github.com/idemkit/idem/ginidem"
 )
 
-// newRouter builds the orders API on one framework. Each framework runs
-// auth as its own middleware on the API's routes (so its own 404 and 405
-// stay its own), which puts the account in the request's context, where
-// the engine's caller function and the handlers read it. The benchmark
-// mode's routes (bench) are registered too, the protected ones behind
-// idem's middleware.
+// newRouter builds the orders API, and the benchmark's routes (bench), on
+// one framework. Each framework runs auth on the API's routes only (its own
+// 404 and 405 stay its own); auth puts the account in the request's
+// context, where the engine's caller function and the handlers read it.
 func newRouter(framework string, store store.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
 		return accountFrom(r.Context()), nil
@@ -65,15 +63,11 @@ func auth(next http.Handler) http.Handler {
 }
 
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
-// charge is an external call, outside the database transaction), with its
-// own resolver, which settles a payment left indeterminate from the
-// provider's record.
+// charge is an external call, outside the database transaction), with a
+// resolver that settles a payment left indeterminate from the provider's
+// record; named for the completer, with the request recorded for the resolver.
 func (a *app) paymentRoute() []core.RouteOption {
-	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment),
-		// Named for the completer, which settles a payment left
-		// indeterminate without a client; the request is recorded for
-		// the resolver, which records the missing payment from it.
-		core.Name("payments"), core.RecordRequest(nil)}
+	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment), core.Name("payments"), core.RecordRequest(nil)}
 }
 
 func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
@@ -81,12 +75,11 @@ func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := gin.New()
 	r.Use(gin.Recovery())
 	api := r.Group("", func(c *gin.Context) {
-		req, ok := authorize(c.Writer, c.Request)
-		if !ok {
+		if req, ok := authorize(c.Writer, c.Request); ok {
+			c.Request = req
+		} else {
 			c.Abort()
-			return
 		}
-		c.Request = req
 	})
 	api.POST("/orders", ginidem.New(e), gin.WrapF(a.createOrder))
 	api.GET("/orders", gin.WrapF(a.listOrders))
