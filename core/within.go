@@ -120,8 +120,8 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	defer c.rec.free()
 	ev, j := &c.ev, &job{c: c, owned: true, allow: rt.e.cfg.recorded}
 	t := transport{handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }, panicked: c.panicked, reply: c.reply}
-	var res result
-	calls := 0 // of body
+	var res, first result // first: the first body's, when a second call is refused
+	calls := 0            // of body
 	// refuse refuses the request of a TxFunc that did not use body as it
 	// must (whatever ran before, a second body's first call, is the
 	// client's no more: its answer is withheld; exit writes the problem)
@@ -138,6 +138,9 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		calls++
 		switch {
 		case calls > 1:
+			if calls == 2 {
+				first = res
+			}
 			return refuse("the TxFunc called body twice; call it once, in the transaction")
 		case tctx == nil || !rt.e.tx.InTx(tctx):
 			return refuse("body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)")
@@ -151,6 +154,18 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		}
 		return res.err
 	})
+	if first.ran && !first.nested {
+		// The first body ran the handler (a TxFunc retrying body after a
+		// failed commit): its transaction ended as the TxFunc chose, so its
+		// attempt is settled from the record as after any failed commit
+		// (afterEnd: after MarkEffect recorded indeterminate), or a retry
+		// would repeat its effect.
+		resp := first.resp
+		if resp == nil {
+			resp = &Response{Status: http.StatusInternalServerError}
+		}
+		_, _ = c.att.afterEnd(c.att.verdict, resp, ev.Err)
+	}
 	switch {
 	case calls == 0 && res.txErr == nil:
 		refuse("the TxFunc returned without calling body; call it in the transaction")
