@@ -90,7 +90,7 @@ type Fingerprinter func(r *http.Request, scope string, body []byte) ([]byte, err
 // (TestFingerprintMemory), never the canonical body itself: that is hashed as it
 // is written.
 func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, error) {
-	return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, nil), nil
+	return fingerprint(new(scratch), make([]byte, 0, sha256.Size), r, scope, body, nil), nil
 }
 
 // FingerprintFields returns a Fingerprinter that works like
@@ -109,7 +109,7 @@ func DefaultFingerprint(r *http.Request, scope string, body []byte) ([]byte, err
 func FingerprintFields(fields ...string) Fingerprinter {
 	sel := append([]string{}, fields...) // not nil: the body is narrowed
 	return func(r *http.Request, scope string, body []byte) ([]byte, error) {
-		return fingerprint(make([]byte, 0, sha256.Size), r, scope, body, sel), nil
+		return fingerprint(new(scratch), make([]byte, 0, sha256.Size), r, scope, body, sel), nil
 	}
 }
 
@@ -165,10 +165,11 @@ func appendPart(dst []byte, s string) []byte {
 }
 
 // fingerprint implements DefaultFingerprint (sel == nil) and
-// FingerprintFields (sel lists the fields kept).
-func fingerprint(dst []byte, r *http.Request, scope string, body []byte, sel []string) []byte {
-	s := scratch{h: sha256.New()}
-	s.buf = appendRequest(make([]byte, 0, 128), r, scope)
+// FingerprintFields (sel lists the fields kept), in the working memory s,
+// and appends the fingerprint to dst.
+func fingerprint(s *scratch, dst []byte, r *http.Request, scope string, body []byte, sel []string) []byte {
+	s.h = sha256.New()
+	s.buf = appendRequest(s.buf0[:0], r, scope)
 	s.h.Write(s.buf)
 	s.writeBody(r, body, sel)
 	return s.h.Sum(dst)
@@ -216,7 +217,7 @@ func (s *scratch) writeBody(r *http.Request, body []byte, sel []string) {
 	switch mediaKindOf(r) {
 	case mediaJSON:
 		s.buf = append(s.buf[:0], fpJSON)
-		if canonjson.Hash(s.h, s.buf, body, sel) {
+		if s.json.Hash(s.h, s.buf, body, sel) {
 			return
 		}
 	case mediaForm:
@@ -248,9 +249,13 @@ func appendContentType(dst []byte, r *http.Request) []byte {
 	return dst
 }
 
-// scratch is the working memory of the fingerprinters: the hash and the
-// bytes written to it next.
+// scratch is the working memory of the fingerprinters: the hash, the
+// bytes written to it next and the JSON canonicaliser's. The engine's
+// per-request state holds one (call.scratch), so that fingerprinting a
+// small request allocates only the hash.
 type scratch struct {
-	h   hash.Hash
-	buf []byte // the preimage's request parts, or a form
+	h    hash.Hash
+	buf  []byte // the preimage's request parts, or a form
+	buf0 [128]byte
+	json canonjson.Hasher
 }

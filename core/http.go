@@ -92,6 +92,10 @@ type call struct {
 	rec   recorder
 	resp  Response
 	fp    [sha256.Size]byte // the request's fingerprint
+	fps   scratch           // the fingerprint's working memory
+	// detached is the claim's context without its cancellation (leased
+	// mode: Route.leasedCtx).
+	detached detached
 
 	// What prepare found, for the machine.
 	route       *Route
@@ -275,7 +279,7 @@ func (c *call) identify() (Decision, error) {
 		c.rc.Body = &c.body
 	}
 	if f := rt.p.fingerprint; f == nil {
-		c.fingerprint = fingerprint(c.fp[:0], c.rc, ev.Scope, body, nil) // DefaultFingerprint
+		c.fingerprint = fingerprint(&c.fps, c.fp[:0], c.rc, ev.Scope, body, nil) // DefaultFingerprint
 	} else {
 		fp, err := f(c.rc, ev.Scope, body)
 		if err != nil {

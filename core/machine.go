@@ -68,9 +68,10 @@ type attempt struct {
 	// ErrLeaseLost when a takeover fenced it.
 	lost atomic.Bool
 	// stop releases the MaxAttempt timer of a middleware-managed atomic
-	// attempt (a no-op otherwise); expired: MaxAttempt passed, the lease
-	// is no longer extended.
+	// attempt (a no-op otherwise), timer is a leased attempt's (bound);
+	// expired: MaxAttempt passed, the lease is no longer extended.
 	stop    func()
+	timer   *time.Timer
 	expired atomic.Bool
 	cancel  context.CancelCauseFunc
 
@@ -181,7 +182,8 @@ func (rt *Route) step(j *job, t transport) {
 func (rt *Route) enter(j *job, t transport) (res result) {
 	e, c := rt.e, j.c
 	ev := &c.ev
-	att, ans := rt.acquire(j.ctx, c.ident, ev.ID, c.fingerprint, c.start, &c.att)
+	c.detached = detached{j.ctx}
+	att, ans := rt.acquire(j.ctx, c)
 	ev.Claim = ans.claim
 	if att == nil {
 		ev.Decision, ev.Err, ev.Attempt = ans.decision, ans.err, ans.rec.Attempt
@@ -201,7 +203,7 @@ func (rt *Route) enter(j *job, t transport) (res result) {
 		// (att.ctx) hide the store's transaction (Route.leasedCtx).
 		base := j.ctx
 		if !j.keepCancel {
-			base = context.WithoutCancel(base)
+			base = &c.detached
 		}
 		var cancel context.CancelCauseFunc
 		hctx, cancel = context.WithCancelCause(base)
@@ -209,7 +211,8 @@ func (rt *Route) enter(j *job, t transport) (res result) {
 		att.cancel = cancel
 		hctx = att.withLocalTx(hctx)
 	}
-	defer att.bound()()
+	att.bound()
+	defer att.unbound()
 	e.hold(att)
 	res.ran = true
 	var spill error
@@ -350,8 +353,7 @@ func newToken() int64 {
 // implements the in-flight policy: reject at once, or poll (outside any
 // transaction, so waiting duplicates hold no connection) until the wait bound.
 //
-// A claimed attempt is written to dst (the caller's call holds it) and
-// returned.
+// A claimed attempt is written to c.att and returned.
 //
 // In leased mode every store call (the claim, the resolver's, and later
 // the attempt's extensions and completion, through attempt.ctx) runs with
@@ -359,12 +361,13 @@ func newToken() int64 {
 // its own connection, whatever transaction the request's context carries
 // (a transaction-per-request middleware's), so a rollback of that
 // transaction cannot take the record with it (docs/contract.md, section 5 "Atomic and leased modes").
-func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, start time.Time, dst *attempt) (att *attempt, ans answer) {
+func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer) {
 	e := rt.e
+	ident, id, fp, start := c.ident, c.ev.ID, c.fingerprint, c.start
 	began := e.cfg.clock()
 	defer func() { ans.claim = e.cfg.clock().Sub(began) }()
 	joined := rt.atomic && e.tx.InTx(ctx)
-	sctx := rt.leasedCtx(ctx)
+	sctx := rt.leasedCtx(ctx, &c.detached)
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
 	// A lapsed lease is taken over only after the engine has compared the
@@ -397,9 +400,9 @@ func (rt *Route) acquire(ctx context.Context, ident Identity, id ID, fp []byte, 
 		}
 		res, err := e.store.Claim(cctx, req)
 		if err == nil && res.Claimed {
-			*dst = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
+			c.att = attempt{e: e, rt: rt, ident: ident, id: id, token: req.Token, number: res.Record.Attempt,
 				start: start, ctx: cctx, tx: tx, joined: joined, fp: fp, expires: req.ExpiresAt, stop: stop}
-			return dst, answer{}
+			return &c.att, answer{}
 		}
 		if tx != nil {
 			_ = tx.Rollback() // nothing written: release the connection before deciding
@@ -510,39 +513,58 @@ func (e *Engine) busyRetryAfter(rec Record, now time.Time) time.Duration {
 }
 
 // leasedCtx is ctx for the route's store calls outside an atomic
-// transaction. In leased mode it keeps ctx's values but not its
-// cancellation (the attempt outlives its client: its record must be
-// written whatever happens to the request), with any transaction of the
-// store that ctx carries hidden (see acquire).
-func (rt *Route) leasedCtx(ctx context.Context) context.Context {
+// transaction. In leased mode it is d, ctx without its cancellation (the
+// attempt outlives its client: its record must be written whatever
+// happens to the request), with any transaction of the store that ctx
+// carries hidden (see acquire).
+func (rt *Route) leasedCtx(ctx context.Context, d *detached) context.Context {
 	if rt.atomic {
 		return ctx
 	}
-	ctx = context.WithoutCancel(ctx)
 	if rt.e.tx != nil {
-		ctx = rt.e.tx.WithoutTx(ctx)
+		return rt.e.tx.WithoutTx(d)
 	}
-	return ctx
+	return d
 }
 
-// bound starts the attempt's MaxAttempt bound and returns the function
-// that ends it, once the attempt has finished. Atomic mode: the
-// transaction's context carries the bound (Route.bounded); the returned
-// function releases its timer. Leased mode: at the bound the handler's
-// context is cancelled (cause ErrAttemptTimeout) and the heartbeat stops
-// extending the lease, which lapses, so a retry can take over.
-func (a *attempt) bound() func() {
+// detached is context.WithoutCancel of its Context: the request's values
+// without its cancellation, for an attempt that outlives its client (its
+// store calls, the leased handler's context). The call holds it, so that
+// it costs no allocation, and neither does a Value lookup through it
+// (the context that context.WithoutCancel returns allocates on every
+// Value call made on it directly, as a store's lookup of its transaction
+// is, once per store call). Unlike context.WithoutCancel's,
+// context.Cause of it is its parent's; the contexts derived from it that
+// the engine hands out (the leased handler's) have their own cause.
+type detached struct{ context.Context }
+
+func (*detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detached) Done() <-chan struct{}       { return nil }
+func (*detached) Err() error                  { return nil }
+
+// bound starts the attempt's MaxAttempt bound; unbound ends it, once the
+// attempt has finished. Atomic mode: the transaction's context carries
+// the bound (Route.bounded); unbound releases its timer. Leased mode: at
+// the bound the handler's context is cancelled (cause ErrAttemptTimeout)
+// and the heartbeat stops extending the lease, which lapses, so a retry
+// can take over.
+func (a *attempt) bound() {
 	if !a.rt.atomic && a.rt.p.maxAttempt > 0 && a.cancel != nil {
-		t := time.AfterFunc(a.rt.p.maxAttempt, func() {
+		a.timer = time.AfterFunc(a.rt.p.maxAttempt, func() {
 			a.expired.Store(true)
 			a.cancel(ErrAttemptTimeout)
 		})
-		return func() { t.Stop() }
 	}
-	if a.stop != nil {
-		return a.stop
+}
+
+// unbound ends the bound that bound started.
+func (a *attempt) unbound() {
+	switch {
+	case a.timer != nil:
+		a.timer.Stop()
+	case a.stop != nil:
+		a.stop()
 	}
-	return func() {}
 }
 
 // bounded returns ctx ending at the route's MaxAttempt (cause

@@ -52,28 +52,38 @@ func encodeResponse(dst []byte, resp *Response, allow []string) []byte {
 	}
 	dst = append(dst, encPlain, flags)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(resp.Status))
-	n := 0
-	each := func(f func(name string, vs []string)) {
-		if allow == nil {
-			for name, vs := range resp.Header {
-				f(name, vs)
-			}
-			return
+	// The fields to encode, found once (counted, then written).
+	var buf [8]headerField
+	fields := buf[:0]
+	add := func(name string, vs []string) { fields = append(fields, headerField{name, vs}) }
+	if allow == nil {
+		for name, vs := range resp.Header {
+			add(name, vs)
 		}
-		eachAllowed(resp.Header, allow, f)
+	} else {
+		eachAllowed(resp.Header, allow, add)
 	}
-	each(func(_ string, vs []string) { n += len(vs) })
+	n := 0
+	for _, f := range fields {
+		n += len(f.vs)
+	}
 	dst = binary.AppendUvarint(dst, uint64(n))
-	each(func(name string, vs []string) {
-		for _, v := range vs {
-			dst = binary.AppendUvarint(dst, uint64(len(name)))
-			dst = append(dst, name...)
+	for _, f := range fields {
+		for _, v := range f.vs {
+			dst = binary.AppendUvarint(dst, uint64(len(f.name)))
+			dst = append(dst, f.name...)
 			dst = binary.AppendUvarint(dst, uint64(len(v)))
 			dst = append(dst, v...)
 		}
-	})
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(resp.Body)))
 	return append(dst, resp.Body...)
+}
+
+// headerField is a header's name (as spelt in the map) and its values.
+type headerField struct {
+	name string
+	vs   []string
 }
 
 // recorded is a validated plain encoding of a recorded response, read
@@ -217,23 +227,26 @@ func seenName(r *recorded, name string, n int) bool {
 // that is not a canonical name's spelling (say "Set-Cookie" spelt
 // "set-cookie" when Set-Cookie is never recorded) is never allowed.
 func eachAllowed(h http.Header, allow []string, f func(name string, vs []string)) {
+	// The keys under a spelling other than the canonical one are rare (a
+	// handler assigning to the map): found in one pass over h, not in one
+	// per allowed name. (A name with bytes a header name cannot have is
+	// its own canonical spelling: net/http does not send it.)
+	var buf [2]string
+	others := buf[:0]
+	for k := range h {
+		if k != http.CanonicalHeaderKey(k) {
+			others = append(others, k)
+		}
+	}
+	slices.Sort(others)
 	for _, name := range allow {
 		if vs := h[name]; len(vs) > 0 {
 			f(name, vs)
 		}
-		if len(h) == 0 {
-			continue
-		}
-		var buf [2]string
-		others := buf[:0]
-		for k, vs := range h {
-			if len(vs) > 0 && len(k) == len(name) && k != name && asciiEqualFold(k, name) {
-				others = append(others, k)
-			}
-		}
-		slices.Sort(others)
 		for _, k := range others {
-			f(k, h[k])
+			if vs := h[k]; len(vs) > 0 && k != name && asciiEqualFold(k, name) {
+				f(k, vs)
+			}
 		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
@@ -43,7 +45,12 @@ func openPool(t testing.TB, mod func(*pgxpool.Config)) *pgxpool.Pool {
 // own (another process).
 func newStore(t testing.TB, opts ...pgxstore.Option) (*pgxstore.Store, *pgxpool.Pool, func(t testing.TB) *pgxstore.Store) {
 	t.Helper()
-	pool := openPool(t, nil)
+	return newStoreOn(t, openPool(t, nil), opts...)
+}
+
+// newStoreOn is newStore on pool.
+func newStoreOn(t testing.TB, pool *pgxpool.Pool, opts ...pgxstore.Option) (*pgxstore.Store, *pgxpool.Pool, func(t testing.TB) *pgxstore.Store) {
+	t.Helper()
 	table := sqlstoretest.Table()
 	s, err := pgxstore.New(pool, append([]pgxstore.Option{pgxstore.WithTable(table)}, opts...)...)
 	if err != nil {
@@ -88,8 +95,51 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// statementHook is a pgx tracer that calls a hook with the text of every
+// statement once its result has been read (sqlstoretest.Fixture's
+// AfterStatement).
+type statementHook struct {
+	hook atomic.Pointer[func(query string)]
+}
+
+type hookQuery struct{}
+
+func (h *statementHook) set(hook func(query string)) {
+	if hook == nil {
+		h.hook.Store(nil)
+		return
+	}
+	h.hook.Store(&hook)
+}
+
+func (h *statementHook) ran(query string) {
+	if f := h.hook.Load(); f != nil {
+		(*f)(query)
+	}
+}
+
+func (h *statementHook) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, hookQuery{}, d.SQL)
+}
+
+func (h *statementHook) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	q, _ := ctx.Value(hookQuery{}).(string)
+	h.ran(q)
+}
+
+func (h *statementHook) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (h *statementHook) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	h.ran(d.SQL)
+}
+
+func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
-	s, pool, twin := newStore(t, opts...)
+	hook := new(statementHook)
+	s, pool, twin := newStoreOn(t, openPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = hook }), opts...)
 	ctx := context.Background()
 	orders, unique := s.Table()+"_orders", s.Table()+"_unique"
 	for _, ddl := range []string{
@@ -183,7 +233,8 @@ func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
 			t.Cleanup(release)
 			return release
 		},
-		Twin: func(t *testing.T) core.TxStore { return twin(t) },
+		Twin:           func(t *testing.T) core.TxStore { return twin(t) },
+		AfterStatement: hook.set,
 		Exec: func(ctx context.Context, stmt string) error {
 			tx, err := pgxstore.Tx(ctx)
 			if err != nil {

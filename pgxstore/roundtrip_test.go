@@ -184,10 +184,13 @@ func serve(h http.Handler, key string) *httptest.ResponseRecorder {
 // TestRoundTrips: the claim travels with BEGIN and the completion with
 // COMMIT, so a protected first execution of the four-statement payment
 // makes exactly as many round trips as the unprotected transaction (six:
-// BEGIN, four statements, COMMIT); a replay makes one, and so does a
-// duplicate from another process while the first one runs (the ROLLBACK
-// of their read-only transaction runs after the answer, off the request's
-// path: held here to prove it).
+// BEGIN, four statements, COMMIT). The INSERT returns nothing and nothing
+// reads behind it: a replay makes two round trips (BEGIN and the INSERT
+// that inserts nothing; the read), and a duplicate from another process
+// while the first one runs three (the read finds no committed row: the
+// claim statement, whose lock probe fails). The ROLLBACK of their
+// read-only transaction runs after the answer, off the request's path:
+// held here to prove it.
 func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	setup, _, _ := newStore(t)
@@ -247,8 +250,8 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("replay: %d %s", w.Code, w.Body)
 		}
 	})
-	if replay != 1 {
-		t.Errorf("a replay made %d round trips before its answer, want 1 (BEGIN and the claim)", replay)
+	if replay != 2 {
+		t.Errorf("a replay made %d round trips before its answer, want 2 (BEGIN and the INSERT; the read)", replay)
 	}
 	release()
 	wait()
@@ -263,26 +266,27 @@ func TestRoundTrips(t *testing.T) {
 	if w := serve(twinH, "twin-warm"); w.Code != http.StatusCreated { // warm its cache
 		t.Fatalf("twin warm-up: %d %s", w.Code, w.Body)
 	}
-	twinRelease, twinWait := pgxstore.HoldRollbacks(twin)
-	hold, entered := make(chan struct{}), make(chan struct{}, 1)
-	held := protectedPayment(t, setup, p, hold, entered)
-	key2 := "rt-inflight-" + sqlstoretest.Table()
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- serve(held, key2) }()
-	<-entered
-	dup := func() int {
+	dupTrips := func(key string) int {
+		hold, entered := make(chan struct{}), make(chan struct{}, 1)
+		held := protectedPayment(t, setup, p, hold, entered)
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- serve(held, key) }()
+		<-entered
 		before := twinRT.count()
-		if w := serve(twinH, key2); w.Code != http.StatusConflict {
+		if w := serve(twinH, key); w.Code != http.StatusConflict {
 			t.Errorf("in-flight duplicate: %d %s, want 409", w.Code, w.Body)
 		}
-		return twinRT.count() - before
-	}()
-	close(hold)
-	if w := <-done; w.Code != http.StatusCreated {
-		t.Fatalf("held first execution: %d %s", w.Code, w.Body)
+		n := twinRT.count() - before
+		close(hold)
+		if w := <-done; w.Code != http.StatusCreated {
+			t.Fatalf("held first execution: %d %s", w.Code, w.Body)
+		}
+		return n
 	}
-	if dup != 1 {
-		t.Errorf("an in-flight duplicate from another process made %d round trips before its 409, want 1", dup)
+	dupTrips("rt-inflight-warm-" + sqlstoretest.Table()) // prepares the read and the claim statement on the twin's connection
+	twinRelease, twinWait := pgxstore.HoldRollbacks(twin)
+	if dup := dupTrips("rt-inflight-" + sqlstoretest.Table()); dup != 3 {
+		t.Errorf("an in-flight duplicate from another process made %d round trips before its 409, want 3 (BEGIN and the INSERT; the read; the claim statement)", dup)
 	}
 	twinRelease()
 	twinWait()
@@ -383,9 +387,9 @@ func TestMeasurePayment(t *testing.T) {
 
 // TestRoundTripsLeased: a leased route (its effects outside the database)
 // claims and completes on the pool in autocommit: two round trips for a
-// first execution, one for a replay, and one for a duplicate while the
-// first one runs, from this process or another (the registry only knows
-// transactions).
+// first execution, two for a replay (the INSERT, then the read), and two
+// for a duplicate while the first one runs, from this process or another
+// (the registry only knows transactions).
 func TestRoundTripsLeased(t *testing.T) {
 	setup, _, _ := newStore(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -414,6 +418,9 @@ func TestRoundTripsLeased(t *testing.T) {
 		if w := serve(h, warm); w.Code != http.StatusCreated { // prepares the statements
 			t.Fatalf("warm-up: %d %s", w.Code, w.Body)
 		}
+		if w := serve(h, warm); w.Header().Get("Idempotent-Replayed") != "true" { // and the read
+			t.Fatalf("warm-up replay: %d %s", w.Code, w.Body)
+		}
 		return h, rt
 	}
 	h, rt := counted("warm-this")
@@ -435,8 +442,8 @@ func TestRoundTripsLeased(t *testing.T) {
 		if w := serve(h, key); w.Header().Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("replay: %d %s", w.Code, w.Body)
 		}
-	}); n != 1 {
-		t.Errorf("a leased replay made %d round trips, want 1", n)
+	}); n != 2 {
+		t.Errorf("a leased replay made %d round trips, want 2 (the INSERT, the read)", n)
 	}
 	holding.Store(true)
 	key2 := key + "-inflight"
@@ -452,8 +459,8 @@ func TestRoundTripsLeased(t *testing.T) {
 			if w := serve(c.h, key2); w.Code != http.StatusConflict {
 				t.Errorf("in-flight duplicate from %s: %d %s, want 409", name, w.Code, w.Body)
 			}
-		}); n != 1 {
-			t.Errorf("an in-flight duplicate from %s made %d round trips, want 1", name, n)
+		}); n != 2 {
+			t.Errorf("an in-flight duplicate from %s made %d round trips, want 2 (the INSERT, the read)", name, n)
 		}
 	}
 	close(hold)

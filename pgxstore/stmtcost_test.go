@@ -42,7 +42,13 @@ import (
 //     a correct claim, the floor of one that writes the row);
 //   - returning+hot, donothing+hot: the bare INSERT with RETURNING of the
 //     record, or with ON CONFLICT (id) DO NOTHING: what each part of the
-//     claim adds.
+//     claim adds;
+//   - lockinsert+hot: the claim of an id never seen as the store sends it
+//     (the INSERT alone with BEGIN), and lockinsert+readother+hot: the same
+//     with the read that skips the row it wrote pipelined behind it (the
+//     store before the claim's second step, issue 24);
+//   - lockinsertrow+hot: the INSERT in a CTE that also returns the lock's
+//     result and the row (one statement for every path; not used).
 func TestMeasureStatements(t *testing.T) {
 	if !sqlmeasure.Measure() {
 		t.Skip("a measurement: run with -stores.measure")
@@ -92,6 +98,7 @@ func TestMeasureStatements(t *testing.T) {
 SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.id = $2`, insertArgs10}
 	lock := stmt{`SELECT pg_try_advisory_xact_lock($1)`, func(r *stmtRun) []any { return []any{r.lock} }}
 	read := stmt{q.Read, func(r *stmtRun) []any { return []any{r.id} }}
+	readOther := stmt{`SELECT ` + pgsql.Cols + ` FROM ` + tb + ` WHERE id = $1 AND token <> $2`, func(r *stmtRun) []any { return []any{r.id, r.lock} }}
 	business := []([]stmt){
 		{{"SELECT amount FROM " + p.orders + " WHERE id = $1 FOR UPDATE", func(r *stmtRun) []any { return []any{r.order} }}},
 		{{"INSERT INTO " + p.payments + " (order_id, amount) VALUES ($1, $2)", func(r *stmtRun) []any { return []any{r.order, 1500} }}},
@@ -111,6 +118,7 @@ SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.
 		{"returning+hot", tx([]stmt{begin, returning}, []stmt{completeHOT, commit})},
 		{"donothing+hot", tx([]stmt{begin, doNothing}, []stmt{completeHOT, commit})},
 		{"lockinsert+hot", tx([]stmt{begin, lockInsert}, []stmt{completeHOT, commit})},
+		{"lockinsert+readother+hot", tx([]stmt{begin, lockInsert, readOther}, []stmt{completeHOT, commit})},
 		{"lockinsertrow+hot", tx([]stmt{begin, lockInsertRow}, []stmt{completeHOT, commit})},
 	}
 

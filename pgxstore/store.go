@@ -262,10 +262,10 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
 
 // --- core.Store --------------------------------------------------------------
 
-// Claim implements core.Store with sqlstore's Postgres claim: a
-// non-blocking advisory lock probe and INSERT ... ON CONFLICT in one
-// statement. In a transaction of Begin that has not begun, BEGIN and the
-// claim travel in one round trip.
+// Claim implements core.Store with sqlstore's Postgres claim: an id never
+// seen is one INSERT whose non-blocking advisory lock probe rides in its
+// WHERE (claimDB). In a transaction of Begin that has not begun, BEGIN and
+// the INSERT travel in one round trip.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
 	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	v := ctx.Value(ctxKey{})
@@ -322,11 +322,15 @@ func markArgs(args []any, m *core.Mark) []any {
 
 // claimDB runs the claim, pipelined with BEGIN when ctx carries a
 // transaction of Begin that has not begun. The common path (an id never
-// seen) is one INSERT that returns nothing, pipelined with a read that
-// skips the row it wrote (ReadOther): when it inserted nothing, the read
-// answers a replay, or finds no row (another transaction holds the id),
-// in the same round trip; only a claimable row (expired, a lapsed lease)
-// takes the full claim statement (see internal/pgsql).
+// seen) is one INSERT that returns nothing: its affected-row count says
+// claimed, and the store builds the record from req, so a first execution
+// sends no read and gets no row back. When it inserts nothing (the row is
+// there, or another transaction holds the id), a read follows, in a round
+// trip of its own: it answers a replay and a live lease; a claimable row
+// (expired, a lapsed lease), no row (another transaction holds the id and
+// has not committed its row), or a row that a sweep or a release deleted
+// after the INSERT saw it, take the full claim statement (claimExisting),
+// which claims the id when nothing holds it.
 func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (core.ClaimResult, error) {
 	lock := pgsql.LockKey(req.ID, s.lock)
 	leased := l == nil && !s.InTx(ctx)
@@ -339,24 +343,11 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 	case leased:
 		ins = s.q.InsertLeased
 	}
-	var (
-		rec      core.Record
-		inserted bool
-	)
-	found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (found bool, err error) {
+	inserted, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (bool, error) {
 		tag, err := br.Exec()
-		if err != nil {
-			return false, err
-		}
-		inserted = tag.RowsAffected() == 1
-		found, err = scanRecord(br.QueryRow(), &rec)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil
-		}
-		return found, err
+		return err == nil && tag.RowsAffected() == 1, err
 	}, stmt{ins, markArgs([]any{lock, req.ID[:], req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
-		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}, req.Mark)},
-		stmt{s.q.ReadOther, []any{req.ID[:], req.Token}})
+		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}, req.Mark)})
 	switch {
 	case err != nil:
 		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
@@ -365,12 +356,19 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 			l.claimed(req.ID, req.Token)
 		}
 		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
-	case !found:
-		// Another transaction holds the id's lock and has not committed
-		// its row (or, rarely, a sweep deleted the expired row the
-		// INSERT saw: a retry claims it).
-		return storeutil.InProgressElsewhere(req.ID), nil
-	case storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
+	}
+	var rec core.Record
+	found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (bool, error) {
+		found, err := scanRecord(br.QueryRow(), &rec)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return found, err
+	}, stmt{s.q.Read, []any{req.ID[:]}})
+	switch {
+	case err != nil:
+		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		if l != nil && rec.State != core.StateCompleted {
 			// The INSERT may have taken the lock (a row committed between
 			// its snapshot and its probe): end the transaction before the
@@ -383,8 +381,10 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 }
 
 // claimExisting claims an id whose row is there but claimable (expired, a
-// lapsed lease that req may take over) with the full claim statement:
-// the lock probe, INSERT ... ON CONFLICT DO UPDATE, and the row as it is.
+// lapsed lease that req may take over), or not there when the read looked
+// (held by another transaction, or deleted since the INSERT saw it), with
+// the full claim statement: the lock probe, INSERT ... ON CONFLICT DO
+// UPDATE, and the row as it is. It runs at most maxClaimTries times.
 func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *lazyTx, lock int64) (core.ClaimResult, error) {
 	leased := l == nil && !s.InTx(ctx)
 	q := s.q.Claim

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -39,6 +40,9 @@ func (s *Store) Check(ctx context.Context) error {
 		return err
 	}
 	if err := s.checkSyncWait(ctx, c); err != nil {
+		return err
+	}
+	if err := s.checkIsolation(ctx, c); err != nil {
 		return err
 	}
 	if err := s.checkTable(ctx, c); err != nil {
@@ -204,6 +208,29 @@ func dialectName(d Dialect) string {
 		return "sqlstore.SQLite"
 	}
 	return d.String()
+}
+
+// checkIsolation fails on MySQL/MariaDB when Begin's transactions would
+// run at SERIALIZABLE (errMySQLSerializable): New refuses the level when
+// WithTxOptions names it; with the session's default
+// (WithTxOptions(&sql.TxOptions{})) the session's transaction_isolation
+// decides (tx_isolation on servers that do not know the newer name).
+func (s *Store) checkIsolation(ctx context.Context, c Conn) error {
+	if s.d != MySQL || s.txOpts == nil || s.txOpts.Isolation != sql.LevelDefault {
+		return nil
+	}
+	var level string
+	err := c.QueryRowContext(ctx, `SELECT @@session.transaction_isolation`).Scan(&level)
+	if err != nil {
+		err = c.QueryRowContext(ctx, `SELECT @@session.tx_isolation`).Scan(&level)
+	}
+	if err != nil {
+		return unavailable("check isolation", err)
+	}
+	if strings.EqualFold(strings.ReplaceAll(level, "_", "-"), "SERIALIZABLE") {
+		return errMySQLSerializable
+	}
+	return nil
 }
 
 // checkServer fails when the server is not the one the dialect is for, or

@@ -93,26 +93,28 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	}
 	// The row is there, or another transaction holds the id: a read
-	// answers a replay, or finds no row (another transaction holds the
-	// id's lock and has not committed its row; or, rarely, a sweep
-	// deleted the expired row the INSERT saw: a retry claims it).
+	// answers a replay or a live lease. A claimable row, no row (another
+	// transaction holds the id's lock and has not committed its row; or a
+	// sweep or a release deleted the row after the INSERT saw it: nothing
+	// holds the id) go to the full claim statement.
 	var rec core.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
-	case errors.Is(err, sql.ErrNoRows) || err == nil && !found:
-		return storeutil.InProgressElsewhere(req.ID), nil
+	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		return core.ClaimResult{}, s.failure(ctx, "claim read", err)
-	case storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
+	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
 		return core.ClaimResult{Record: rec}, nil
 	}
 	return s.claimPostgresExisting(ctx, c, inTx, req)
 }
 
 // claimPostgresExisting is the claim of an id whose row is there but
-// claimable (expired, a lapsed lease), or which another transaction
-// holds: the full claim statement, which takes the lock only when no live
-// row answers, and replaces the row with ON CONFLICT DO UPDATE.
+// claimable (expired, a lapsed lease), which another transaction holds,
+// or whose row was deleted after the INSERT saw it: the full claim
+// statement, which takes the lock only when no live row answers, inserts
+// a missing row, and replaces a claimable one with ON CONFLICT DO UPDATE;
+// at most maxClaimTries times.
 func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, req core.ClaimRequest) (core.ClaimResult, error) {
 	for try := 0; ; try++ {
 		var (

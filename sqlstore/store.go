@@ -85,7 +85,11 @@ func WithTable(name string) Option {
 // WithTxOptions sets the options Begin starts transactions with (default:
 // READ COMMITTED on MySQL/MariaDB, where REPEATABLE READ would take gap
 // locks on the probe of a missing key, which Begin's claim runs first;
-// the database's default elsewhere).
+// the database's default elsewhere). On MySQL/MariaDB, SERIALIZABLE is
+// refused (New returns an error wrapping core.ErrConfig): InnoDB reads
+// with locks at that level, and a claim must not wait for another
+// transaction's claim; Check refuses a session default of SERIALIZABLE
+// the same way.
 // Pass &sql.TxOptions{} to use the session default on every dialect, for
 // example when the MySQL DSN already sets transaction_isolation.
 func WithTxOptions(opts *sql.TxOptions) Option {
@@ -168,11 +172,21 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
+	if d == MySQL && s.txOpts != nil && s.txOpts.Isolation == sql.LevelSerializable {
+		return nil, errMySQLSerializable
+	}
 	s.q = d.queries(s.table)
 	s.mq = storeutil.MarkSQL(s.table, d.flavor())
 	s.lock = pgsql.Fnv64(s.table)
 	return s, nil
 }
+
+// errMySQLSerializable refuses MySQL/MariaDB at SERIALIZABLE: InnoDB turns
+// every plain read of a transaction into a locking read there, so the
+// claim's read of a row another transaction is claiming would wait for
+// that transaction instead of answering in progress at once.
+var errMySQLSerializable = fmt.Errorf("%w: sqlstore: MySQL/MariaDB transactions at SERIALIZABLE make the claim's reads wait for other transactions' claims (InnoDB reads with locks there): "+
+	"use READ COMMITTED (the store's default) or REPEATABLE READ, with WithTxOptions or the session's transaction_isolation", core.ErrConfig)
 
 func validTable(name string) error { return storeutil.ValidTable("sqlstore", name) }
 

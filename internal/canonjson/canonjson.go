@@ -104,22 +104,38 @@ func Append(dst, src []byte) ([]byte, error) {
 // false. With fields not nil, the top-level value must be an object, and
 // only its members whose names match one of fields as encoding/json
 // matches names to struct fields (case-insensitively) are kept. The form
-// is hashed as it is written through a buffer of at most hashBuffer
-// bytes, never held whole in memory.
+// is hashed as it is written through a buffer of hashBuffer bytes, never
+// held whole in memory. Hash allocates its working memory (a Hasher);
+// [Hasher.Hash] uses the caller's.
 func Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
-	var c canonicaliser
+	var c Hasher
+	return c.Hash(h, tag, src, fields)
+}
+
+// Hasher is the working memory of [Hash], for a caller that holds it in a
+// larger object of its own (core's per-request state) instead of
+// allocating it per document: a document of up to 16 members in up to 4
+// objects, nested at most 8 deep (an order with its address, a payment
+// with its metadata), needs no other memory. Its zero value is ready; it
+// keeps nothing of a document once Hash has returned, so it may be used
+// again.
+type Hasher struct{ c canonicaliser }
+
+// Hash is [Hash] in h's working memory.
+func (x *Hasher) Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
+	c := &x.c
 	if c.parse(src, fields) != nil || (fields != nil && !c.topObject) {
 		return false
 	}
 	h.Write(tag)
-	// The form is never longer than src (escapes only shorten).
-	c.emitDocument(make([]byte, 0, min(len(src), hashBuffer)), h)
+	c.emitDocument(c.buf[:0], h)
+	c.src, c.sel = nil, nil
 	return true
 }
 
 // hashBuffer is the most of the canonical form Hash holds on its way to
 // the hash.
-const hashBuffer = 4096
+const hashBuffer = 128
 
 // The canonicaliser works in two passes over the source, and never copies
 // it. parse validates src and, for each object whose members must be
@@ -133,12 +149,15 @@ const hashBuffer = 4096
 // the two share one array) and objs one record of 16 bytes per reordered
 // object (each has two members or more, or is the top-level object
 // Hash narrows to its fields), both allocated once for the most there can
-// be: from a count of the colons outside strings, or for documents up to
-// smallJSON from the length (a member takes at least 4 bytes). That is at
+// be (in the canonicaliser's own arrays when they are large enough): from
+// a count of the colons outside strings, or for documents up to smallJSON
+// from the length (a member takes at least 4 bytes) or the colons,
+// whichever is fewer; objs for no more objects than the document has
+// opening braces. That is at
 // most 12 bytes per member, and a member takes at least 5 bytes of source
 // (`"":0` and a ',' or '}'), so at most 2.4 bytes per byte of src beyond
 // smallJSON (3 below it); the output is hashed as it is written through a
-// fixed buffer. Nesting is bounded by MaxDepth, so
+// fixed buffer of hashBuffer bytes. Nesting is bounded by MaxDepth, so
 // emitDocument's recursion is too.
 type canonicaliser struct {
 	src []byte
@@ -149,7 +168,7 @@ type canonicaliser struct {
 	low     int     // members[low:]: the recorded orders
 	objs    []object
 
-	stack     [MaxDepth]frame // open arrays and objects
+	stack     []frame // open arrays and objects (stack[:depth])
 	depth     int
 	sel       []string // Hash's fields: the top-level members kept
 	topObject bool     // the document is an object
@@ -159,6 +178,13 @@ type canonicaliser struct {
 	h   hash.Hash
 	tmp [24]byte // an escape on its way to out
 	one [1]byte  // a byte on its way to a full out
+
+	// The arrays behind members, objs, stack and Hash's out for a small
+	// document (see Hasher), so that it needs no memory of its own.
+	members0 [16]int32
+	objs0    [4]object
+	stack0   [8]frame
+	buf      [hashBuffer]byte
 }
 
 type frame struct {
@@ -226,31 +252,36 @@ func countColons(src []byte) int {
 	}
 }
 
-var colon = []byte{':'}
+var colon, openBrace = []byte{':'}, []byte{'{'}
 
 // parse runs the first pass over src; sel, when not nil, narrows the
 // top-level object to the members it names (Hash's fields).
 func (c *canonicaliser) parse(src []byte, sel []string) error {
 	c.src, c.i, c.sel = src, 0, sel
 	c.depth, c.topObject = 0, false
-	c.objs = c.objs[:0]
+	c.members, c.objs, c.stack = c.members0[:0], c.objs0[:0], c.stack0[:0]
 	if len(src) > maxJSONInput {
 		return c.fail(errJSONTooLarge)
 	}
 	// Members are at most a quarter of the bytes (`"":` and a ',' or '}'
-	// each, values aside). For small bodies that bound costs less than
-	// counting.
+	// each, values aside), and at most the colons (colons in strings only
+	// add to the count). For small bodies these bounds cost less than
+	// counting the colons outside strings. The objects recorded have two
+	// members each or more (or are the top-level one), and each has its
+	// opening brace.
 	n := len(src)/4 + 1
 	if len(src) > smallJSON {
 		n = countColons(src)
+	} else {
+		n = min(n, bytes.Count(src, colon))
 	}
 	if cap(c.members) < n {
 		c.members = make([]int32, n)
 	}
 	c.members = c.members[:n]
 	c.top, c.low = 0, n
-	if cap(c.objs) < n/2+1 {
-		c.objs = make([]object, 0, n/2+1)
+	if objs := min(n/2+1, bytes.Count(src, openBrace)); cap(c.objs) < objs {
+		c.objs = make([]object, 0, objs)
 	}
 
 	c.out, c.h = nil, nil // no output in the first pass
@@ -272,7 +303,7 @@ func (c *canonicaliser) parse(src []byte, sel []string) error {
 					c.topObject = true
 				}
 			}
-			c.stack[c.depth] = f
+			c.stack = append(c.stack[:c.depth], f)
 			c.depth++
 			c.i++
 			c.skipWS()

@@ -51,7 +51,6 @@ func Schema(t string) []string {
 //	  $12 route, $13 request, $14 due_at, $15 tries; they return what
 //	  Claim returns.
 //	Read: $1 id.  Get: $1 id, $2 now.  Exists: $1 id.
-//	ReadOther: $1 id, $2 token (the claim's).
 //	Complete: $1 state, $2 status, $3 response, $4 expires_at, $5 id, $6 token.
 //	Extend: $1 lease_until, $2 lease_until, $3 id, $4 token.
 //	Release: $1 id, $2 token.
@@ -61,7 +60,7 @@ type Statements struct {
 	Claim, ClaimLeased                 string
 	InsertMarked, InsertLeasedMarked   string
 	ClaimMarked, ClaimLeasedMarked     string
-	Read, ReadOther, Get, Exists       string
+	Read, Get, Exists                  string
 	Complete, Extend, Release          string
 	DeleteExpired                      string
 	Now, MigrateLock, PrimaryKey, Cols string
@@ -80,7 +79,9 @@ type Statements struct {
 // statement's snapshot and the lock. When Insert inserts nothing, the
 // store reads the row (Read) and, unless it answers the claim (a live
 // record that cannot be claimed), runs Claim, which also covers expired
-// rows, lapsed leases and the races.
+// rows, lapsed leases and the races: no row at all (another transaction
+// holds the id's lock, or a sweep or a release deleted the row after
+// Insert saw it) is Claim's too, never an answer of its own.
 //
 // Outside a transaction (leased mode) Insert takes the lock in shared
 // mode, as ClaimLeased does.
@@ -202,7 +203,6 @@ func New(t string) Statements {
 		ClaimMarked:        claimMarked(strings.Replace(c, "%s", lock, 1), m),
 		ClaimLeasedMarked:  claimMarked(strings.Replace(c, "%s", shared, 1), m),
 		Read:               `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1`,
-		ReadOther:          `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND token <> $2`,
 		Get:                `SELECT ` + Cols + ` FROM ` + t + ` WHERE id = $1 AND expires_at > $2`,
 		Exists:             `SELECT 1 FROM ` + t + ` WHERE id = $1`,
 		Complete:           `UPDATE ` + t + ` SET state = $1, status = $2, response = $3, expires_at = $4, lease_until = NULL WHERE id = $5 AND token = $6 AND state IN (1, 3)`,

@@ -2,6 +2,7 @@ package dbtest_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -159,5 +160,37 @@ func TestCheckFindsAWrongColumnType(t *testing.T) {
 				t.Errorf("Check left %d rows (%v), want none", n, err)
 			}
 		})
+	}
+}
+
+// TestMySQLSerializableRefused: on MySQL/MariaDB at SERIALIZABLE InnoDB
+// reads with locks, so a claim's read of an id another transaction is
+// claiming would wait for it instead of answering in progress at once.
+// The store refuses the level loudly: New, when WithTxOptions names it;
+// Check, when Begin uses the session's default and the session runs at
+// SERIALIZABLE. Both errors wrap core.ErrConfig and name the fix.
+func TestMySQLSerializableRefused(t *testing.T) {
+	db, _ := openDB(t, sqlstore.MySQL)
+	_, err := sqlstore.New(db, sqlstore.MySQL, sqlstore.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}))
+	wantConfigError(t, "New at SERIALIZABLE", err, "SERIALIZABLE", "READ COMMITTED", "WithTxOptions")
+
+	db.SetMaxOpenConns(1) // one session, whose default is set below
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := sqlstore.New(db, sqlstore.MySQL, sqlstore.WithTable(sqlstoretest.Table()), sqlstore.WithTxOptions(&sql.TxOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantConfigError(t, "Check with the session at SERIALIZABLE", s.Check(ctx), "SERIALIZABLE", "READ COMMITTED", "transaction_isolation")
+
+	// The same session at READ COMMITTED passes that check (the table is
+	// missing: Check goes on and reports that instead).
+	if _, err := db.ExecContext(ctx, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err == nil || strings.Contains(err.Error(), "SERIALIZABLE") {
+		t.Fatalf("Check at READ COMMITTED on a missing table: %v, want the missing table reported", err)
 	}
 }

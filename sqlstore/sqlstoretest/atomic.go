@@ -42,6 +42,12 @@ type Fixture struct {
 	// Counter counts the statements sent on the store's database; nil
 	// skips the statement counts.
 	Counter *Counter
+	// AfterStatement makes every statement of the store's database call
+	// hook with its text once the database has answered it, before the
+	// store reads the answer; nil stops it. nil: Counter's
+	// (Counter.AfterStatement); a store on another pool type (pgxstore)
+	// sets its own (a pgx tracer).
+	AfterStatement func(hook func(query string))
 	// DB is the pool the store runs on (RunPool limits it); nil for a
 	// store on another pool type (pgxstore), which then sets Hold.
 	DB *sql.DB
@@ -126,6 +132,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, an uncommitted claim is reported in progress without waiting", h.inFlight},
 		{"ok, another process's duplicate is reported in progress without waiting (SQLite: waits, then replays)", h.twin},
 		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
+		{"ok, a record swept or released between the claim's INSERT and its read is gone: the claim claims, no 409", h.vanishedRow},
 		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
 		{"ok, a 4xx after a failed statement is recorded and replayed; the failed writes do not commit", h.failedStatement},
 		{"ok, caller-managed: a transaction the database aborted is reported as core.ErrTxAborted", h.failedStatementCallerManaged},
@@ -591,6 +598,122 @@ func (h *harness) statementCounts(t *testing.T) {
 	}
 	if cmRep != wantRep {
 		t.Errorf("caller-managed replay: %d statements, documented %d", cmRep, wantRep)
+	}
+}
+
+// vanishedRow: the claim's INSERT meets the id's row, and before the claim
+// reads that row another connection deletes it: a sweep of the expired
+// record, or the release by its holder of a leased attempt. The record is
+// gone, so nothing is in progress: the claim must claim the id (the store
+// claims again, a bounded number of times), in atomic and in leased mode,
+// and never answer in progress. The delete lands at that exact point
+// through the fixture's statement hook, after the first statement that
+// inserts into the table.
+//
+// SQLite's claim is one upsert (no second statement, no window). On
+// MariaDB an atomic claim's INSERT that met the row keeps a shared lock on
+// it until the transaction ends, so the sweep skips the row (the claim
+// then takes the expired row over) and a release could only wait: the
+// release rows run on Postgres.
+func (h *harness) vanishedRow(t *testing.T) {
+	if h.cfg.Dialect == sqlstore.SQLite {
+		t.Skip("SQLite: the claim is one upsert, there is no read after it")
+	}
+	f, ctx := h.cfg.New(t), ctxT(t)
+	after := f.AfterStatement
+	if after == nil && f.Counter != nil {
+		after = f.Counter.AfterStatement
+	}
+	if after == nil {
+		t.Fatal("the fixture sets neither AfterStatement nor Counter")
+	}
+	for i, tc := range []struct {
+		name            string
+		leased, release bool
+	}{
+		{"atomic, swept", false, false},
+		{"leased, swept", true, false},
+		{"atomic, released", false, true},
+		{"leased, released", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.release && h.cfg.Dialect != sqlstore.Postgres {
+				t.Skip("a release cannot land between MariaDB's INSERT and its read: it waits for the INSERT's lock")
+			}
+			key := fmt.Sprintf("vanished-%d", i)
+			held := h.req(key, int64(100+2*i))
+			later := h.now
+			if tc.release {
+				// A leased attempt holds the id (committed, lease live).
+				held.LeaseUntil = h.now.Add(time.Minute)
+				if res, err := f.Store.Claim(ctx, held); err != nil || !res.Claimed {
+					t.Fatalf("holder's claim: %+v, %v", res, err)
+				}
+			} else {
+				// A completed record that has expired by the claim's now.
+				held.ExpiresAt = h.now.Add(time.Minute)
+				c := h.completion(key)
+				c.ExpiresAt = held.ExpiresAt
+				if res, err := execute(ctx, f, held, c); err != nil || !res.Claimed {
+					t.Fatalf("first execution: %+v, %v", res, err)
+				}
+				later = h.now.Add(time.Hour)
+			}
+			req := held
+			req.Token, req.Now, req.ExpiresAt, req.LeaseUntil = held.Token+1, later, later.Add(24*time.Hour), time.Time{}
+			if tc.leased {
+				req.LeaseUntil = later.Add(time.Minute)
+			}
+
+			var (
+				fired   bool
+				deleted int
+				delErr  error
+			)
+			after(func(query string) {
+				if fired || !strings.Contains(query, "INSERT INTO") {
+					return
+				}
+				fired = true
+				if tc.release {
+					delErr = f.Store.Release(context.Background(), held.ID, held.Token)
+					deleted = 1
+				} else {
+					deleted, delErr = f.Store.DeleteExpired(context.Background(), later, 10)
+				}
+			})
+			defer after(nil)
+			cctx, tx := ctx, core.Tx(nil)
+			if !tc.leased {
+				var err error
+				if cctx, tx, err = f.Store.Begin(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := f.Store.Claim(cctx, req)
+			after(nil)
+			if tx != nil {
+				if err == nil && res.Claimed {
+					err = tx.Commit()
+				} else {
+					_ = tx.Rollback()
+				}
+			}
+			if delErr != nil {
+				t.Fatalf("the delete between the claim's statements: %v", delErr)
+			}
+			t.Logf("%v: hook fired %v, rows deleted between the statements: %d", h.cfg.Dialect, fired, deleted)
+			if h.cfg.Dialect == sqlstore.Postgres && (!fired || deleted != 1) {
+				t.Fatalf("the hook fired %v and deleted %d rows, want the row deleted after the INSERT", fired, deleted)
+			}
+			if err != nil || !res.Claimed {
+				t.Fatalf("claim after the row vanished: %+v, %v; want claimed (the record is gone, nothing is in progress)", res, err)
+			}
+			rec, err := f.Store.Get(ctx, req.ID, later)
+			if err != nil || rec.Token != req.Token || rec.State != core.StateInProgress {
+				t.Fatalf("record after the claim: %+v, %v; want the claim's", rec, err)
+			}
+		})
 	}
 }
 

@@ -14,7 +14,28 @@ import (
 // (go-sql-driver/mysql without interpolateParams).
 type Counter struct {
 	stmts, prepares atomic.Int64
-	held            atomic.Pointer[chan struct{}] // see HoldBegins
+	held            atomic.Pointer[chan struct{}]      // see HoldBegins
+	after           atomic.Pointer[func(query string)] // see AfterStatement
+}
+
+// AfterStatement makes every statement on the pool call hook with its
+// text once the database has answered it (its rows, if any, not yet
+// read), before the statement returns to its caller; nil stops it. A test
+// uses it to land a write of another connection at an exact point between
+// two statements of the store.
+func (c *Counter) AfterStatement(hook func(query string)) {
+	if hook == nil {
+		c.after.Store(nil)
+		return
+	}
+	c.after.Store(&hook)
+}
+
+// ran calls the AfterStatement hook, if any, for query.
+func (c *Counter) ran(query string) {
+	if h := c.after.Load(); h != nil {
+		(*h)(query)
+	}
 }
 
 // HoldBegins makes every BEGIN on the pool wait until release is called
@@ -93,7 +114,7 @@ func (w *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 		return nil, err
 	}
 	w.c.prepares.Add(1)
-	return &stmt{inner: st, conn: w}, nil
+	return &stmt{inner: st, conn: w, query: query}, nil
 }
 
 func (w *conn) Close() error { return w.inner.Close() }
@@ -124,6 +145,7 @@ func (w *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	r, err := e.ExecContext(ctx, query, args)
 	if err != driver.ErrSkip {
 		w.c.stmts.Add(1)
+		w.c.ran(query)
 	}
 	return r, err
 }
@@ -136,6 +158,7 @@ func (w *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 	r, err := q.QueryContext(ctx, query, args)
 	if err != driver.ErrSkip {
 		w.c.stmts.Add(1)
+		w.c.ran(query)
 	}
 	return r, err
 }
@@ -171,6 +194,7 @@ func (w *conn) Ping(ctx context.Context) error {
 type stmt struct {
 	inner driver.Stmt
 	conn  *conn
+	query string
 }
 
 var (
@@ -184,12 +208,16 @@ func (s *stmt) NumInput() int { return s.inner.NumInput() }
 
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	s.conn.c.stmts.Add(1)
-	return s.inner.Exec(args) //nolint:staticcheck // the driver's own fallback
+	r, err := s.inner.Exec(args) //nolint:staticcheck // the driver's own fallback
+	s.conn.c.ran(s.query)
+	return r, err
 }
 
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	s.conn.c.stmts.Add(1)
-	return s.inner.Query(args) //nolint:staticcheck // the driver's own fallback
+	r, err := s.inner.Query(args) //nolint:staticcheck // the driver's own fallback
+	s.conn.c.ran(s.query)
+	return r, err
 }
 
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
@@ -198,7 +226,9 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 		return s.Exec(values(args))
 	}
 	s.conn.c.stmts.Add(1)
-	return e.ExecContext(ctx, args)
+	r, err := e.ExecContext(ctx, args)
+	s.conn.c.ran(s.query)
+	return r, err
 }
 
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
@@ -207,7 +237,9 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 		return s.Query(values(args))
 	}
 	s.conn.c.stmts.Add(1)
-	return q.QueryContext(ctx, args)
+	r, err := q.QueryContext(ctx, args)
+	s.conn.c.ran(s.query)
+	return r, err
 }
 
 func (s *stmt) CheckNamedValue(nv *driver.NamedValue) error {
