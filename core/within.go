@@ -36,7 +36,11 @@ import (
 //	}
 //
 // A service whose layer already has such a function (s.InTx(ctx, fn))
-// passes it as it is.
+// passes it as it is, unless it runs fn again after a failed commit (a
+// serialization failure's retry loop): body's second call is refused (500
+// not-protected), and the first call's attempt is settled from the record
+// as after any failed commit (after MarkEffect: indeterminate), so no
+// retry repeats its effect.
 type TxFunc func(ctx context.Context, body func(ctx context.Context) error) error
 
 // errReplayed is body's error for a request answered from its record:
