@@ -31,7 +31,7 @@ func counter(n *int) http.HandlerFunc {
 // empty): two concrete paths of one route with one key address one
 // record, and the second, another request, gets a 422. The route pattern,
 // as chi names it wherever the middleware is installed, labels the
-// decisions (core.Event.Route).
+// decisions (observe.Event.Route).
 func TestRouteIsALabel(t *testing.T) {
 	type build func(mw func(http.Handler) http.Handler, h http.HandlerFunc) http.Handler
 	tests := []struct {

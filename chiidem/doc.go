@@ -33,7 +33,7 @@
 // middleware is installed globally, in a sub-router or per route; a non-chi
 // handler mounted with Mount: "/legacy/*"; outside a chi router,
 // Request.Pattern's) labels the decisions for observability
-// (core.Event.Route); it is never the concrete path and never part of the
+// (observe.Event.Route); it is never the concrete path and never part of the
 // identity. Handlers reach the engine's context (in atomic mode the
 // transaction: sqlstore.Tx(r.Context()), gormstore.DB(r.Context())) from
 // their request; callers are named with core.WithCaller reading

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem/core/admin"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // An operator's view: which records are stuck, and why, and how to settle
@@ -17,126 +20,55 @@ import (
 // and Engine.ReleaseRecord act, fenced like any attempt. idemctl and
 // Engine.AdminHandler are built on these four.
 
-// RecordQuery selects the records Engine.Records lists.
-type RecordQuery struct {
-	// State is the state listed (default StateIndeterminate: the records
-	// whose outcome is unknown).
-	State State
-	// OlderThan, when positive, lists only records created at least that
-	// long ago (by the engine's clock): an in-progress record younger than
-	// the route's MaxAttempt is usually an attempt still running.
-	OlderThan time.Duration
-	// After is the Next of the previous page ("" for the first).
-	After string
-	// Limit is the most records on the page (default DefaultRecordsLimit,
-	// at most MaxListLimit).
-	Limit int
-}
-
-// RecordPage is one page of Engine.Records.
-type RecordPage struct {
-	Records []RecordInfo `json:"records"`
-	// Next, when not empty, is the RecordQuery.After of the next page. It
-	// is empty after the last one.
-	Next string `json:"next,omitempty"`
-}
-
-// RecordInfo is what an operator sees of a record. Times are UTC.
-type RecordInfo struct {
-	// ID is the record's ID in hex: the record_id of the problem
-	// documents clients get, and the "id" of the engine's log lines.
-	ID    string `json:"record_id"`
-	State string `json:"state"` // in_progress, completed, indeterminate
-	// Caller, Scope and Key are the record's debug copies (at most
-	// MaxDebugLen bytes each).
-	Caller      string `json:"caller"`
-	Scope       string `json:"scope"`
-	Key         string `json:"key"`
-	Fingerprint string `json:"fingerprint,omitempty"` // hex
-	// Attempt counts the record's claims: 1, +1 per takeover.
-	Attempt   int       `json:"attempt"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
-	// LeaseUntil is when the holder's lease lapses (in progress, leased
-	// mode); LeaseLapsed reports that it has, by the engine's clock: the
-	// attempt stopped without recording an outcome.
-	LeaseUntil  *time.Time `json:"lease_until,omitempty"`
-	LeaseLapsed bool       `json:"lease_lapsed,omitempty"`
-	// Status is the recorded HTTP status (completed, indeterminate).
-	Status int `json:"status,omitempty"`
-	// Response is the recorded response, opened with the engine's Sealer
-	// (Engine.Record and the actions only: a listing does not read
-	// responses). ResponseError says why it could not be opened (sealed
-	// and no Sealer, or the wrong one).
-	Response      *ResponseInfo `json:"response,omitempty"`
-	ResponseError string        `json:"response_error,omitempty"`
-	// Why says in a sentence what the state means and what happens next.
-	Why string `json:"why"`
-}
-
-// ResponseInfo is a recorded response as an operator reads it.
-type ResponseInfo struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header,omitempty"`
-	// Body is the recorded body when it is valid UTF-8 (JSON, text);
-	// BodyBase64 holds it otherwise (encoding/json writes []byte in
-	// base64).
-	Body       string `json:"body,omitempty"`
-	BodyBase64 []byte `json:"body_base64,omitempty"`
-	// BodyKept is false when the body was too large or streamed: it was
-	// not recorded, and replays say so.
-	BodyKept bool `json:"body_kept"`
-}
-
 // Records lists the live records in q.State, oldest first (by creation,
 // then ID), one page at a time. The store must implement Inspector
 // (memstore, sqlstore, gormstore, pgxstore and redisstore do); otherwise it fails with
 // an error wrapping ErrConfig, as it does for an invalid query or cursor.
 // A listing carries no responses: Record reads one record whole.
-func (e *Engine) Records(ctx context.Context, q RecordQuery) (RecordPage, error) {
-	is, ok := e.store.(Inspector)
+func (e *Engine) Records(ctx context.Context, q admin.Query) (admin.Page, error) {
+	is, ok := e.store.(store.Inspector)
 	if !ok {
-		return RecordPage{}, fmt.Errorf("%w: the store (%T) cannot list records: it does not implement core.Inspector", ErrConfig, e.store)
+		return admin.Page{}, fmt.Errorf("%w: the store (%T) cannot list records: it does not implement store.Inspector", ErrConfig, e.store)
 	}
-	after, err := parseCursor(q.After)
+	after, err := store.ParseCursor(q.After)
 	if err != nil {
-		return RecordPage{}, err
+		return admin.Page{}, err
 	}
 	if q.State == 0 {
-		q.State = StateIndeterminate
+		q.State = store.StateIndeterminate
 	}
 	if q.Limit == 0 {
 		q.Limit = DefaultRecordsLimit
 	}
 	now := e.cfg.clock()
-	lq := ListQuery{State: q.State, Now: now, After: after, Limit: q.Limit}
+	lq := store.ListQuery{State: q.State, Now: now, After: after, Limit: q.Limit}
 	if q.OlderThan > 0 {
 		lq.CreatedBefore = now.Add(-q.OlderThan)
 	}
 	recs, err := is.List(e.adminCtx(ctx), lq)
 	if err != nil {
 		if errors.Is(err, ErrConfig) {
-			return RecordPage{}, err
+			return admin.Page{}, err
 		}
-		return RecordPage{}, storeErr(err)
+		return admin.Page{}, storeErr(err)
 	}
-	page := RecordPage{Records: make([]RecordInfo, len(recs))}
+	page := admin.Page{Records: make([]admin.Record, len(recs))}
 	for i, rec := range recs {
 		page.Records[i] = e.info(rec, now, false)
 	}
 	if len(recs) == lq.Limit {
-		page.Next = CursorOf(recs[len(recs)-1]).String()
+		page.Next = store.CursorOf(recs[len(recs)-1]).String()
 	}
 	return page, nil
 }
 
 // Record returns the live record id with its recorded response, or an
 // error wrapping ErrNotFound (never claimed, released, or expired).
-func (e *Engine) Record(ctx context.Context, id ID) (RecordInfo, error) {
+func (e *Engine) Record(ctx context.Context, id store.ID) (admin.Record, error) {
 	now := e.cfg.clock()
 	rec, err := e.store.Get(e.adminCtx(ctx), id, now)
 	if err != nil {
-		return RecordInfo{}, e.getErr(id, err)
+		return admin.Record{}, e.getErr(id, err)
 	}
 	return e.info(rec, now, true), nil
 }
@@ -154,7 +86,7 @@ func (e *Engine) Record(ctx context.Context, id ID) (RecordInfo, error) {
 //     The completed record is returned.
 //   - res.Outcome OutcomeNotApplied: nothing happened; the record is
 //     released (as ReleaseRecord), so the next retry runs the handler.
-//     The zero RecordInfo is returned.
+//     The zero admin.Record is returned.
 //
 // The action is fenced like any attempt: an indeterminate record is
 // settled with the token it was read with, and an in-progress record is
@@ -172,25 +104,25 @@ func (e *Engine) Record(ctx context.Context, id ID) (RecordInfo, error) {
 // Every action, done or refused, is logged at info level on the engine's
 // logger (WithLogger) as "idempotency: operator action", with the record's
 // id, the action, the reason and the result.
-func (e *Engine) ResolveRecord(ctx context.Context, id ID, res Resolution, reason string) (RecordInfo, error) {
+func (e *Engine) ResolveRecord(ctx context.Context, id store.ID, res Resolution, reason string) (admin.Record, error) {
 	switch res.Outcome {
 	case OutcomeApplied:
 		if res.Response == nil {
-			return RecordInfo{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: resolving a record as applied needs the response retries are to get", ErrConfig))
+			return admin.Record{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: resolving a record as applied needs the response retries are to get", ErrConfig))
 		}
 		resp := *res.Response
 		resp.BodyKept = true
 		if resp.Status < 200 || resp.Status > 599 {
-			return RecordInfo{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: the response's status %d is not 200 to 599", ErrConfig, resp.Status))
+			return admin.Record{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: the response's status %d is not 200 to 599", ErrConfig, resp.Status))
 		}
 		if int64(len(resp.Body)) > e.cfg.maxResponse {
-			return RecordInfo{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: the response's body of %d bytes is over the recording cap of %d (WithMaxResponseBody)", ErrConfig, len(resp.Body), e.cfg.maxResponse))
+			return admin.Record{}, e.refused(ctx, id, "resolve_applied", reason, fmt.Errorf("%w: the response's body of %d bytes is over the recording cap of %d (WithMaxResponseBody)", ErrConfig, len(resp.Body), e.cfg.maxResponse))
 		}
 		return e.settleRecord(ctx, id, "resolve_applied", reason, &resp)
 	case OutcomeNotApplied:
 		return e.settleRecord(ctx, id, "resolve_not_applied", reason, nil)
 	}
-	return RecordInfo{}, e.refused(ctx, id, "resolve", reason, fmt.Errorf("%w: an operator resolves a record as applied or not applied (outcome %d)", ErrConfig, res.Outcome))
+	return admin.Record{}, e.refused(ctx, id, "resolve", reason, fmt.Errorf("%w: an operator resolves a record as applied or not applied (outcome %d)", ErrConfig, res.Outcome))
 }
 
 // ReleaseRecord deletes, as an operator, a record whose outcome is
@@ -199,46 +131,46 @@ func (e *Engine) ResolveRecord(ctx context.Context, id ID, res Resolution, reaso
 // happened, or when the handler's external calls are safe to repeat
 // (downstream keys). It is fenced and logged as ResolveRecord is, and
 // refuses what ResolveRecord refuses.
-func (e *Engine) ReleaseRecord(ctx context.Context, id ID, reason string) error {
+func (e *Engine) ReleaseRecord(ctx context.Context, id store.ID, reason string) error {
 	_, err := e.settleRecord(ctx, id, "release", reason, nil)
 	return err
 }
 
 // settleRecord is ResolveRecord's and ReleaseRecord's work: complete the
 // record with resp, or release it (resp nil).
-func (e *Engine) settleRecord(ctx context.Context, id ID, action, reason string, resp *Response) (RecordInfo, error) {
+func (e *Engine) settleRecord(ctx context.Context, id store.ID, action, reason string, resp *Response) (admin.Record, error) {
 	began := e.cfg.clock()
 	if strings.TrimSpace(reason) == "" {
-		return RecordInfo{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: give the reason for the action: it is logged with the record", ErrConfig))
+		return admin.Record{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: give the reason for the action: it is logged with the record", ErrConfig))
 	}
 	sctx := e.adminCtx(ctx)
 	now := e.cfg.clock()
 	rec, err := e.store.Get(sctx, id, now)
 	if err != nil {
-		return RecordInfo{}, e.refused(ctx, id, action, reason, e.getErr(id, err))
+		return admin.Record{}, e.refused(ctx, id, action, reason, e.getErr(id, err))
 	}
 	was := rec
 	switch rec.State {
-	case StateCompleted:
-		return RecordInfo{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: the record is completed (status %d): a recorded answer is final", ErrFenced, rec.Status))
-	case StateInProgress:
+	case store.StateCompleted:
+		return admin.Record{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: the record is completed (status %d): a recorded answer is final", ErrFenced, rec.Status))
+	case store.StateInProgress:
 		if rec.LeaseUntil.IsZero() || rec.LeaseUntil.After(now) {
-			return RecordInfo{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: attempt %d holds the record (%s): it records its own outcome; act once its lease has lapsed",
+			return admin.Record{}, e.refused(ctx, id, action, reason, fmt.Errorf("%w: attempt %d holds the record (%s): it records its own outcome; act once its lease has lapsed",
 				ErrInProgress, rec.Attempt, leaseText(rec, now)))
 		}
 		// Take the lapsed lease over, as a retry would: the old attempt,
 		// if it is still alive, is fenced from now on.
-		req := ClaimRequest{ID: id, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
+		req := store.ClaimRequest{ID: id, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
 			Token: newToken(), Now: now, LeaseUntil: now.Add(e.cfg.lease), ExpiresAt: rec.ExpiresAt, Takeover: true}
 		if req.ExpiresAt.Before(req.LeaseUntil) {
 			req.ExpiresAt = req.LeaseUntil
 		}
 		cr, err := e.store.Claim(sctx, req)
 		if err != nil {
-			return RecordInfo{}, e.refused(ctx, id, action, reason, storeErr(err))
+			return admin.Record{}, e.refused(ctx, id, action, reason, storeErr(err))
 		}
 		if !cr.Claimed {
-			return RecordInfo{}, e.refused(ctx, id, action, reason, e.changed(sctx, id, was))
+			return admin.Record{}, e.refused(ctx, id, action, reason, e.changed(sctx, id, was))
 		}
 		rec = cr.Record
 		rec.Token = req.Token
@@ -252,33 +184,33 @@ func (e *Engine) settleRecord(ctx context.Context, id ID, action, reason string,
 		var blob []byte
 		blob, err = e.sealResponse(id, resp, e.cfg.recorded)
 		if err == nil {
-			err = e.store.Complete(wctx, id, rec.Token, Completion{State: StateCompleted, Status: resp.Status,
+			err = e.store.Complete(wctx, id, rec.Token, store.Completion{State: store.StateCompleted, Status: resp.Status,
 				Response: blob, ExpiresAt: now.Add(e.cfg.policy.retention)})
 		}
 	}
 	switch {
 	case errors.Is(err, ErrFenced):
-		return RecordInfo{}, e.refused(ctx, id, action, reason, e.changed(wctx, id, was))
+		return admin.Record{}, e.refused(ctx, id, action, reason, e.changed(wctx, id, was))
 	case err != nil:
-		if was.State == StateInProgress {
+		if was.State == store.StateInProgress {
 			err = fmt.Errorf("%w (the record stays in progress under the operator's takeover until its lease lapses at %s)", err, rec.LeaseUntil.UTC().Format(time.RFC3339))
 		}
-		return RecordInfo{}, e.refused(ctx, id, action, reason, storeErr(err))
+		return admin.Record{}, e.refused(ctx, id, action, reason, storeErr(err))
 	}
 	e.logAction(ctx, was, action, reason, nil, e.cfg.clock().Sub(began))
 	if resp == nil {
-		return RecordInfo{}, nil
+		return admin.Record{}, nil
 	}
 	got, err := e.store.Get(wctx, id, e.cfg.clock())
 	if err != nil {
-		return RecordInfo{}, fmt.Errorf("the record was completed, but reading it back failed: %w", e.getErr(id, err))
+		return admin.Record{}, fmt.Errorf("the record was completed, but reading it back failed: %w", e.getErr(id, err))
 	}
 	return e.info(got, e.cfg.clock(), true), nil
 }
 
 // changed is the error of an action whose record changed since it was
 // read (was): it wraps ErrFenced and says what the record is now.
-func (e *Engine) changed(ctx context.Context, id ID, was Record) error {
+func (e *Engine) changed(ctx context.Context, id store.ID, was store.Record) error {
 	const lead = "the record changed since it was read"
 	now, err := e.store.Get(ctx, id, e.cfg.clock())
 	switch {
@@ -286,7 +218,7 @@ func (e *Engine) changed(ctx context.Context, id ID, was Record) error {
 		return fmt.Errorf("%w: %s: it is gone (released by another settler, or expired); nothing was changed", ErrFenced, lead)
 	case err != nil:
 		return fmt.Errorf("%w: %s (reading it again failed: %v); nothing was changed", ErrFenced, lead, err)
-	case now.State == StateCompleted:
+	case now.State == store.StateCompleted:
 		return fmt.Errorf("%w: %s: another attempt or settler completed it (status %d); nothing was changed", ErrFenced, lead, now.Status)
 	case now.Attempt != was.Attempt || now.Token != was.Token:
 		return fmt.Errorf("%w: %s: attempt %d holds it now (%s); nothing was changed", ErrFenced, lead, now.Attempt, now.State)
@@ -295,15 +227,15 @@ func (e *Engine) changed(ctx context.Context, id ID, was Record) error {
 }
 
 // refused logs an action that was refused and returns err.
-func (e *Engine) refused(ctx context.Context, id ID, action, reason string, err error) error {
-	e.logAction(ctx, Record{ID: id}, action, reason, err, 0)
+func (e *Engine) refused(ctx context.Context, id store.ID, action, reason string, err error) error {
+	e.logAction(ctx, store.Record{ID: id}, action, reason, err, 0)
 	return err
 }
 
 // logAction writes the log line of an operator's action on rec (as read
 // before the action), and reports it to the Observer with how long it
 // took (d; 0 for a refusal).
-func (e *Engine) logAction(ctx context.Context, rec Record, action, reason string, err error, d time.Duration) {
+func (e *Engine) logAction(ctx context.Context, rec store.Record, action, reason string, err error, d time.Duration) {
 	attrs := []slog.Attr{
 		slog.String("id", rec.ID.String()),
 		slog.String("action", action),
@@ -326,17 +258,17 @@ func (e *Engine) logAction(ctx context.Context, rec Record, action, reason strin
 	if o := e.cfg.observer; o != nil {
 		// The Observer sees every action too (otelidem counts them by
 		// decision); this line is its log.
-		ev := Event{Decision: DecisionOperatorReleased, ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope,
+		ev := observe.Event{Decision: observe.DecisionOperatorReleased, ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope,
 			Key: e.logKey(rec.Key), Attempt: rec.Attempt, Status: rec.Status, Err: err, Duration: d}
 		if action == "resolve_applied" || action == "resolve" {
-			ev.Decision = DecisionOperatorResolved
+			ev.Decision = observe.DecisionOperatorResolved
 		}
 		o(ctx, ev)
 	}
 }
 
 // getErr is the error of a Get of id for an operator.
-func (e *Engine) getErr(id ID, err error) error {
+func (e *Engine) getErr(id store.ID, err error) error {
 	if errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("%w: no live record %s (never claimed, released, or expired)", ErrNotFound, id)
 	}
@@ -355,8 +287,8 @@ func (e *Engine) adminCtx(ctx context.Context) context.Context {
 
 // info is the operator's view of rec at now; withResponse opens the
 // recorded response.
-func (e *Engine) info(rec Record, now time.Time, withResponse bool) RecordInfo {
-	in := RecordInfo{
+func (e *Engine) info(rec store.Record, now time.Time, withResponse bool) admin.Record {
+	in := admin.Record{
 		ID: rec.ID.String(), State: rec.State.String(),
 		Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key,
 		Fingerprint: fmt.Sprintf("%x", rec.Fingerprint),
@@ -364,16 +296,16 @@ func (e *Engine) info(rec Record, now time.Time, withResponse bool) RecordInfo {
 		CreatedAt:   rec.CreatedAt.UTC(), ExpiresAt: rec.ExpiresAt.UTC(),
 		Status: rec.Status,
 	}
-	if !rec.LeaseUntil.IsZero() && rec.State == StateInProgress {
+	if !rec.LeaseUntil.IsZero() && rec.State == store.StateInProgress {
 		lu := rec.LeaseUntil.UTC()
 		in.LeaseUntil, in.LeaseLapsed = &lu, !lu.After(now)
 	}
-	if withResponse && rec.State != StateInProgress && len(rec.Response) > 0 {
+	if withResponse && rec.State != store.StateInProgress && len(rec.Response) > 0 {
 		if r, err := e.openResponse(rec.ID, rec.Response); err != nil {
 			in.ResponseError = err.Error()
 		} else {
 			resp := r.response()
-			ri := &ResponseInfo{Status: resp.Status, Header: resp.Header, BodyKept: resp.BodyKept}
+			ri := &admin.Response{Status: resp.Status, Header: resp.Header, BodyKept: resp.BodyKept}
 			if utf8.Valid(resp.Body) {
 				ri.Body = string(resp.Body)
 			} else {
@@ -387,15 +319,15 @@ func (e *Engine) info(rec Record, now time.Time, withResponse bool) RecordInfo {
 }
 
 // why says what rec's state means at now and what happens next.
-func (e *Engine) why(rec Record, now time.Time) string {
+func (e *Engine) why(rec store.Record, now time.Time) string {
 	switch rec.State {
-	case StateCompleted:
+	case store.StateCompleted:
 		return fmt.Sprintf("completed with %d: every retry with its key gets this answer until it expires (%s)", rec.Status, until(rec.ExpiresAt, now))
-	case StateIndeterminate:
+	case store.StateIndeterminate:
 		return fmt.Sprintf("outcome unknown: attempt %d may have had an external effect (after MarkEffect) and did not end with an answer to record (%d); "+
 			"retries get the recorded %d until a resolver or an operator settles it: resolve it as applied (with the answer) or not applied (release)",
 			rec.Attempt, rec.Status, rec.Status)
-	case StateInProgress:
+	case store.StateInProgress:
 		switch {
 		case rec.LeaseUntil.IsZero():
 			return fmt.Sprintf("attempt %d is running in a database transaction (atomic mode): it commits its outcome with it, or nothing", rec.Attempt)
@@ -413,7 +345,7 @@ func (e *Engine) why(rec Record, now time.Time) string {
 }
 
 // leaseText describes rec's lease at now.
-func leaseText(rec Record, now time.Time) string {
+func leaseText(rec store.Record, now time.Time) string {
 	lu := rec.LeaseUntil.UTC().Format(time.RFC3339)
 	if rec.LeaseUntil.After(now) {
 		return fmt.Sprintf("its lease runs until %s, %s from now", lu, rec.LeaseUntil.Sub(now).Round(time.Second))

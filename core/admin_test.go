@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // adminT0 is the time the operator tests start at.
@@ -51,7 +53,7 @@ type payments struct {
 	inside chan struct{} // receives when the handler has marked the charge
 }
 
-func newPayments(t *testing.T, store core.Store, opts ...core.Option) *payments {
+func newPayments(t *testing.T, store store.Store, opts ...core.Option) *payments {
 	t.Helper()
 	e, err := core.New(store, append([]core.Option{core.WithSingleCaller(), quiet}, opts...)...)
 	if err != nil {
@@ -110,9 +112,9 @@ func (l *logBuffer) option() core.Option {
 }
 
 // onlyRecord lists the records in state st and returns the only one.
-func onlyRecord(t *testing.T, e *core.Engine, st core.State) core.RecordInfo {
+func onlyRecord(t *testing.T, e *core.Engine, st store.State) admin.Record {
 	t.Helper()
-	page, err := e.Records(context.Background(), core.RecordQuery{State: st})
+	page, err := e.Records(context.Background(), admin.Query{State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,9 +124,9 @@ func onlyRecord(t *testing.T, e *core.Engine, st core.State) core.RecordInfo {
 	return page.Records[0]
 }
 
-func mustID(t *testing.T, s string) core.ID {
+func mustID(t *testing.T, s string) store.ID {
 	t.Helper()
-	id, err := core.ParseID(s)
+	id, err := store.ParseID(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +143,7 @@ func TestOperatorResolvesIndeterminateAsApplied(t *testing.T) {
 	if w := p.pay("k1"); w.Code != http.StatusBadGateway {
 		t.Fatalf("first attempt: %d, want 502", w.Code)
 	}
-	listed := onlyRecord(t, p.e, core.StateIndeterminate)
+	listed := onlyRecord(t, p.e, store.StateIndeterminate)
 	if listed.Status != http.StatusBadGateway || listed.Response != nil || !strings.Contains(listed.Why, "outcome unknown") || listed.Key != "k1" {
 		t.Fatalf("listed: %+v; want status 502, no response, a why, key k1", listed)
 	}
@@ -195,7 +197,7 @@ func TestOperatorResolvesIndeterminateAsNotApplied(t *testing.T) {
 	for _, release := range []bool{false, true} {
 		p := newPayments(t, memstore.New())
 		p.pay("k1")
-		id := mustID(t, onlyRecord(t, p.e, core.StateIndeterminate).ID)
+		id := mustID(t, onlyRecord(t, p.e, store.StateIndeterminate).ID)
 		var err error
 		if release {
 			err = p.e.ReleaseRecord(context.Background(), id, "provider has no charge for the downstream key")
@@ -231,19 +233,19 @@ func TestOperatorSettlesALapsedLeaseFencingTheOldAttempt(t *testing.T) {
 		release bool
 	}{{"resolve applied", false}, {"release", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := memstore.New()
-			stuck := newPayments(t, store, core.WithClock(func() time.Time { return adminT0 }))
+			st0 := memstore.New()
+			stuck := newPayments(t, st0, core.WithClock(func() time.Time { return adminT0 }))
 			stuck.block = make(chan struct{})
 			stuck.answer.Store(http.StatusCreated)
 			clock := &fakeClock{now: adminT0}
-			op := newPayments(t, store, core.WithClock(clock.Now))
+			op := newPayments(t, st0, core.WithClock(clock.Now))
 
 			zombie := make(chan *httptest.ResponseRecorder, 1)
 			go func() { zombie <- stuck.pay("k1") }()
 			<-stuck.inside
 
 			// While the lease runs, the operator may not act.
-			running := onlyRecord(t, op.e, core.StateInProgress)
+			running := onlyRecord(t, op.e, store.StateInProgress)
 			if running.LeaseLapsed || !strings.Contains(running.Why, "is running") {
 				t.Fatalf("listed while the lease runs: %+v", running)
 			}
@@ -252,7 +254,7 @@ func TestOperatorSettlesALapsedLeaseFencingTheOldAttempt(t *testing.T) {
 				t.Fatalf("release under a live lease: %v, want ErrInProgress", err)
 			}
 			clock.Add(time.Minute)
-			lapsed := onlyRecord(t, op.e, core.StateInProgress)
+			lapsed := onlyRecord(t, op.e, store.StateInProgress)
 			if !lapsed.LeaseLapsed || !strings.Contains(lapsed.Why, "stuck") {
 				t.Fatalf("listed after the lease lapsed: %+v", lapsed)
 			}
@@ -289,25 +291,25 @@ func TestOperatorSettlesALapsedLeaseFencingTheOldAttempt(t *testing.T) {
 // record first: right before the operator's Complete or Release, it
 // completes the record with the token it read too.
 type racing struct {
-	core.Inspector
+	store.Inspector
 	once sync.Once
 }
 
-func (s *racing) first(ctx context.Context, id core.ID, token int64) {
+func (s *racing) first(ctx context.Context, id store.ID, token int64) {
 	s.once.Do(func() {
-		_ = s.Inspector.Complete(ctx, id, token, core.Completion{State: core.StateCompleted, Status: 200,
+		_ = s.Inspector.Complete(ctx, id, token, store.Completion{State: store.StateCompleted, Status: 200,
 			Response: nil, ExpiresAt: adminT0.Add(time.Hour)})
 	})
 }
 
-func (s *racing) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
-	if c.State == core.StateCompleted {
+func (s *racing) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
+	if c.State == store.StateCompleted {
 		s.first(ctx, id, token)
 	}
 	return s.Inspector.Complete(ctx, id, token, c)
 }
 
-func (s *racing) Release(ctx context.Context, id core.ID, token int64) error {
+func (s *racing) Release(ctx context.Context, id store.ID, token int64) error {
 	s.first(ctx, id, token)
 	return s.Inspector.Release(ctx, id, token)
 }
@@ -317,11 +319,11 @@ func (s *racing) Release(ctx context.Context, id core.ID, token int64) error {
 // now; the other settler's outcome stays.
 func TestOperatorLosesARaceToAnotherSettler(t *testing.T) {
 	for _, release := range []bool{false, true} {
-		store := &racing{Inspector: memstore.New()}
+		st0 := &racing{Inspector: memstore.New()}
 		clock := &fakeClock{now: adminT0}
-		p := newPayments(t, store, core.WithClock(clock.Now))
+		p := newPayments(t, st0, core.WithClock(clock.Now))
 		p.pay("k1")
-		id := mustID(t, onlyRecord(t, p.e, core.StateIndeterminate).ID)
+		id := mustID(t, onlyRecord(t, p.e, store.StateIndeterminate).ID)
 		var err error
 		if release {
 			err = p.e.ReleaseRecord(context.Background(), id, "no charge")
@@ -341,9 +343,9 @@ func TestOperatorLosesARaceToAnotherSettler(t *testing.T) {
 func TestOperatorRefusals(t *testing.T) {
 	p := newPayments(t, memstore.New())
 	p.pay("k1")
-	id := mustID(t, onlyRecord(t, p.e, core.StateIndeterminate).ID)
+	id := mustID(t, onlyRecord(t, p.e, store.StateIndeterminate).ID)
 	ctx := context.Background()
-	missing := core.Identity{Key: "never"}.ID()
+	missing := store.Identity{Key: "never"}.ID()
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -355,8 +357,8 @@ func TestOperatorRefusals(t *testing.T) {
 		{"applied with status 0", second(p.e.ResolveRecord(ctx, id, core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{}}, "r")), core.ErrConfig},
 		{"missing record", p.e.ReleaseRecord(ctx, missing, "r"), core.ErrNotFound},
 		{"missing record, shown", second(p.e.Record(ctx, missing)), core.ErrNotFound},
-		{"bad cursor", second(p.e.Records(ctx, core.RecordQuery{After: "nope"})), core.ErrConfig},
-		{"limit over the maximum", second(p.e.Records(ctx, core.RecordQuery{Limit: core.MaxListLimit + 1})), core.ErrConfig},
+		{"bad cursor", second(p.e.Records(ctx, admin.Query{After: "nope"})), core.ErrConfig},
+		{"limit over the maximum", second(p.e.Records(ctx, admin.Query{Limit: store.MaxListLimit + 1})), core.ErrConfig},
 	} {
 		if !errors.Is(tc.err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, tc.err, tc.want)
@@ -367,11 +369,11 @@ func TestOperatorRefusals(t *testing.T) {
 		t.Fatalf("after the refusals: %+v, %v", rec, err)
 	}
 	// A store that cannot list.
-	plain, err := core.New(struct{ core.Store }{memstore.New()}, core.WithSingleCaller(), quiet)
+	plain, err := core.New(struct{ store.Store }{memstore.New()}, core.WithSingleCaller(), quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := plain.Records(ctx, core.RecordQuery{}); !errors.Is(err, core.ErrConfig) {
+	if _, err := plain.Records(ctx, admin.Query{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("Records on a store without List: %v, want ErrConfig", err)
 	}
 }
@@ -389,7 +391,7 @@ func TestOperatorPagesThroughRecords(t *testing.T) {
 	}
 	ctx := context.Background()
 	var keys []string
-	q := core.RecordQuery{Limit: 2}
+	q := admin.Query{Limit: 2}
 	for pages := 0; ; pages++ {
 		page, err := p.e.Records(ctx, q)
 		if err != nil {
@@ -409,7 +411,7 @@ func TestOperatorPagesThroughRecords(t *testing.T) {
 	if strings.Join(keys, "") != "abcde" {
 		t.Fatalf("paged keys %v, want a b c d e", keys)
 	}
-	page, err := p.e.Records(ctx, core.RecordQuery{OlderThan: 150 * time.Second})
+	page, err := p.e.Records(ctx, admin.Query{OlderThan: 150 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

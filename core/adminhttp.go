@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/core/admin"
+	"github.com/idemkit/idem/core/store"
 )
 
 // AdminHandler returns an http.Handler with an operator's operations
@@ -23,11 +26,11 @@ import (
 //
 // The operations:
 //
-//	GET  /records?state=indeterminate&older=5m&limit=100&after=NEXT   a RecordPage
-//	GET  /records/{record_id}                                         a RecordInfo, with the response
+//	GET  /records?state=indeterminate&older=5m&limit=100&after=NEXT   an admin.Page
+//	GET  /records/{record_id}                                         an admin.Record, with the response
 //	POST /records/{record_id}/resolve                                 {"outcome": "applied", "reason": "...",
 //	                                                                   "response": {"status": 201, "header": {...}, "body": "..."}}
-//	                                                                  the completed RecordInfo
+//	                                                                  the completed admin.Record
 //	                                                                  {"outcome": "not_applied", "reason": "..."}: released
 //	POST /records/{record_id}/release                                 {"reason": "..."}: released
 //
@@ -56,9 +59,9 @@ func (e *Engine) AdminHandler() http.Handler {
 // adminResolveRequest is the body of POST /records/{id}/resolve (and,
 // with Reason only, of /release).
 type adminResolveRequest struct {
-	Outcome  string        `json:"outcome"`
-	Reason   string        `json:"reason"`
-	Response *ResponseInfo `json:"response"`
+	Outcome  string          `json:"outcome"`
+	Reason   string          `json:"reason"`
+	Response *admin.Response `json:"response"`
 }
 
 // adminReleased is the answer to a release.
@@ -68,10 +71,10 @@ type adminReleased struct {
 }
 
 func (e *Engine) adminList(w http.ResponseWriter, r *http.Request) {
-	q := RecordQuery{After: r.URL.Query().Get("after")}
+	q := admin.Query{After: r.URL.Query().Get("after")}
 	var err error
 	if s := r.URL.Query().Get("state"); s != "" {
-		if q.State, err = ParseState(s); err != nil {
+		if q.State, err = store.ParseState(s); err != nil {
 			adminError(w, "", err)
 			return
 		}
@@ -84,7 +87,7 @@ func (e *Engine) adminList(w http.ResponseWriter, r *http.Request) {
 	}
 	if s := r.URL.Query().Get("limit"); s != "" {
 		if q.Limit, err = strconv.Atoi(s); err != nil || q.Limit < 1 {
-			adminError(w, "", fmt.Errorf("%w: limit=%q is not a number from 1 to %d", ErrConfig, s, MaxListLimit))
+			adminError(w, "", fmt.Errorf("%w: limit=%q is not a number from 1 to %d", ErrConfig, s, store.MaxListLimit))
 			return
 		}
 	}
@@ -94,7 +97,7 @@ func (e *Engine) adminList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if page.Records == nil {
-		page.Records = []RecordInfo{}
+		page.Records = []admin.Record{}
 	}
 	adminJSON(w, http.StatusOK, page)
 }
@@ -169,11 +172,11 @@ func (e *Engine) adminRelease(w http.ResponseWriter, r *http.Request) {
 }
 
 // adminID parses the request's {id}, or answers 400.
-func adminID(w http.ResponseWriter, r *http.Request) (ID, bool) {
-	id, err := ParseID(r.PathValue("id"))
+func adminID(w http.ResponseWriter, r *http.Request) (store.ID, bool) {
+	id, err := store.ParseID(r.PathValue("id"))
 	if err != nil {
 		adminError(w, "", err)
-		return ID{}, false
+		return store.ID{}, false
 	}
 	return id, true
 }
@@ -181,7 +184,7 @@ func adminID(w http.ResponseWriter, r *http.Request) (ID, bool) {
 // adminBody decodes the JSON body of r into v, or answers 400 or 415. The
 // body is bounded: a response at the recording cap, in base64, and room
 // for the rest.
-func (e *Engine) adminBody(w http.ResponseWriter, r *http.Request, id ID, v any) bool {
+func (e *Engine) adminBody(w http.ResponseWriter, r *http.Request, id store.ID, v any) bool {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		adminProblem(w, id.String(), http.StatusUnsupportedMediaType, "send the body as application/json")
 		return false

@@ -7,13 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // admin sends an operator's request to the admin handler mounted under
 // /admin/idem, and decodes a JSON answer into v (when not nil).
-func admin(t *testing.T, h http.Handler, method, path, body string, v any) *httptest.ResponseRecorder {
+func adm(t *testing.T, h http.Handler, method, path, body string, v any) *httptest.ResponseRecorder {
 	t.Helper()
 	r := httptest.NewRequest(method, "/admin/idem"+path, strings.NewReader(body))
 	if body != "" {
@@ -41,31 +42,31 @@ func TestAdminHandler(t *testing.T) {
 	p.pay("k1")
 	p.pay("k2")
 
-	var page core.RecordPage
-	if w := admin(t, mux, "GET", "/records", "", &page); w.Code != 200 || len(page.Records) != 2 || page.Next != "" {
+	var page admin.Page
+	if w := adm(t, mux, "GET", "/records", "", &page); w.Code != 200 || len(page.Records) != 2 || page.Next != "" {
 		t.Fatalf("GET /records: %d %s", w.Code, w.Body)
 	}
-	if w := admin(t, mux, "GET", "/records?state=indeterminate&older=0s&limit=1", "", &page); w.Code != 200 || len(page.Records) != 1 || page.Next == "" {
+	if w := adm(t, mux, "GET", "/records?state=indeterminate&older=0s&limit=1", "", &page); w.Code != 200 || len(page.Records) != 1 || page.Next == "" {
 		t.Fatalf("GET /records?limit=1: %d %s", w.Code, w.Body)
 	}
-	var rest core.RecordPage
-	if w := admin(t, mux, "GET", "/records?limit=1&after="+page.Next, "", &rest); w.Code != 200 || len(rest.Records) != 1 || rest.Records[0].ID == page.Records[0].ID {
+	var rest admin.Page
+	if w := adm(t, mux, "GET", "/records?limit=1&after="+page.Next, "", &rest); w.Code != 200 || len(rest.Records) != 1 || rest.Records[0].ID == page.Records[0].ID {
 		t.Fatalf("GET the second page: %d %s", w.Code, w.Body)
 	}
-	var none core.RecordPage
-	if w := admin(t, mux, "GET", "/records?state=completed", "", &none); w.Code != 200 || none.Records == nil || len(none.Records) != 0 {
+	var none admin.Page
+	if w := adm(t, mux, "GET", "/records?state=completed", "", &none); w.Code != 200 || none.Records == nil || len(none.Records) != 0 {
 		t.Fatalf("GET /records?state=completed: %d %s, want an empty list", w.Code, w.Body)
 	}
 	id := page.Records[0].ID
 	other := rest.Records[0].ID
 
-	var shown core.RecordInfo
-	if w := admin(t, mux, "GET", "/records/"+id, "", &shown); w.Code != 200 || shown.Response == nil || shown.Response.Status != 502 {
+	var shown admin.Record
+	if w := adm(t, mux, "GET", "/records/"+id, "", &shown); w.Code != 200 || shown.Response == nil || shown.Response.Status != 502 {
 		t.Fatalf("GET /records/{id}: %d %s", w.Code, w.Body)
 	}
 
-	var resolved core.RecordInfo
-	w := admin(t, mux, "POST", "/records/"+id+"/resolve",
+	var resolved admin.Record
+	w := adm(t, mux, "POST", "/records/"+id+"/resolve",
 		`{"outcome":"applied","reason":"captured","response":{"status":201,"header":{"Content-Type":["application/json"]},"body":"{\"payment\":\"pay_1\"}"}}`, &resolved)
 	if w.Code != 200 || resolved.State != "completed" || resolved.Response == nil || resolved.Response.Body != `{"payment":"pay_1"}` {
 		t.Fatalf("POST resolve applied: %d %s", w.Code, w.Body)
@@ -74,12 +75,12 @@ func TestAdminHandler(t *testing.T) {
 		t.Fatalf("retry after the resolution: %d %s", w.Code, w.Body)
 	}
 	var released map[string]string
-	if w := admin(t, mux, "POST", "/records/"+other+"/resolve", `{"outcome":"not_applied","reason":"no charge"}`, &released); w.Code != 200 ||
+	if w := adm(t, mux, "POST", "/records/"+other+"/resolve", `{"outcome":"not_applied","reason":"no charge"}`, &released); w.Code != 200 ||
 		released["state"] != "absent" || released["record_id"] != other {
 		t.Fatalf("POST resolve not_applied: %d %s", w.Code, w.Body)
 	}
 
-	missing := core.Identity{Key: "never"}.ID().String()
+	missing := store.Identity{Key: "never"}.ID().String()
 	for _, tc := range []struct {
 		name, method, path, body string
 		ctype                    string
@@ -128,12 +129,12 @@ func TestAdminHandlerRefusesARunningAttempt(t *testing.T) {
 	<-p.inside
 	defer func() { close(p.block); <-done }()
 	h := http.StripPrefix("/admin/idem", p.e.AdminHandler())
-	var page core.RecordPage
-	admin(t, h, "GET", "/records?state=in_progress", "", &page)
+	var page admin.Page
+	adm(t, h, "GET", "/records?state=in_progress", "", &page)
 	if len(page.Records) != 1 {
 		t.Fatalf("in progress: %+v", page)
 	}
-	if w := admin(t, h, "POST", "/records/"+page.Records[0].ID+"/release", `{"reason":"looks stuck"}`, nil); w.Code != 409 || !strings.Contains(w.Body.String(), "holds the record") {
+	if w := adm(t, h, "POST", "/records/"+page.Records[0].ID+"/release", `{"reason":"looks stuck"}`, nil); w.Code != 409 || !strings.Contains(w.Body.String(), "holds the record") {
 		t.Fatalf("release of a running attempt: %d %s, want 409", w.Code, w.Body)
 	}
 }

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Completer settles, without a client, the records of named routes
@@ -90,7 +93,7 @@ func (c *Completer) Check() error {
 	}
 	e := c.e
 	if e.settler == nil {
-		return fmt.Errorf("%w: the store (%T) keeps no marks (core.Settler), so the completer cannot find records to settle", ErrConfig, e.store)
+		return fmt.Errorf("%w: the store (%T) keeps no marks (store.Settler), so the completer cannot find records to settle", ErrConfig, e.store)
 	}
 	e.routesMu.Lock()
 	defer e.routesMu.Unlock()
@@ -107,8 +110,8 @@ func (c *Completer) Check() error {
 			return fmt.Errorf("%w: route %q is named for the completer but has no resolver (core.WithResolver): its records could only be left for the operator", ErrConfig, name)
 		}
 	}
-	if c.Batch > MaxListLimit {
-		return fmt.Errorf("%w: Completer.Batch %d is over %d", ErrConfig, c.Batch, MaxListLimit)
+	if c.Batch > store.MaxListLimit {
+		return fmt.Errorf("%w: Completer.Batch %d is over %d", ErrConfig, c.Batch, store.MaxListLimit)
 	}
 	return nil
 }
@@ -119,7 +122,7 @@ func (c *Completer) Check() error {
 // both claim the record before either commits, and both run (a second
 // charge). It asks the store once, when a route needs it.
 func (c *Completer) checkCluster(ctx context.Context) error {
-	mp, ok := c.e.store.(MultiPrimary)
+	mp, ok := c.e.store.(store.MultiPrimary)
 	if !ok {
 		return nil
 	}
@@ -245,12 +248,12 @@ func (c *Completer) Complete(ctx context.Context) (CompleteResult, error) {
 
 // visitParallel visits due with at most c.Parallel visits at once; a
 // visit begun completes, and no visit begins once ctx ends.
-func (c *Completer) visitParallel(ctx context.Context, due []Pending) (CompleteResult, error) {
+func (c *Completer) visitParallel(ctx context.Context, due []store.Pending) (CompleteResult, error) {
 	var (
 		res  CompleteResult
 		mu   sync.Mutex
 		wg   sync.WaitGroup
-		next = make(chan Pending)
+		next = make(chan store.Pending)
 	)
 	for range min(c.Parallel, len(due)) {
 		wg.Go(func() {
@@ -295,15 +298,15 @@ func (c *Completer) backoff(tries int) time.Duration {
 }
 
 // visit settles one due record, if this completer wins its visit.
-func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
+func (c *Completer) visit(ctx context.Context, p store.Pending, res *CompleteResult) {
 	e := c.e
 	sctx := e.adminCtx(context.WithoutCancel(ctx)) // a visit once begun completes
 	rec, m := p.Record, p.Mark
 	now := e.cfg.clock()
 	rt := e.namedRoute(m.Route)
 	start := now
-	ev := Event{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Route: m.Route, Attempt: rec.Attempt}
-	if rec.State == StateInProgress {
+	ev := observe.Event{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Route: m.Route, Attempt: rec.Attempt}
+	if rec.State == store.StateInProgress {
 		// A live attempt records its own outcome: look again when its
 		// lease lapses (atomic mode: when no attempt can still hold it).
 		var next time.Time
@@ -322,7 +325,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 			}
 			if _, err := e.settler.Visit(sctx, rec.ID, rec.Token, m.After, next, m.Tries); err != nil {
 				res.Failed++
-				ev.Decision, ev.Err = DecisionSettleError, storeErr(err)
+				ev.Decision, ev.Err = observe.DecisionSettleError, storeErr(err)
 				e.emit(ctx, ev, start)
 			}
 			return
@@ -345,7 +348,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 		}
 		res.Visited++
 		res.Left++
-		ev.Decision = DecisionLeft
+		ev.Decision = observe.DecisionLeft
 		ev.Err = fmt.Errorf("idem: record %s (route %q, %s) was not settled after %d visits: it is left for the operator (idemctl show, resolve, release)", rec.ID, m.Route, rec.State, m.Tries)
 		e.emit(ctx, ev, start)
 		return
@@ -355,7 +358,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 	won, err := e.settler.Visit(sctx, rec.ID, rec.Token, m.After, next, tries)
 	if err != nil {
 		res.Failed++
-		ev.Decision, ev.Err = DecisionSettleError, storeErr(err)
+		ev.Decision, ev.Err = observe.DecisionSettleError, storeErr(err)
 		e.emit(ctx, ev, start)
 		return
 	}
@@ -365,7 +368,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 	res.Visited++
 	fail := func(err error) {
 		res.Failed++
-		ev.Decision, ev.Err = DecisionSettleError, err
+		ev.Decision, ev.Err = observe.DecisionSettleError, err
 		e.emit(ctx, ev, start)
 	}
 	if rt == nil {
@@ -406,7 +409,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 	switch outcome {
 	case OutcomeApplied:
 		res.Settled++
-		ev.Decision = DecisionSettled
+		ev.Decision = observe.DecisionSettled
 		if got, err := e.store.Get(sctx, rec.ID, e.cfg.clock()); err == nil {
 			ev.Status = got.Status
 		}
@@ -417,7 +420,7 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 			return
 		}
 		res.Released++
-		ev.Decision = DecisionSettleReleased
+		ev.Decision = observe.DecisionSettleReleased
 		e.emit(ctx, ev, start)
 	default:
 		e.cfg.logger.DebugContext(ctx, "idempotency completer: the resolver could not tell yet", slog.String("id", rec.ID.String()),
@@ -431,11 +434,11 @@ func (c *Completer) visit(ctx context.Context, p Pending, res *CompleteResult) {
 // mark's request and tries, so the ceiling still counts) and runs the
 // route's Finish function as Exec runs a function. A client that claimed the
 // record first wins: nothing runs.
-func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *RecordedRequest, m Mark, tries int, res *CompleteResult) {
+func (c *Completer) finish(ctx context.Context, rt *Route, rec store.Record, req *RecordedRequest, m store.Mark, tries int, res *CompleteResult) {
 	e := c.e
 	start := e.cfg.clock()
-	ev := Event{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Route: m.Route}
-	ident := Identity{Caller: req.Caller, Scope: rec.Scope, Key: rec.Key}
+	ev := observe.Event{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key, Route: m.Route}
+	ident := store.Identity{Caller: req.Caller, Scope: rec.Scope, Key: rec.Key}
 	f := &finishCall{fn: *rt.p.finish, req: req}
 	cl := &f.call
 	cl.route, cl.start, cl.ev, cl.ident, cl.fingerprint = rt, start, ev, ident, rec.Fingerprint
@@ -457,7 +460,7 @@ func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *Reco
 		// attempt records the outcome.
 		if got.ans.err != nil && !errors.Is(got.ans.err, ErrInProgress) {
 			res.Failed++
-			ev.Decision, ev.Err = DecisionSettleError, got.ans.err
+			ev.Decision, ev.Err = observe.DecisionSettleError, got.ans.err
 			e.emit(ctx, ev, start)
 		}
 		return
@@ -465,10 +468,10 @@ func (c *Completer) finish(ctx context.Context, rt *Route, rec Record, req *Reco
 	ev.Status = f.resp.Status
 	if got.err != nil {
 		res.Failed++
-		ev.Decision, ev.Err = DecisionSettleError, got.err
+		ev.Decision, ev.Err = observe.DecisionSettleError, got.err
 	} else {
 		res.Finished++
-		ev.Decision = DecisionFinished
+		ev.Decision = observe.DecisionFinished
 	}
 	e.emit(ctx, ev, start)
 }

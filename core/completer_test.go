@@ -14,6 +14,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // shop is a payment service on one engine (a replica) over a shared
@@ -62,16 +64,16 @@ func (p *provider) lookup(key string) (string, bool) {
 // events keeps what the Observer saw.
 type events struct {
 	mu sync.Mutex
-	ev []core.Event
+	ev []observe.Event
 }
 
-func (o *events) observe(_ context.Context, ev core.Event) {
+func (o *events) observe(_ context.Context, ev observe.Event) {
 	o.mu.Lock()
 	o.ev = append(o.ev, ev)
 	o.mu.Unlock()
 }
 
-func (o *events) count(d core.Decision) int {
+func (o *events) count(d observe.Decision) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := 0
@@ -87,13 +89,13 @@ func (o *events) count(d core.Decision) int {
 // provider knows the downstream key; the answer is rebuilt from the
 // recorded request.
 func resolveByProvider(p *provider, t *testing.T) core.Resolver {
-	return func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+	return func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 		req, ok := core.ResolvingRequest(ctx)
 		if !ok {
 			t.Error("the resolver got no request")
 			return core.Resolution{}, errors.New("no request")
 		}
-		if _, ok := p.lookup(core.DownstreamKeyFor(rec.ID, "charge")); !ok {
+		if _, ok := p.lookup(rec.ID.DownstreamKey("charge")); !ok {
 			return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 		}
 		return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: http.StatusCreated,
@@ -101,7 +103,7 @@ func resolveByProvider(p *provider, t *testing.T) core.Resolver {
 	}
 }
 
-func newShop(t *testing.T, store core.Store, p *provider, clock *fakeClock, opts ...core.RouteOption) *shop {
+func newShop(t *testing.T, store store.Store, p *provider, clock *fakeClock, opts ...core.RouteOption) *shop {
 	t.Helper()
 	s := &shop{inside: make(chan struct{}, 8), keys: make(chan string, 8), provider: p, events: &events{}}
 	e, err := core.New(store, core.WithSingleCaller(), quiet, core.WithClock(clock.Now), core.WithObserver(s.events.observe))
@@ -171,7 +173,7 @@ func complete(t *testing.T, c *core.Completer) core.CompleteResult {
 func TestCompleterSettlesIndeterminateAsApplied(t *testing.T) {
 	for _, atomicMode := range []bool{false, true} {
 		t.Run(map[bool]string{false: "leased", true: "atomic"}[atomicMode], func(t *testing.T) {
-			var store core.Store = memstore.New()
+			var store store.Store = memstore.New()
 			if atomicMode {
 				store = memstore.New().Atomic()
 			}
@@ -194,7 +196,7 @@ func TestCompleterSettlesIndeterminateAsApplied(t *testing.T) {
 			if w.Code != http.StatusCreated || w.Body.String() != `{"resolved":{"amount":100}}` || s.ran.Load() != 1 {
 				t.Fatalf("retry: %d %s (handler ran %d times), want the resolver's answer replayed", w.Code, w.Body, s.ran.Load())
 			}
-			if n := s.events.count(core.DecisionSettled); n != 1 {
+			if n := s.events.count(observe.DecisionSettled); n != 1 {
 				t.Fatalf("%d settled events, want 1", n)
 			}
 			clock.Add(time.Hour)
@@ -223,7 +225,7 @@ func TestCompleterNotApplied(t *testing.T) {
 		if w := s.pay("k1"); w.Code != http.StatusCreated || s.ran.Load() != 2 {
 			t.Fatalf("retry: %d, handler ran %d times, want it run again", w.Code, s.ran.Load())
 		}
-		if n := s.events.count(core.DecisionSettleReleased); n != 1 {
+		if n := s.events.count(observe.DecisionSettleReleased); n != 1 {
 			t.Fatalf("%d settle_released events", n)
 		}
 	})
@@ -258,7 +260,7 @@ func TestCompleterNotApplied(t *testing.T) {
 		if w.Code != http.StatusCreated || w.Body.String() != `{"finished":{"amount":100},"method":"POST","path":"/payments"}` || s.ran.Load() != 1 {
 			t.Fatalf("retry: %d %s (handler ran %d), want the finisher's answer replayed", w.Code, w.Body, s.ran.Load())
 		}
-		if n := s.events.count(core.DecisionFinished); n != 1 {
+		if n := s.events.count(observe.DecisionFinished); n != 1 {
 			t.Fatalf("%d finished events", n)
 		}
 	})
@@ -302,7 +304,7 @@ func TestCompleterSettlesALapsedLease(t *testing.T) {
 func TestCompleterLeavesARecordAfterMaxTries(t *testing.T) {
 	clock := &fakeClock{now: adminT0}
 	var asked atomic.Int32
-	unknown := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+	unknown := core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 		asked.Add(1)
 		return core.Resolution{}, nil
 	})
@@ -328,7 +330,7 @@ func TestCompleterLeavesARecordAfterMaxTries(t *testing.T) {
 	if asked.Load() != 3 {
 		t.Fatalf("the resolver was asked %d times, want 3", asked.Load())
 	}
-	if n := s.events.count(core.DecisionLeft); n != 1 {
+	if n := s.events.count(observe.DecisionLeft); n != 1 {
 		t.Fatalf("%d left events", n)
 	}
 	clock.Add(time.Hour)
@@ -336,11 +338,11 @@ func TestCompleterLeavesARecordAfterMaxTries(t *testing.T) {
 		t.Fatalf("a left record was visited again: %+v", res)
 	}
 	// The operator still can settle it.
-	rec := onlyRecord(t, s.e, core.StateIndeterminate)
+	rec := onlyRecord(t, s.e, store.StateIndeterminate)
 	if err := s.e.ReleaseRecord(context.Background(), mustID(t, rec.ID), "no charge at the provider"); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.events.count(core.DecisionOperatorReleased); n != 1 {
+	if n := s.events.count(observe.DecisionOperatorReleased); n != 1 {
 		t.Fatalf("%d operator_released events, want 1", n)
 	}
 }
@@ -406,7 +408,7 @@ func TestCompleterMisuse(t *testing.T) {
 		t.Fatalf("named route without resolver: %v", err)
 	}
 	mustPanic(t, "same name", func() {
-		e.Route(core.Name("refunds"), core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil }))
+		e.Route(core.Name("refunds"), core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) { return core.Resolution{}, nil }))
 	})
 	mustPanic(t, "Finish without RecordRequest", func() {
 		e.Route(core.Name("x"), core.Finish(func(context.Context, core.RecordedRequest) *core.Response { return nil }))
@@ -425,7 +427,7 @@ func TestCompleterMisuse(t *testing.T) {
 	}
 }
 
-type noMarks struct{ core.Store }
+type noMarks struct{ store.Store }
 
 func mustPanic(t *testing.T, what string, f func()) {
 	t.Helper()
@@ -483,16 +485,16 @@ type countCompletions struct {
 	completed atomic.Int32
 }
 
-func (s *countCompletions) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *countCompletions) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	err := s.Store.Complete(ctx, id, token, c)
-	if err == nil && c.State == core.StateCompleted {
+	if err == nil && c.State == store.StateCompleted {
 		s.completed.Add(1)
 	}
 	return err
 }
 
 // multiPrimary is an atomic memstore that says what a store on a
-// multi-primary cluster says (core.MultiPrimary); asked counts the
+// multi-primary cluster says (store.MultiPrimary); asked counts the
 // questions.
 type multiPrimary struct {
 	*memstore.AtomicStore
@@ -510,7 +512,7 @@ func (s *multiPrimary) MultiPrimary(context.Context) (bool, error) {
 // that names the route and the fixes; a leased finisher, an atomic route
 // without one, and a single-primary store run. The store is asked once.
 func TestCompleterRefusesAtomicFinisherOnMultiPrimary(t *testing.T) {
-	resolver := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })
+	resolver := core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) { return core.Resolution{}, nil })
 	finish := core.Finish(func(context.Context, core.RecordedRequest) *core.Response { return &core.Response{Status: 201} })
 	for _, tc := range []struct {
 		name    string
@@ -565,9 +567,9 @@ func TestCompleterRefusesAtomicFinisherOnMultiPrimary(t *testing.T) {
 // multi-primary cluster when it meets its record.
 func TestCompleterRefusesAtomicFinisherRegisteredDuringAPass(t *testing.T) {
 	clock := &fakeClock{now: adminT0}
-	store := &multiPrimary{AtomicStore: memstore.New().Atomic(), multi: true}
+	st := &multiPrimary{AtomicStore: memstore.New().Atomic(), multi: true}
 	var finished atomic.Int32
-	notApplied := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+	notApplied := core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	})
 	payments := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil), notApplied,
@@ -592,19 +594,19 @@ func TestCompleterRefusesAtomicFinisherRegisteredDuringAPass(t *testing.T) {
 	}
 	// This replica: only "refunds" when the pass begins; its resolver
 	// registers "payments" (as a first Once call would).
-	e, err := core.New(store, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+	e, err := core.New(st, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
 	refunds := e.Handler(indeterminate, core.Name("refunds"), core.RecordRequest(nil),
-		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+		core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 			e.Route(payments...)
 			return core.Resolution{}, nil
 		}))
 	post(refunds, "refund")
 	clock.Add(time.Second)
 	// Another replica marked a payment.
-	other, err := core.New(store, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
+	other, err := core.New(st, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}

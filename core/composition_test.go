@@ -11,9 +11,10 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
-func compositionEngine(t *testing.T, store core.Store) *core.Engine {
+func compositionEngine(t *testing.T, store store.Store) *core.Engine {
 	t.Helper()
 	e, err := core.New(store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
@@ -46,7 +47,7 @@ func (h hidingWriter) WriteHeader(code int)        { h.w.WriteHeader(code) }
 func TestNestedBehindHidingWriter(t *testing.T) {
 	for _, mode := range []string{"leased", "atomic"} {
 		t.Run(mode, func(t *testing.T) {
-			var store core.Store = memstore.New()
+			var store store.Store = memstore.New()
 			if mode == "atomic" {
 				store = store.(*memstore.Store).Atomic()
 			}
@@ -122,7 +123,7 @@ func TestSubRequestKeepsTheOuterProtection(t *testing.T) {
 func TestSubRequestWithTheClientsKey(t *testing.T) {
 	for _, mode := range []string{"leased", "atomic"} {
 		t.Run(mode, func(t *testing.T) {
-			var store core.Store = memstore.New()
+			var store store.Store = memstore.New()
 			if mode == "atomic" {
 				store = store.(*memstore.Store).Atomic()
 			}

@@ -7,7 +7,7 @@
 // # The contract in one paragraph
 //
 // A record is identified by (caller, scope, key): the caller comes from a
-// CallerFunc (or WithSingleCaller says there is only one), the scope is
+// WithCaller function (or WithSingleCaller says there is only one), the scope is
 // empty unless a route names one with Scope (it never comes from the
 // router: not the route pattern, not the path, not the method), the key is
 // the client's Idempotency-Key header in raw or RFC 8941 quoted form. So a
@@ -20,7 +20,7 @@
 // (or waits, WaitInFlight); when the running request's lease is no longer
 // being extended (its process died), Retry-After says when the lease
 // lapses and a retry can take over. The route pattern the adapter knows
-// labels the decisions (Event.Route) and is never part of the identity.
+// labels the decisions (observe.Event.Route) and is never part of the identity.
 // Before MarkEffect, 400 and 422 (validation failures), 408, 429, Release,
 // panics and 5xx release the record; after it nothing does: a 5xx, 408,
 // 429 or a panic leaves it indeterminate (replayed until a Resolver settles
@@ -71,7 +71,7 @@
 //
 // # Two modes
 //
-// Atomic mode (stores that implement TxStore): the claim, the handler's
+// Atomic mode (stores that implement store.TxStore): the claim, the handler's
 // business writes and the recorded response commit in one database
 // transaction, which the handler reaches from its request context through
 // the store (sqlstore.Tx, gormstore.DB). The client gets the response
@@ -82,7 +82,7 @@
 // answer. Leased mode (any store, or the Leased route option): the claim
 // commits first with a lease that a heartbeat extends, on its own
 // connection whatever transaction the request's context carries
-// (TxStore.WithoutTx); the attempt outlives its client (its context ends
+// (store.TxStore.WithoutTx); the attempt outlives its client (its context ends
 // only when the lease is lost); completion is fenced by a token, so an
 // attempt that lost its lease to a takeover cannot overwrite the new
 // owner's record. DownstreamKey gives a deterministic key to pass to
@@ -121,9 +121,19 @@
 // record whose outcome is unknown with Engine.ResolveRecord (applied,
 // with the answer retries get; or not applied) or Engine.ReleaseRecord,
 // fenced like any attempt and logged with the operator's reason. The
-// store must implement Inspector to list. Engine.AdminHandler serves the
+// store must implement store.Inspector to list. Engine.AdminHandler serves the
 // same over JSON for an admin router (mount it behind your own
 // authentication); the idemctl command does it on a DSN.
+//
+// # Packages beside core
+//
+// Package core holds what an application calls. What others implement,
+// and the documents it hands out, are packages of their own, which core
+// imports and which import nothing of core: core/store is the store SPI
+// (Store, TxStore, Record, ID; a Resolver reads a store.Record),
+// core/observe what an Observer (WithObserver) is given, core/admin the
+// operator's documents (Engine.Records returns an admin.Page), and
+// core/seal the Sealer (WithSealer) with its AES-GCM implementation.
 //
 // Engine options return an error from New when invalid; route options
 // (Scope, Retention, WaitInFlight, Leased, Fingerprint, KeyOptional,

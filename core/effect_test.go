@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // A handler behind http.TimeoutHandler outlives its attempt: once the
@@ -42,11 +43,11 @@ func TestMarkEffectAfterTheAttemptSettled(t *testing.T) {
 // failingComplete is a store whose Complete fails while fail is set (a
 // node that died between the provider call and the completion).
 type failingComplete struct {
-	core.Store
+	store.Store
 	fail atomic.Bool
 }
 
-func (s *failingComplete) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *failingComplete) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	if s.fail.Load() {
 		return core.ErrStoreUnavailable
 	}

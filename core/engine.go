@@ -8,18 +8,20 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/core/store"
 )
 
 // Engine is the idempotency state machine over a Store. It is safe for
 // concurrent use; create one per store and share it between routes.
 type Engine struct {
-	store  Store
-	tx     TxStore // store as a TxStore; nil when the store has no transactions
+	store  store.Store
+	tx     store.TxStore // store as a TxStore; nil when the store has no transactions
 	cfg    config
 	def    *Route
 	leases leases
 	// settler is store as a Settler; nil when the store keeps no marks.
-	settler Settler
+	settler store.Settler
 	// routes are the named routes (Name), for the Completer.
 	routesMu sync.Mutex
 	routes   map[string]*Route
@@ -31,13 +33,13 @@ type Engine struct {
 // The mode follows the store: a TxStore (gormstore, sqlstore) runs routes in
 // atomic mode unless the route says Leased; any other store runs in leased
 // mode.
-func New(store Store, opts ...Option) (*Engine, error) {
-	if store == nil {
+func New(st store.Store, opts ...Option) (*Engine, error) {
+	if st == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
-	e := &Engine{store: store}
-	e.tx, _ = store.(TxStore)
-	e.settler, _ = store.(Settler)
+	e := &Engine{store: st}
+	e.tx, _ = st.(store.TxStore)
+	e.settler, _ = st.(store.Settler)
 	e.cfg = config{
 		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, maxAttempt: DefaultMaxAttempt},
 		clock:       time.Now,
@@ -71,7 +73,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 
 // Store returns the engine's store, for code that is handed an engine and
 // needs its store: a test suite (scenario.StoreTx), a tool.
-func (e *Engine) Store() Store { return e.store }
+func (e *Engine) Store() store.Store { return e.store }
 
 // Route is the compiled configuration of one protected route: the engine's
 // defaults with the route's options applied. Adapters build one per
@@ -181,7 +183,7 @@ const (
 
 // Resolver settles an indeterminate record, for example by asking the
 // payment provider about the downstream key of the failed attempt
-// (DownstreamKeyFor). It is called for a duplicate that meets the record,
+// (store.ID.DownstreamKey). It is called for a duplicate that meets the record,
 // with that request's context, and by the Completer (Name) without a
 // client. ResolvingRequest(ctx) gives it the request the record settles
 // (RecordRequest). On a store with transactions it runs in a transaction
@@ -193,7 +195,7 @@ const (
 // one commit; an unresolved answer or an error rolls it back. A route in
 // atomic mode whose request carries the caller's transaction resolves in
 // that transaction instead.
-type Resolver func(ctx context.Context, rec Record) (Resolution, error)
+type Resolver func(ctx context.Context, rec store.Record) (Resolution, error)
 
 // --- what handlers can say -------------------------------------------------
 
@@ -268,7 +270,8 @@ func Release(ctx context.Context) error {
 // a protected request (a framework's context passed instead of the
 // request's, or a request that passed through unprotected) it returns an
 // error wrapping ErrNoAttempt that names the right call. Gin and Echo
-// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey.
+// handlers can use ginidem.DownstreamKey and echoidem.DownstreamKey; a
+// resolver, which has the record, asks for rec.ID.DownstreamKey(step).
 func DownstreamKey(ctx context.Context, step string) (string, error) {
 	a := attemptFrom(ctx)
 	if a == nil {
@@ -277,18 +280,13 @@ func DownstreamKey(ctx context.Context, step string) (string, error) {
 	if step == "" {
 		return "", fmt.Errorf("%w: core.DownstreamKey: empty step name (name the external call, such as \"charge\")", ErrConfig)
 	}
-	return DownstreamKeyFor(a.id, step), nil
-}
-
-// DownstreamKeyFor is DownstreamKey for a record ID (for resolvers).
-func DownstreamKeyFor(id ID, step string) string {
-	return Identity{Caller: id.String(), Scope: "idem/downstream", Key: step}.ID().String()
+	return a.id.DownstreamKey(step), nil
 }
 
 // AttemptInfo describes the protected request a handler runs in.
 type AttemptInfo struct {
-	Identity Identity
-	ID       ID
+	Identity store.Identity
+	ID       store.ID
 	Attempt  int  // 1, or more after takeovers
 	Atomic   bool // atomic mode: the handler's writes commit with the record
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/core/seal"
+	"github.com/idemkit/idem/core/store"
 )
 
 var quiet = core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -39,11 +40,11 @@ func TestNewRequiresACallerDecision(t *testing.T) {
 
 // flaky wraps a store; while paused, Extend fails like a network partition.
 type flaky struct {
-	core.Store
+	store.Store
 	paused atomic.Bool
 }
 
-func (f *flaky) Extend(ctx context.Context, id core.ID, token int64, until time.Time) error {
+func (f *flaky) Extend(ctx context.Context, id store.ID, token int64, until time.Time) error {
 	if f.paused.Load() {
 		return core.ErrStoreUnavailable
 	}
@@ -129,7 +130,7 @@ func TestPausedAttemptLosesItsLease(t *testing.T) {
 func TestOnce(t *testing.T) {
 	for _, mode := range []string{"leased", "atomic"} {
 		t.Run(mode, func(t *testing.T) {
-			var st core.Store = memstore.New()
+			var st store.Store = memstore.New()
 			if mode == "atomic" {
 				st = memstore.New().Atomic()
 			}
@@ -244,13 +245,13 @@ func TestSweeper(t *testing.T) {
 
 // failingGet wraps a store whose Get fails while failing is set.
 type failingGet struct {
-	core.Store
+	store.Store
 	failing atomic.Bool
 }
 
-func (f *failingGet) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (f *failingGet) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	if f.failing.Load() {
-		return core.Record{}, core.ErrStoreUnavailable
+		return store.Record{}, core.ErrStoreUnavailable
 	}
 	return f.Store.Get(ctx, id, now)
 }
@@ -262,7 +263,7 @@ func TestResolverReadBackFailure(t *testing.T) {
 	st := &failingGet{Store: memstore.New()}
 	var calls atomic.Int32
 	e, err := core.New(st, quiet, core.WithSingleCaller(),
-		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+		core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 			return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: 201, Body: []byte(`{"ok":true}`), BodyKept: true}}, nil
 		}))
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/internal/errconfig"
 )
 
 // Sentinel errors. Every rejection the middleware answers with a problem
@@ -70,8 +72,10 @@ var (
 	// type internal). It is the Err of such a Problem; the cause (a
 	// temporary path, an OS error, a panic value) goes to the log only.
 	ErrInternal = errors.New("idem: internal error")
-	// ErrConfig: New or an adapter was given an invalid configuration.
-	ErrConfig = errors.New("idem: invalid configuration")
+	// ErrConfig: New or an adapter was given an invalid configuration
+	// (and the store SPI's parsers and ListQuery.Check, package store,
+	// wrap it for invalid input).
+	ErrConfig = errconfig.Err
 
 	// ErrNoAttempt: DownstreamKey, MarkEffect or Release was called with a
 	// context that carries no protected request: usually a framework's

@@ -11,7 +11,9 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // An operator finds the payment whose outcome is unknown and records the
@@ -34,11 +36,11 @@ func ExampleEngine_ResolveRecord() {
 	pay()
 
 	ctx := context.Background()
-	page, _ := e.Records(ctx, core.RecordQuery{State: core.StateIndeterminate})
+	page, _ := e.Records(ctx, admin.Query{State: store.StateIndeterminate})
 	stuck := page.Records[0]
 	fmt.Println(stuck.State, stuck.Status, stuck.Key)
 
-	id, _ := core.ParseID(stuck.ID) // or the record_id a client quotes
+	id, _ := store.ParseID(stuck.ID) // or the record_id a client quotes
 	_, err := e.ResolveRecord(ctx, id, core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{
 		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"payment":"pay_1"}`),
 	}}, "the provider's dashboard shows the charge (ticket OPS-12)")

@@ -3,6 +3,9 @@ package core
 import (
 	"context"
 	"errors"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Request is one request of a transport other than HTTP, for Route.Exec:
@@ -15,7 +18,7 @@ type Request struct {
 	// quoted string); more than one is ErrInvalidKey.
 	Key []string
 	// Caller names who is asking (an error or "" refuses the request with
-	// ErrNoCaller, as a CallerFunc does over HTTP). nil: every request
+	// ErrNoCaller, as the WithCaller function does over HTTP). nil: every request
 	// shares one key space, so the adapter must make that an explicit
 	// choice of its user (as WithSingleCaller is over HTTP).
 	Caller func(ctx context.Context) (string, error)
@@ -73,10 +76,10 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 	e := rt.e
 	x := &execCall{ctx: ctx, fn: fn}
 	c := &x.call
-	c.route, c.start, c.ev = rt, e.cfg.clock(), Event{Scope: rt.p.scope, Route: req.Route}
+	c.route, c.start, c.ev = rt, e.cfg.clock(), observe.Event{Scope: rt.p.scope, Route: req.Route}
 	ev := &c.ev
 	refuse := func(err error) (*Response, bool, error) {
-		ev.Decision, ev.Err = DecisionInvalid, err
+		ev.Decision, ev.Err = observe.DecisionInvalid, err
 		ev.Status = x.reject(err)
 		e.emit(ctx, *ev, c.start)
 		return nil, false, x.err
@@ -106,7 +109,7 @@ func (rt *Route) Exec(ctx context.Context, req Request, fn func(ctx context.Cont
 		}
 		c.fingerprint = normalFingerprint(c.fingerprint)
 	}
-	c.ident = Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
+	c.ident = store.Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = c.ident.ID()
 	c.ctx = context.WithValue(ctx, attemptKey{}, c) // what attemptFrom finds in fn's context
 	rt.step(&job{c: c, ctx: c.ctx, failOpen: true}, transport{handle: x.handle, panicked: x.panicked, reply: x.reply})

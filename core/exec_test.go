@@ -8,13 +8,14 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // downStore's claims fail as an unreachable database's do.
-type downStore struct{ core.Store }
+type downStore struct{ store.Store }
 
-func (downStore) Claim(context.Context, core.ClaimRequest) (core.ClaimResult, error) {
-	return core.ClaimResult{}, errors.New("dial tcp: connection refused")
+func (downStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, errors.New("dial tcp: connection refused")
 }
 
 // TestExec: Route.Exec, the entry of transports other than HTTP, keeps

@@ -11,24 +11,25 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // expiries is a memory store (atomic or leased) that remembers the
 // ExpiresAt of the last claim and of the last completion.
 type expiries struct {
-	core.Store
+	store.Store
 	mu              sync.Mutex
 	claim, complete time.Time
 }
 
-func (s *expiries) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *expiries) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	s.mu.Lock()
 	s.claim = req.ExpiresAt
 	s.mu.Unlock()
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *expiries) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *expiries) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	s.mu.Lock()
 	s.complete = c.ExpiresAt
 	s.mu.Unlock()
@@ -40,7 +41,7 @@ type atomicExpiries struct {
 	tx *memstore.AtomicStore
 }
 
-func (s atomicExpiries) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s atomicExpiries) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	return s.tx.Begin(ctx)
 }
 func (s atomicExpiries) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }
@@ -74,7 +75,7 @@ func TestCompletionExpiry(t *testing.T) {
 			clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 			mem := memstore.New()
 			rec := &expiries{Store: mem}
-			var store core.Store = rec
+			var store store.Store = rec
 			if tc.atomic {
 				store = atomicExpiries{expiries: rec, tx: mem.Atomic()}
 				rec.Store = mem.Atomic()

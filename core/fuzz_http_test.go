@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // fuzzMaxBody is the request body cap of the fuzzed middleware: small, so
@@ -121,7 +122,7 @@ func fuzzMiddlewareOnce(t *testing.T, mode uint8, keys, ctype string, body []byt
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"run":%d,"len":%d}`, n, len(b))
 	})
-	var store core.Store = memstore.New()
+	var store store.Store = memstore.New()
 	if mode&fzAtomic != 0 {
 		store = store.(*memstore.Store).Atomic()
 	}

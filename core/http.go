@@ -16,6 +16,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Handler protects next with the engine's defaults and opts. A record is
@@ -102,8 +105,8 @@ type call struct {
 	w           http.ResponseWriter
 	r, rc       *http.Request // the request as it came; rc: the caller function's and the fingerprinter's (setContext)
 	start       time.Time
-	ev          Event // the event to emit, filled in as the request goes
-	ident       Identity
+	ev          observe.Event // the event to emit, filled in as the request goes
+	ident       store.Identity
 	fingerprint []byte
 	// request is what the route records of the request (RecordRequest),
 	// nil when nothing; markRequest its sealed form for the mark (a named
@@ -196,11 +199,11 @@ func (rt *Route) prepare(w http.ResponseWriter, r *http.Request, pattern string,
 	}
 	start := e.cfg.clock()
 	if err != nil {
-		rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, pattern), Err: err}, start)
+		rt.reject(w, r, observe.Event{Decision: observe.DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, pattern), Err: err}, start)
 		return nil
 	}
 	c := &call{route: rt, native: native, r: r, w: w, start: start}
-	c.ev = Event{Scope: rt.p.scope, Route: routeLabel(r, pattern), Key: key}
+	c.ev = observe.Event{Scope: rt.p.scope, Route: routeLabel(r, pattern), Key: key}
 	c.setContext(r.Context())
 	if c.ev.Decision, c.ev.Err = c.identify(); c.ev.Err != nil {
 		rt.reject(w, c.rc, c.ev, start)
@@ -257,13 +260,13 @@ func (c *call) setContext(base context.Context) {
 // identify names the caller, reads the body and computes the
 // fingerprint, the identity and what the route records of the request.
 // It returns the decision and the error of a request it refuses.
-func (c *call) identify() (Decision, error) {
+func (c *call) identify() (observe.Decision, error) {
 	rt, r, ev := c.route, c.r, &c.ev
 	e := rt.e
 	if e.cfg.caller != nil {
 		var err error
 		if ev.Caller, err = callerOf(e.cfg.caller(c.rc)); err != nil {
-			return DecisionInvalid, err
+			return observe.DecisionInvalid, err
 		}
 	}
 	body, err := c.body.load(r, e.cfg.maxRequest)
@@ -273,7 +276,7 @@ func (c *call) identify() (Decision, error) {
 			slog.String("scope", ev.Scope), slog.String("error", err.Error()))
 	}
 	if err != nil {
-		return DecisionInvalid, err
+		return observe.DecisionInvalid, err
 	}
 	if c.rc != r {
 		c.rc.Body = &c.body
@@ -283,21 +286,21 @@ func (c *call) identify() (Decision, error) {
 	} else {
 		fp, err := f(c.rc, ev.Scope, body)
 		if err != nil {
-			return DecisionInvalid, &fingerprintError{err: err}
+			return observe.DecisionInvalid, &fingerprintError{err: err}
 		}
 		c.fingerprint = normalFingerprint(fp)
 	}
-	c.ident = Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
+	c.ident = store.Identity{Caller: ev.Caller, Scope: ev.Scope, Key: ev.Key}
 	ev.ID = c.ident.ID()
 	if rt.p.record == nil {
 		return "", nil
 	}
 	if c.request, err = rt.recordRequest(r, ev.Caller, body); err != nil {
-		return DecisionInvalid, clientErrorf(ErrInvalidRequest, "the fields to record could not be read from the body: %v", err)
+		return observe.DecisionInvalid, clientErrorf(ErrInvalidRequest, "the fields to record could not be read from the body: %v", err)
 	}
 	if rt.p.name != "" && e.settler != nil {
 		if c.markRequest, err = e.sealRequest(ev.ID, c.request); err != nil {
-			return DecisionStoreError, storeErr(err)
+			return observe.DecisionStoreError, storeErr(err)
 		}
 	}
 	return "", nil
@@ -401,7 +404,7 @@ func (e *fingerprintError) Unwrap() []error { return []error{ErrInvalidRequest, 
 // when they cannot establish how to protect a covered request: failing
 // closed instead of passing it through.
 func (rt *Route) Refuse(w http.ResponseWriter, r *http.Request, err error) {
-	rt.reject(w, r, Event{Decision: DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, ""), Err: rt.refused(r.Context(), err)}, rt.e.cfg.clock())
+	rt.reject(w, r, observe.Event{Decision: observe.DecisionInvalid, Scope: rt.p.scope, Route: routeLabel(r, ""), Err: rt.refused(r.Context(), err)}, rt.e.cfg.clock())
 }
 
 // refused returns err wrapping ErrNotProtected, logged at error level:
@@ -514,16 +517,16 @@ func routeLabel(r *http.Request, pattern string) string {
 
 // reject answers r, which did not reach the machine, with the problem
 // document for ev.Err, and emits ev.
-func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev Event, start time.Time) {
+func (rt *Route) reject(w http.ResponseWriter, r *http.Request, ev observe.Event, start time.Time) {
 	ev.Status = rt.writeProblem(w, r, ev.Err, ev.ID)
 	rt.e.emit(r.Context(), ev, start)
 }
 
 // writeProblem writes the problem document for err (of record id, if
 // known) and returns its status.
-func (rt *Route) writeProblem(w http.ResponseWriter, r *http.Request, err error, id ID) int {
+func (rt *Route) writeProblem(w http.ResponseWriter, r *http.Request, err error, id store.ID) int {
 	p := rt.e.problemFor(err)
-	if id != (ID{}) {
+	if id != (store.ID{}) {
 		p.RecordID = id.String()
 	}
 	rt.e.cfg.errorWriter(w, r, p)

@@ -2,41 +2,8 @@ package core
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"strings"
 )
-
-// The request header that carries the idempotency key (unless
-// WithKeyHeader names another), and the response header that marks a
-// replay.
-const (
-	HeaderKey      = "Idempotency-Key"
-	HeaderReplayed = "Idempotent-Replayed"
-)
-
-// Identity names one record: who asks (Caller), which unit of work (Scope)
-// and the client's Key. Two identities that differ in any part never share a
-// record.
-type Identity struct {
-	Caller string
-	Scope  string
-	Key    string
-}
-
-// ID returns the fixed-size record ID: SHA-256 over the three parts, each
-// length-prefixed, so ("a:b", "c") and ("a", "b:c") never collide.
-func (i Identity) ID() ID {
-	h := sha256.New()
-	var n [8]byte
-	for _, s := range [...]string{i.Caller, i.Scope, i.Key} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write([]byte(s))
-	}
-	var id ID
-	h.Sum(id[:0])
-	return id
-}
 
 // parseKey parses one Idempotency-Key field value. Both syntaxes address
 // the same key: the raw value (Idempotency-Key: abc, as Stripe clients

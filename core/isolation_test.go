@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 var isolationSeed = flag.Uint64("isolation.seed", 0, "seed of TestTenantIsolation (0: a new one, printed)")
@@ -80,7 +81,7 @@ func TestTenantIsolation(t *testing.T) {
 }
 
 func isolationRun(t *testing.T, seed uint64, requests int, atomicMode bool, wait time.Duration) {
-	var store core.Store = memstore.New()
+	var store store.Store = memstore.New()
 	if atomicMode {
 		store = store.(*memstore.Store).Atomic()
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
 )
 
 // TestEventLatencies: every decision that reached the store reports how
@@ -26,8 +27,8 @@ func TestEventLatencies(t *testing.T) {
 		now = now.Add(time.Millisecond)
 		return now
 	}
-	var events []core.Event
-	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithClock(clock), core.WithObserver(func(_ context.Context, ev core.Event) {
+	var events []observe.Event
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithClock(clock), core.WithObserver(func(_ context.Context, ev observe.Event) {
 		events = append(events, ev)
 	}))
 	if err != nil {
@@ -46,9 +47,9 @@ func TestEventLatencies(t *testing.T) {
 		t.Fatalf("%d events, want 3", len(events))
 	}
 	for i, want := range []struct {
-		decision core.Decision
+		decision observe.Decision
 		complete bool
-	}{{core.DecisionExecuted, true}, {core.DecisionReplayed, false}, {core.DecisionExecuted, true}} {
+	}{{observe.DecisionExecuted, true}, {observe.DecisionReplayed, false}, {observe.DecisionExecuted, true}} {
 		ev := events[i]
 		if ev.Decision != want.decision || ev.Claim <= 0 || (ev.Complete > 0) != want.complete || ev.Claim+ev.Complete > ev.Duration {
 			t.Errorf("event %d: %s claim %v complete %v duration %v; want %s with a claim and complete %v within the duration", i, ev.Decision, ev.Claim, ev.Complete, ev.Duration, want.decision, want.complete)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // losing is a memory store whose commits can lose a race, as a commit on a
@@ -30,7 +32,7 @@ type losing struct {
 	completeErr atomic.Pointer[error]
 }
 
-func (l *losing) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (l *losing) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	if err := l.completeErr.Swap(nil); err != nil {
 		return *err
 	}
@@ -46,13 +48,13 @@ var deadlockVictim = fmt.Errorf("%w: %w: sqlstore: complete: Error 1213 (40001):
 // aborted is what sqlstore returns for Postgres 25P02.
 var aborted = fmt.Errorf("%w: sqlstore: complete: ERROR: current transaction is aborted (SQLSTATE 25P02)", core.ErrTxAborted)
 
-func (l *losing) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (l *losing) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	ctx, tx, err := l.AtomicStore.Begin(ctx)
 	return ctx, &losingTx{Tx: tx, l: l}, err
 }
 
 type losingTx struct {
-	core.Tx
+	store.Tx
 	l *losing
 }
 
@@ -252,8 +254,8 @@ func TestOnceLostRaceInTheCallersTransaction(t *testing.T) {
 // of gone clients were logged as store errors).
 func TestLostRaceClientGone(t *testing.T) {
 	st := &losing{AtomicStore: memstore.New().Atomic()}
-	var decisions []core.Decision
-	e, err := core.New(st, core.WithSingleCaller(), quiet, core.WithObserver(func(_ context.Context, ev core.Event) {
+	var decisions []observe.Decision
+	e, err := core.New(st, core.WithSingleCaller(), quiet, core.WithObserver(func(_ context.Context, ev observe.Event) {
 		decisions = append(decisions, ev.Decision)
 	}))
 	if err != nil {
@@ -281,7 +283,7 @@ func TestLostRaceClientGone(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(core.HeaderKey, "k")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	if len(decisions) != 2 || decisions[1] != core.DecisionReplayed {
+	if len(decisions) != 2 || decisions[1] != observe.DecisionReplayed {
 		t.Fatalf("decisions %v, want [executed replayed]: the loser reads the winner's record though its client is gone", decisions)
 	}
 }

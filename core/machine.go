@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/debugtext"
 )
 
@@ -26,18 +28,18 @@ import (
 type attempt struct {
 	e      *Engine
 	rt     *Route
-	ident  Identity
-	id     ID
+	ident  store.Identity
+	id     store.ID
 	token  int64
 	number int
 	start  time.Time
 	ctx    context.Context // carries the transaction in atomic mode
-	tx     Tx              // middleware-managed atomic mode: ours to commit
+	tx     store.Tx        // middleware-managed atomic mode: ours to commit
 	joined bool            // caller-managed atomic mode: the caller's transaction
 	owned  bool            // Route.Within: the service's transaction, ended when the engine settles after it
 	// ltx is a leased attempt's transaction for the handler's local
 	// writes, lctx the context carrying it (withLocalTx).
-	ltx  Tx
+	ltx  store.Tx
 	lctx context.Context
 	// localUsed: the handler's local writes began in ltx, so the handler's
 	// answer is true only once they committed (see Route.exit).
@@ -79,7 +81,7 @@ type attempt struct {
 	// returned): later calls return its result.
 	finished bool
 	verdict  verdict // how the handler ended (set by finish)
-	decision Decision
+	decision observe.Decision
 	err      error
 	complete time.Duration // how long finish took (Event.Complete)
 }
@@ -87,10 +89,10 @@ type attempt struct {
 // answer is the engine's decision for a request that did not get to run:
 // either a recorded response to replay or an error to reject with.
 type answer struct {
-	rec      Record
+	rec      store.Record
 	resp     recorded // the response to replay
 	err      error
-	decision Decision
+	decision observe.Decision
 	// unreachable: the store could not be asked (Begin or Claim failed),
 	// the only StoreError that fail-open may run the handler for. A
 	// record that was read but cannot be opened or settled is not one:
@@ -292,7 +294,7 @@ func (rt *Route) exit(j *job, res *result, t transport) {
 		ev.Decision, ev.Err = res.ans.decision, errors.Join(res.ans.err, res.err)
 		res.void = res.err
 		res.answer()
-	case j.owned && (res.err != nil || (res.txErr != nil && ev.Decision != DecisionReleased)):
+	case j.owned && (res.err != nil || (res.txErr != nil && ev.Decision != observe.DecisionReleased)):
 		// Route.Within: the completion failed in the service's
 		// transaction, or the transaction did not commit (or its outcome
 		// is unknown): the record tells what is left (afterEnd).
@@ -327,8 +329,8 @@ func (res *result) answer() {
 }
 
 // claimRequest builds the store request for identity ident.
-func (rt *Route) claimRequest(ident Identity, id ID, fp []byte, now time.Time) ClaimRequest {
-	req := ClaimRequest{
+func (rt *Route) claimRequest(ident store.Identity, id store.ID, fp []byte, now time.Time) store.ClaimRequest {
+	req := store.ClaimRequest{
 		ID: id, Caller: debugtext.Clean(ident.Caller), Scope: debugtext.Clean(ident.Scope), Key: debugtext.Clean(ident.Key),
 		Fingerprint: fp, Token: newToken(), Now: now, ExpiresAt: now.Add(rt.p.retention),
 	}
@@ -381,7 +383,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		if rt.p.name != "" && e.settler != nil {
 			req.Mark = rt.mark(ctx, now) // written with the claim, atomically
 		}
-		cctx, tx, stop := sctx, Tx(nil), func() {}
+		cctx, tx, stop := sctx, store.Tx(nil), func() {}
 		if rt.atomic && !joined {
 			// The attempt outlives its client, as in leased mode: a client
 			// that goes away (the request's context ends) neither rolls the
@@ -395,7 +397,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 			cctx, tx, err = e.tx.Begin(bctx)
 			if err != nil {
 				stop()
-				return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
+				return nil, answer{err: storeErr(err), decision: observe.DecisionStoreError, unreachable: true}
 			}
 		}
 		res, err := e.store.Claim(cctx, req)
@@ -416,30 +418,30 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 			// error matches ErrInProgress, ErrLostRace and ErrTxAborted:
 			// the caller rolls back and retries later.
 			if joined {
-				return nil, answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
+				return nil, answer{rec: store.Record{ID: id, State: store.StateInProgress}, err: &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}, decision: observe.DecisionRejectedBusy}
 			}
-			res, err = ClaimResult{Record: Record{ID: id, State: StateInProgress}}, nil
+			res, err = store.ClaimResult{Record: store.Record{ID: id, State: store.StateInProgress}}, nil
 		}
 		if err != nil && joined && errors.Is(err, ErrTxAborted) {
-			return nil, answer{err: err, decision: DecisionStoreError} // the caller's transaction is dead: only the caller can roll it back
+			return nil, answer{err: err, decision: observe.DecisionStoreError} // the caller's transaction is dead: only the caller can roll it back
 		}
 		if errors.Is(err, ErrConfig) {
 			// The store refused the combination (for example a leased claim
 			// beside a SQLite transaction it would wait for): a
 			// configuration error, never a reason to fail open.
-			return nil, answer{err: err, decision: DecisionStoreError}
+			return nil, answer{err: err, decision: observe.DecisionStoreError}
 		}
 		if err != nil {
-			return nil, answer{err: storeErr(err), decision: DecisionStoreError, unreachable: true}
+			return nil, answer{err: storeErr(err), decision: observe.DecisionStoreError, unreachable: true}
 		}
 		rec := res.Record
 		if len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint) {
-			return nil, answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
+			return nil, answer{rec: rec, err: ErrMismatch, decision: observe.DecisionMismatch}
 		}
 		switch rec.State {
-		case StateCompleted:
+		case store.StateCompleted:
 			return nil, rt.replay(sctx, rec)
-		case StateIndeterminate:
+		case store.StateIndeterminate:
 			a, retry := rt.resolve(sctx, rec)
 			if !retry {
 				return nil, a
@@ -468,7 +470,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 			continue
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.busyRetryAfter(rec, now)}, decision: DecisionRejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.busyRetryAfter(rec, now)}, decision: observe.DecisionRejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
 		backoff = min(2*backoff, 100*time.Millisecond)
@@ -476,7 +478,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
+			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: observe.DecisionRejectedBusy}
 		case <-t.C:
 		}
 	}
@@ -487,8 +489,8 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 // that ctx's call carries (a finisher's: also its tries). The completer
 // first looks at the record a lease after the claim: most attempts have
 // completed by then.
-func (rt *Route) mark(ctx context.Context, now time.Time) *Mark {
-	m := &Mark{Route: rt.p.name, After: now.Add(rt.e.cfg.lease)}
+func (rt *Route) mark(ctx context.Context, now time.Time) *store.Mark {
+	m := &store.Mark{Route: rt.p.name, After: now.Add(rt.e.cfg.lease)}
 	if c, ok := ctx.Value(attemptKey{}).(*call); ok {
 		m.Request, m.Tries = c.markRequest, c.markTries
 	}
@@ -505,7 +507,7 @@ func (rt *Route) mark(ctx context.Context, now time.Time) *Mark {
 // less than half a lease). Otherwise, and in atomic mode (no lease), the
 // configured default. A holder wrongly judged dead (a heartbeat delayed by
 // a slow store) only makes its duplicates wait longer, never earlier.
-func (e *Engine) busyRetryAfter(rec Record, now time.Time) time.Duration {
+func (e *Engine) busyRetryAfter(rec store.Record, now time.Time) time.Duration {
 	if left := rec.LeaseUntil.Sub(now); !rec.LeaseUntil.IsZero() && left < e.cfg.lease/2 {
 		return left
 	}
@@ -585,12 +587,12 @@ func storeErr(err error) error {
 }
 
 // replay answers from a recorded response.
-func (rt *Route) replay(_ context.Context, rec Record) answer {
+func (rt *Route) replay(_ context.Context, rec store.Record) answer {
 	resp, err := rt.e.openResponse(rec.ID, rec.Response)
 	if err != nil {
-		return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}
+		return answer{rec: rec, err: storeErr(err), decision: observe.DecisionStoreError}
 	}
-	return answer{rec: rec, resp: resp, decision: DecisionReplayed}
+	return answer{rec: rec, resp: resp, decision: observe.DecisionReplayed}
 }
 
 // resolverError is a failure of the resolver function itself (not of the
@@ -609,9 +611,9 @@ func (e *resolverError) Unwrap() error { return e.err }
 // failed, one wrapping ErrFenced when another settler changed the record
 // first (nothing of the resolver's transaction commits then), else a
 // store failure.
-func (rt *Route) applyResolver(ctx context.Context, rec Record, req *RecordedRequest) (Outcome, error) {
+func (rt *Route) applyResolver(ctx context.Context, rec store.Record, req *RecordedRequest) (Outcome, error) {
 	e := rt.e
-	rctx, tx := ctx, Tx(nil)
+	rctx, tx := ctx, store.Tx(nil)
 	if e.tx != nil && !e.tx.InTx(ctx) {
 		var err error
 		if rctx, tx, err = e.tx.Begin(ctx); err != nil {
@@ -649,7 +651,7 @@ func (rt *Route) applyResolver(ctx context.Context, rec Record, req *RecordedReq
 		}
 		var blob []byte
 		if blob, err = e.sealResponse(rec.ID, &resp, e.cfg.recorded); err == nil {
-			err = e.store.Complete(rctx, rec.ID, rec.Token, Completion{State: StateCompleted, Status: resp.Status,
+			err = e.store.Complete(rctx, rec.ID, rec.Token, store.Completion{State: store.StateCompleted, Status: resp.Status,
 				Response: blob, ExpiresAt: e.cfg.clock().Add(rt.p.retention)})
 		}
 	default:
@@ -672,7 +674,7 @@ func (rt *Route) applyResolver(ctx context.Context, rec Record, req *RecordedReq
 
 // resolve handles an indeterminate record. retry reports that the record
 // was released and the caller should claim again.
-func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool) {
+func (rt *Route) resolve(ctx context.Context, rec store.Record) (a answer, retry bool) {
 	e := rt.e
 	if rt.p.resolver != nil && *rt.p.resolver != nil {
 		var req *RecordedRequest
@@ -685,7 +687,7 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 		case errors.As(err, &re):
 			e.cfg.logger.WarnContext(ctx, "idempotency resolver failed", slog.String("id", rec.ID.String()), slog.String("error", re.err.Error()))
 		case err != nil && !errors.Is(err, ErrFenced):
-			return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
+			return answer{rec: rec, err: storeErr(err), decision: observe.DecisionStoreError}, false
 		case outcome == OutcomeNotApplied:
 			return answer{}, true // released (by us, or by another settler): claim again
 		case outcome == OutcomeApplied:
@@ -695,13 +697,13 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 				return answer{}, true // expired or released meanwhile: claim again
 			}
 			if err != nil {
-				return answer{rec: rec, err: storeErr(err), decision: DecisionStoreError}, false
+				return answer{rec: rec, err: storeErr(err), decision: observe.DecisionStoreError}, false
 			}
-			if got.State != StateCompleted {
+			if got.State != store.StateCompleted {
 				return answer{}, true // another attempt holds it now: claim again, and decide from what it is
 			}
 			a := rt.replay(ctx, got)
-			a.decision = DecisionResolved
+			a.decision = observe.DecisionResolved
 			return a, false
 		default:
 			// Unresolved. Another settler (a replica's completer, its
@@ -716,7 +718,7 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 	}
 	a = rt.replay(ctx, rec)
 	if a.err == nil {
-		a.decision = DecisionIndeterminate
+		a.decision = observe.DecisionIndeterminate
 	}
 	return a, false
 }
@@ -727,7 +729,7 @@ func (rt *Route) resolve(ctx context.Context, rec Record) (a answer, retry bool)
 // older than the route's MaxAttempt: every attempt ends by then (its
 // context does, and with it its transaction), so nothing can still be
 // completing it. With MaxAttempt turned off nothing is assumed.
-func (rt *Route) abandonedClaim(rec Record, now time.Time) bool {
+func (rt *Route) abandonedClaim(rec store.Record, now time.Time) bool {
 	return rec.LeaseUntil.IsZero() && rec.Token != 0 && !rec.CreatedAt.IsZero() &&
 		rt.p.maxAttempt > 0 && !now.Before(rec.CreatedAt.Add(rt.p.maxAttempt))
 }
@@ -735,13 +737,13 @@ func (rt *Route) abandonedClaim(rec Record, now time.Time) bool {
 // markIndeterminate turns an in-progress record whose lease lapsed into an
 // indeterminate one (WithoutTakeover()), or an abandoned atomic claim
 // (Route.abandonedClaim).
-func (e *Engine) markIndeterminate(ctx context.Context, rec Record) {
+func (e *Engine) markIndeterminate(ctx context.Context, rec store.Record) {
 	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
 	p.RecordID = rec.ID.String()
 	resp := problemResponse(p)
 	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
-		err = e.store.Complete(ctx, rec.ID, rec.Token, Completion{State: StateIndeterminate, Status: resp.Status,
+		err = e.store.Complete(ctx, rec.ID, rec.Token, store.Completion{State: store.StateIndeterminate, Status: resp.Status,
 			Response: blob, ExpiresAt: e.cfg.clock().Add(e.cfg.policy.retention)})
 	}
 	if err != nil && !errors.Is(err, ErrFenced) {
@@ -763,7 +765,7 @@ const (
 // end classifies how the handler ended (resp's status, or a panic),
 // records the outcome (finish) and puts the decision and finish's error in
 // ev. It returns finish's error.
-func (a *attempt) end(ev *Event, resp *Response, panicked bool) error {
+func (a *attempt) end(ev *observe.Event, resp *Response, panicked bool) error {
 	var err error
 	a.panicked = panicked
 	ev.Decision, err = a.finish(a.classify(resp.Status, panicked), resp)
@@ -847,7 +849,7 @@ func (a *attempt) classify(status int, panicked bool) verdict {
 // outcome could not be made durable: the client must then not see the
 // handler's answer. It acts once: a second call returns the first call's
 // result.
-func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
+func (a *attempt) finish(v verdict, resp *Response) (observe.Decision, error) {
 	if !a.finished {
 		a.verdict = v
 		began := a.e.cfg.clock()
@@ -859,14 +861,14 @@ func (a *attempt) finish(v verdict, resp *Response) (Decision, error) {
 }
 
 // record is finish's work.
-func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
+func (a *attempt) record(v verdict, resp *Response) (observe.Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
 	local := a.localTx(v == vRelease || lost) // leased mode: the handler's local writes
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
 		if err := a.lostClaim(); err != nil {
 			_ = a.tx.Rollback()
-			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 	}
 	if v == vRelease {
@@ -885,7 +887,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 		if errors.Is(err, ErrFenced) {
 			// Taken over meanwhile: the new owner's record stays; the
 			// handler's answer (nothing happened) is still true.
-			return DecisionLeaseLost, nil
+			return observe.DecisionLeaseLost, nil
 		}
 		if err != nil {
 			msg := "idempotency: releasing a record failed; it stays in progress until its lease lapses"
@@ -894,13 +896,13 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			}
 			e.cfg.logger.Error(msg, slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
-		return DecisionReleased, nil
+		return observe.DecisionReleased, nil
 	}
 	if lost {
 		if a.tx != nil {
 			_ = a.tx.Rollback()
 		}
-		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	}
 	if a.panicked && a.tx != nil {
 		// Middleware-managed atomic mode, a panic after MarkEffect: the
@@ -949,7 +951,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			_ = a.tx.Rollback()
 		}
 		if errors.Is(err, ErrFenced) && !a.joined {
-			return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 		}
 		if a.rt.atomic && errors.Is(err, ErrLostRace) && (a.tx == nil || !a.effect()) {
 			// The database rolled the transaction back in favour of a
@@ -960,7 +962,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// transaction matches too. After MarkEffect, afterAbort
 			// records the attempt as indeterminate instead, unless
 			// another attempt holds the identity.
-			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
 		if a.tx != nil {
 			return a.afterEnd(v, resp, err) // a lost race after MarkEffect
@@ -972,7 +974,7 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			if !errors.Is(err, ErrTxAborted) {
 				err = fmt.Errorf("%w: the claim is gone from the transaction: %w", ErrTxAborted, err)
 			}
-			return DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 		}
 		if !a.rt.atomic && a.effect() {
 			// Leased mode: the effect may have happened and its answer is
@@ -981,9 +983,9 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 			// never given an unrecorded answer it may not retry.
 			e.cfg.logger.Error("idempotency: the answer after MarkEffect could not be recorded; the client is told its outcome is being settled",
 				slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
-			return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 		}
-		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
 }
@@ -991,11 +993,11 @@ func (a *attempt) record(v verdict, resp *Response) (Decision, error) {
 // completion is the completion of an attempt whose verdict v is
 // vComplete or vIndeterminate, with resp's status, expiring at expires,
 // and the decision it stands for (its Response is the caller's to set).
-func completion(v verdict, resp *Response, expires time.Time) (Completion, Decision) {
+func completion(v verdict, resp *Response, expires time.Time) (store.Completion, observe.Decision) {
 	if v == vIndeterminate {
-		return Completion{State: StateIndeterminate, Status: resp.Status, ExpiresAt: expires}, DecisionIndeterminate
+		return store.Completion{State: store.StateIndeterminate, Status: resp.Status, ExpiresAt: expires}, observe.DecisionIndeterminate
 	}
-	return Completion{State: StateCompleted, Status: resp.Status, ExpiresAt: expires}, DecisionExecuted
+	return store.Completion{State: store.StateCompleted, Status: resp.Status, ExpiresAt: expires}, observe.DecisionExecuted
 }
 
 // errPanicked is the cause afterAbort is given for a handler that panicked
@@ -1034,7 +1036,7 @@ func (a *attempt) withLocalTx(hctx context.Context) context.Context {
 // (withLocalTx) that the completion is to commit with, or nil: when there
 // is none, when the handler never began it (it is ended at once), and when
 // discard is set (released, or the lease was lost: nothing of it commits).
-func (a *attempt) localTx(discard bool) Tx {
+func (a *attempt) localTx(discard bool) store.Tx {
 	tx := a.ltx
 	if tx == nil {
 		return nil
@@ -1085,7 +1087,7 @@ func (a *attempt) lostClaim() error {
 // else 409 with Retry-After; under the wait policy it polls (outside any
 // transaction) until the winner's outcome is visible or the bound passes.
 // It never runs the handler again.
-func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time.Time) answer {
+func (rt *Route) afterLostRace(ctx context.Context, id store.ID, fp []byte, start time.Time) answer {
 	e := rt.e
 	// The reads do not end with the client (it may have gone: its answer
 	// is recorded for its retry either way); the polls under the wait
@@ -1097,7 +1099,7 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 	}
 	deadline := start.Add(rt.p.wait)
 	backoff := 5 * time.Millisecond
-	busy := answer{rec: Record{ID: id, State: StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: DecisionRejectedBusy}
+	busy := answer{rec: store.Record{ID: id, State: store.StateInProgress}, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: observe.DecisionRejectedBusy}
 	for {
 		rec, err := e.store.Get(ctx, id, e.cfg.clock())
 		switch {
@@ -1105,15 +1107,15 @@ func (rt *Route) afterLostRace(ctx context.Context, id ID, fp []byte, start time
 			// The winner's commit has not reached this node yet (or it
 			// was rolled back too).
 		case err != nil:
-			return answer{err: storeErr(err), decision: DecisionStoreError}
+			return answer{err: storeErr(err), decision: observe.DecisionStoreError}
 		case len(fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(fp, rec.Fingerprint):
-			return answer{rec: rec, err: ErrMismatch, decision: DecisionMismatch}
-		case rec.State == StateCompleted:
+			return answer{rec: rec, err: ErrMismatch, decision: observe.DecisionMismatch}
+		case rec.State == store.StateCompleted:
 			return rt.replay(ctx, rec)
-		case rec.State == StateIndeterminate:
+		case rec.State == store.StateIndeterminate:
 			a := rt.replay(ctx, rec)
 			if a.err == nil {
-				a.decision = DecisionIndeterminate
+				a.decision = observe.DecisionIndeterminate
 			}
 			return a
 		default:
@@ -1218,10 +1220,10 @@ func (a *attempt) storeCtx() context.Context {
 // one, until the server has rolled it back).
 const abortedHolderWait = 3 * time.Second
 
-func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, error) {
+func (a *attempt) afterAbort(v verdict, resp *Response, err error) (observe.Decision, error) {
 	e := a.e
 	if a.tx == nil && !a.owned {
-		return DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: err, RetryAfter: e.cfg.retryAfter}
 	}
 	allow := a.recordAllow
 	var replaced error // the handler's answer is not true: the client gets this
@@ -1229,7 +1231,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	case v == vRelease:
 		// Nothing happened, and the rollback took the claim: the key is
 		// free and the handler's answer is true.
-		return DecisionReleased, nil
+		return observe.DecisionReleased, nil
 	case v == vIndeterminate || resp.Status >= 400:
 	case a.effect():
 		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
@@ -1240,16 +1242,16 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
-		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
-	fail := func(err error) (Decision, error) {
+	fail := func(err error) (observe.Decision, error) {
 		if errors.Is(err, ErrLostRace) {
 			// The short transaction lost to another attempt's claim of the
 			// identity (on Galera: certified first, not yet applied here):
 			// that attempt holds the key; answer as its duplicate.
-			return DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionRejectedBusy, &RetryError{Err: fmt.Errorf("%w: %w", ErrInProgress, err), RetryAfter: e.cfg.retryAfter}
 		}
-		return DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
 	ctx := e.tx.WithoutTx(a.storeCtx())
 	req := a.rt.claimRequest(a.ident, a.id, a.fp, e.cfg.clock())
@@ -1262,8 +1264,8 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 	}
 	var (
 		tctx context.Context
-		tx   Tx
-		res  ClaimResult
+		tx   store.Tx
+		res  store.ClaimResult
 	)
 	// A session the database killed, or a connection dropped under the
 	// transaction, is rolled back by the server a moment after the engine
@@ -1289,14 +1291,14 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 		switch {
 		case err != nil:
 			return fail(err)
-		case res.Record.Token == a.token && res.Record.State != StateInProgress:
+		case res.Record.Token == a.token && res.Record.State != store.StateInProgress:
 			// The transaction did commit after all (a COMMIT whose answer
 			// was lost, still being applied when the record was read).
 			return a.committed(res.Record)
 		case len(a.fp) > 0 && len(res.Record.Fingerprint) > 0 && !bytes.Equal(a.fp, res.Record.Fingerprint):
-			return DecisionMismatch, ErrMismatch
+			return observe.DecisionMismatch, ErrMismatch
 		}
-		return DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	}
 	c, decision := completion(v, resp, req.ExpiresAt) // as finish: the claim's
 	c.Response, err = e.sealInto(nil, a.id, resp, allow)
@@ -1344,7 +1346,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (Decision, er
 //
 // Route.Within settles the service's failed commit the same way
 // (a.owned: the service's transaction, which it rolled back).
-func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (Decision, error) {
+func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (observe.Decision, error) {
 	e := a.e
 	if a.tx != nil {
 		_ = a.tx.Rollback() // a dead or ended transaction: frees its connection
@@ -1355,7 +1357,7 @@ func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (Decision, er
 		slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.Bool("effect", a.effect()), slog.String("error", cause.Error()))
 	rec, err := e.store.Get(ctx, a.id, e.cfg.clock())
 	switch {
-	case err == nil && rec.Token == a.token && rec.State != StateInProgress:
+	case err == nil && rec.Token == a.token && rec.State != store.StateInProgress:
 		return a.committed(rec)
 	case err == nil && rec.Token == a.token:
 		e.cfg.logger.ErrorContext(ctx, "idempotency: the handler committed the shared transaction itself (the claim and its writes committed before the answer was recorded); "+
@@ -1370,44 +1372,44 @@ func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (Decision, er
 		return a.recordOwn(v, resp, a.recordAllow)
 	case err == nil:
 		if len(a.fp) > 0 && len(rec.Fingerprint) > 0 && !bytes.Equal(a.fp, rec.Fingerprint) {
-			return DecisionMismatch, ErrMismatch
+			return observe.DecisionMismatch, ErrMismatch
 		}
-		return DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	case errors.Is(err, ErrNotFound):
 		if a.ctx.Err() != nil && v != vIndeterminate && resp.Status < 400 && !a.effect() {
 			// The transaction's context ended (MaxAttempt passed, or a
 			// caller's context) and the database rolled it back: nothing
 			// happened, a release.
-			return DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
 		}
 		return a.afterAbort(v, resp, cause)
 	}
 	if v == vIndeterminate || a.effect() {
-		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
 	}
-	return DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+	return observe.DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
 }
 
 // committed is the decision for an attempt whose transaction committed
 // although the engine saw its commit fail: rec, the attempt's record, says
 // how it ended; the handler's answer stands.
-func (a *attempt) committed(rec Record) (Decision, error) {
-	if rec.State == StateIndeterminate {
-		return DecisionIndeterminate, nil
+func (a *attempt) committed(rec store.Record) (observe.Decision, error) {
+	if rec.State == store.StateIndeterminate {
+		return observe.DecisionIndeterminate, nil
 	}
-	return DecisionExecuted, nil
+	return observe.DecisionExecuted, nil
 }
 
 // recordOwn completes the attempt's claim, which committed in progress
 // (the handler committed the shared transaction), in a short transaction
 // of the engine's own, fenced by the attempt's token.
-func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (Decision, error) {
+func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (observe.Decision, error) {
 	e := a.e
 	ctx := e.tx.WithoutTx(context.WithoutCancel(a.ctx))
 	c, decision := completion(v, resp, a.completionExpiry())
 	blob, err := e.sealInto(nil, a.id, resp, allow)
 	if err != nil {
-		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 	}
 	c.Response = blob
 	tctx, tx, err := e.tx.Begin(ctx)
@@ -1419,7 +1421,7 @@ func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (Decision
 		}
 	}
 	if err != nil {
-		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, nil
 }
@@ -1445,22 +1447,22 @@ func (a *attempt) recordOwn(v verdict, resp *Response, allow []string) (Decision
 // the engine's COMMIT), its writes may be durable: nothing is released,
 // and a success is recorded indeterminate. Another attempt's record: the
 // lease was lost.
-func (a *attempt) afterLocalEnd(v verdict, resp *Response, cause error, committing bool) (Decision, error) {
+func (a *attempt) afterLocalEnd(v verdict, resp *Response, cause error, committing bool) (observe.Decision, error) {
 	e := a.e
 	ctx := a.storeCtx()
 	e.cfg.logger.WarnContext(ctx, "idempotency: the leased attempt's transaction of local writes ended before the engine committed it; settling from the record",
 		slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.Bool("effect", a.effect()), slog.String("error", cause.Error()))
 	rec, err := e.store.Get(ctx, a.id, e.cfg.clock())
 	switch {
-	case err == nil && rec.Token == a.token && rec.State != StateInProgress:
+	case err == nil && rec.Token == a.token && rec.State != store.StateInProgress:
 		return a.committed(rec)
 	case err == nil && rec.Token != a.token, errors.Is(err, ErrNotFound):
-		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	case err != nil:
 		if v == vIndeterminate || a.effect() || !committing {
-			return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+			return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
 		}
-		return DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: storeErr(errors.Join(cause, err)), RetryAfter: e.cfg.retryAfter}
 	}
 	// In progress with our token: nothing of the transaction committed,
 	// unless the handler committed it itself.
@@ -1481,7 +1483,7 @@ func (a *attempt) afterLocalEnd(v verdict, resp *Response, cause error, committi
 		if err := e.store.Release(ctx, a.id, a.token); err != nil && !errors.Is(err, ErrFenced) {
 			e.cfg.logger.ErrorContext(ctx, "idempotency: releasing a record failed; it stays in progress until its lease lapses", slog.String("id", a.id.String()), slog.String("error", err.Error()))
 		}
-		return DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionReleased, &RetryError{Err: storeErr(cause), RetryAfter: e.cfg.retryAfter}
 	}
 	c, decision := completion(v, resp, a.completionExpiry())
 	c.Response, err = e.sealInto(nil, a.id, resp, allow)
@@ -1490,9 +1492,9 @@ func (a *attempt) afterLocalEnd(v verdict, resp *Response, cause error, committi
 	}
 	switch {
 	case errors.Is(err, ErrFenced):
-		return DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionLeaseLost, &RetryError{Err: ErrLeaseLost, RetryAfter: e.cfg.retryAfter}
 	case err != nil:
-		return DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
+		return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: %w", ErrOutcomePending, err), RetryAfter: e.cfg.retryAfter}
 	}
 	return decision, replaced
 }

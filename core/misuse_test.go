@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // TestNoAttemptFailsLoudly: asking for an attempt's downstream key (or
@@ -96,7 +97,7 @@ func routeAtomic(t *testing.T, rt *core.Route) bool {
 // with an error wrapping ErrConfig that names the SQL stores; on a
 // TxStore it is atomic, and Atomic with Leased is refused.
 func TestAtomicRouteNeedsTxStore(t *testing.T) {
-	build := func(t *testing.T, s core.Store, opts ...core.RouteOption) (rt *core.Route, err error) {
+	build := func(t *testing.T, s store.Store, opts ...core.RouteOption) (rt *core.Route, err error) {
 		t.Helper()
 		e, nerr := core.New(s, core.WithSingleCaller())
 		if nerr != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Message names one delivery for Once: the consumer (the unit of work) and
@@ -68,9 +71,9 @@ func (e *Engine) Once(ctx context.Context, m Message, fn func(ctx context.Contex
 	}
 	o := &onceCall{fn: fn}
 	c := &o.call
-	ident := Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
+	ident := store.Identity{Scope: "consumer " + m.Consumer, Key: m.ID}
 	c.route, c.start, c.ident, c.fingerprint = rt, e.cfg.clock(), ident, normalFingerprint(m.Fingerprint)
-	c.ev = Event{ID: ident.ID(), Scope: ident.Scope, Key: m.ID}
+	c.ev = observe.Event{ID: ident.ID(), Scope: ident.Scope, Key: m.ID}
 	c.ctx = context.WithValue(ctx, attemptKey{}, c)
 	rt.step(&job{c: c, ctx: c.ctx, keepCancel: true}, transport{handle: o.handle, panicked: o.panicked, reply: o.reply})
 	return o.res, o.err
@@ -107,7 +110,7 @@ func (o *onceCall) reply(r result) int {
 		}
 	case r.reject != nil:
 		o.res, o.err = Result{}, r.reject
-	case o.ev.Decision == DecisionIndeterminate:
+	case o.ev.Decision == observe.DecisionIndeterminate:
 		o.res, o.err = Result{}, fmt.Errorf("%w (%s)", ErrIndeterminate, o.ev.ID)
 	case !r.ans.resp.kept:
 		o.res, o.err = Result{Replayed: true}, ErrNotKept

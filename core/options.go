@@ -8,11 +8,24 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/seal"
+	"github.com/idemkit/idem/core/store"
 )
 
-// Defaults of the engine's options, of the Completer and the Sweeper
-// fields, and of Engine.Records.
+// The engine's headers, its limit on keys, and the defaults of its
+// options, of the Completer and the Sweeper fields, and of
+// Engine.Records.
 const (
+	// HeaderKey is the request header that carries the idempotency key
+	// (unless WithKeyHeader names another); HeaderReplayed is the
+	// response header that marks a replay.
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+	// MaxKeyLen is the longest accepted key, in bytes, after trimming.
+	MaxKeyLen = 255
+
 	DefaultRetention       = 24 * time.Hour   // how long a record lives
 	DefaultLease           = 30 * time.Second // leased mode: lease of a running attempt
 	DefaultMaxAttempt      = 5 * time.Minute  // how long one attempt may run (MaxAttempt)
@@ -58,16 +71,6 @@ var neverRecorded = map[string]bool{
 	"Idempotent-Replayed": true,
 }
 
-// CallerFunc names who is asking: an account, tenant or API credential,
-// typically read from a value an earlier authentication middleware stored.
-// An error or an empty string answers 401 (ErrNoCaller). Adapters offer
-// framework-typed variants (ginidem.Caller, echoidem.Caller) built on
-// NativeFrom.
-type CallerFunc func(r *http.Request) (string, error)
-
-// Observer receives every decision the engine takes; see Event.
-type Observer func(ctx context.Context, ev Event)
-
 // Option configures an Engine.
 type Option interface{ applyEngine(*config) error }
 
@@ -91,7 +94,7 @@ func (f routeOption) applyRoute(p *policy)        { f(p) }
 // config is the engine-wide configuration.
 type config struct {
 	policy       policy
-	caller       CallerFunc
+	caller       func(r *http.Request) (string, error)
 	singleCaller bool
 	clock        func() time.Time
 	lease        time.Duration
@@ -100,11 +103,11 @@ type config struct {
 	maxRequest   int64
 	maxResponse  int64
 	recorded     []string
-	sealer       Sealer
+	sealer       seal.Sealer
 	failOpen     bool
 	problemBase  string
 	errorWriter  func(w http.ResponseWriter, r *http.Request, p *Problem)
-	observer     Observer
+	observer     observe.Observer
 	logger       *slog.Logger
 	logRawKeys   bool
 	keyHeader    string  // WithKeyHeader; "": HeaderKey
@@ -128,10 +131,14 @@ type policy struct {
 	finish      *func(ctx context.Context, req RecordedRequest) *Response // Finish; nil: "not applied" releases the key
 }
 
-// WithCaller sets the function that names the caller. Either WithCaller or
-// WithSingleCaller is required: a deployment must not share one key space
-// between callers by accident.
-func WithCaller(f CallerFunc) Option {
+// WithCaller sets the function that names the caller: who is asking (an
+// account, tenant or API credential), typically read from a value an
+// earlier authentication middleware stored. An error or an empty string
+// answers 401 (ErrNoCaller). Adapters offer framework-typed variants
+// (ginidem.Caller, echoidem.Caller) built on NativeFrom. Either WithCaller
+// or WithSingleCaller is required: a deployment must not share one key
+// space between callers by accident.
+func WithCaller(f func(r *http.Request) (string, error)) Option {
 	return engineOption(func(c *config) error {
 		if f == nil {
 			return fmt.Errorf("%w: WithCaller(nil)", ErrConfig)
@@ -253,7 +260,7 @@ func WithRecordedHeaders(names ...string) Option {
 }
 
 // WithSealer seals recorded responses at rest (default: none). See seal.NewAESGCM.
-func WithSealer(s Sealer) Option {
+func WithSealer(s seal.Sealer) Option {
 	return engineOption(func(c *config) error { c.sealer = s; return nil })
 }
 
@@ -299,7 +306,7 @@ func WithResolver(r Resolver) RouteOption {
 
 // WithObserver sets a hook called for every decision (default: none), for
 // metrics (Prometheus, OpenTelemetry) without a dependency in core.
-func WithObserver(o Observer) Option {
+func WithObserver(o observe.Observer) Option {
 	return engineOption(func(c *config) error { c.observer = o; return nil })
 }
 
@@ -456,8 +463,8 @@ func Methods(methods ...string) RouteOption {
 // (two routes built with the same name and different options panic). At
 // most MaxRouteName bytes; an empty name panics.
 func Name(name string) RouteOption {
-	if name == "" || len(name) > MaxRouteName {
-		panic(fmt.Sprintf("idem: Name must be 1 to %d bytes, got %d", MaxRouteName, len(name)))
+	if name == "" || len(name) > store.MaxRouteName {
+		panic(fmt.Sprintf("idem: Name must be 1 to %d bytes, got %d", store.MaxRouteName, len(name)))
 	}
 	return routeOption(func(p *policy) { p.name = name })
 }

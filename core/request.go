@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/idemkit/idem/core/store"
 )
 
 // RecordedRequest is the request a record settles, as a route with
@@ -16,7 +18,7 @@ type RecordedRequest struct {
 	// Path is the request's path with its query, as sent
 	// (http.Request.RequestURI's form: "/orders?x=1").
 	Path string
-	// Caller is who sent it (the engine's CallerFunc's answer; "" with
+	// Caller is who sent it (the answer of the engine's WithCaller function; "" with
 	// WithSingleCaller).
 	Caller string
 	// Body is the request's body, or what RecordRequest's function chose
@@ -82,7 +84,7 @@ func decodeRequest(b []byte) (*RecordedRequest, error) {
 
 // sealRequest encodes r and seals it for record id with the engine's
 // Sealer, if any.
-func (e *Engine) sealRequest(id ID, r *RecordedRequest) ([]byte, error) {
+func (e *Engine) sealRequest(id store.ID, r *RecordedRequest) ([]byte, error) {
 	plain := encodeRequest(make([]byte, 0, 16+len(r.Method)+len(r.Path)+len(r.Caller)+len(r.Body)), r)
 	if e.cfg.sealer == nil {
 		return plain, nil
@@ -95,7 +97,7 @@ func (e *Engine) sealRequest(id ID, r *RecordedRequest) ([]byte, error) {
 }
 
 // openRequest reverses sealRequest.
-func (e *Engine) openRequest(id ID, b []byte) (*RecordedRequest, error) {
+func (e *Engine) openRequest(id store.ID, b []byte) (*RecordedRequest, error) {
 	if len(b) > 0 && b[0] == encSealed {
 		if e.cfg.sealer == nil {
 			return nil, errors.New("idem: the recorded request is sealed and no sealer is configured")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // TestRouteResolver: a route's own WithResolver settles the route's
@@ -16,7 +17,7 @@ import (
 func TestRouteResolver(t *testing.T) {
 	engineCalls := 0
 	e, err := core.New(memstore.New(), core.WithSingleCaller(), quiet,
-		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+		core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 			engineCalls++
 			return core.Resolution{Outcome: core.OutcomeUnresolved}, nil
 		}))
@@ -45,7 +46,7 @@ func TestRouteResolver(t *testing.T) {
 	}
 	// The route's own resolver is asked instead, and settles it.
 	routeCalls := 0
-	settled := core.WithResolver(func(_ context.Context, rec core.Record) (core.Resolution, error) {
+	settled := core.WithResolver(func(_ context.Context, rec store.Record) (core.Resolution, error) {
 		routeCalls++
 		return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: 200, Body: []byte("charged"), BodyKept: true}}, nil
 	})
@@ -67,8 +68,8 @@ func TestRouteResolver(t *testing.T) {
 // read before, which tells the client that nobody knows whether the
 // payment ran while it is being run.
 func TestResolverUnresolvedWhileAnotherSettles(t *testing.T) {
-	store := memstore.New()
-	e, err := core.New(store, core.WithSingleCaller(), quiet)
+	st := memstore.New()
+	e, err := core.New(st, core.WithSingleCaller(), quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,16 +85,16 @@ func TestResolverUnresolvedWhileAnotherSettles(t *testing.T) {
 		t.Fatal("the first run must fail")
 	}
 	asked := 0
-	otherSettler := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+	otherSettler := core.WithResolver(func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 		asked++
 		if asked == 1 {
 			// Another settler found it not applied, released it and now
 			// runs it again under a token of its own.
-			if err := store.Release(ctx, rec.ID, rec.Token); err != nil {
+			if err := st.Release(ctx, rec.ID, rec.Token); err != nil {
 				t.Errorf("release: %v", err)
 			}
 			now := time.Now()
-			res, err := store.Claim(ctx, core.ClaimRequest{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key,
+			res, err := st.Claim(ctx, store.ClaimRequest{ID: rec.ID, Caller: rec.Caller, Scope: rec.Scope, Key: rec.Key,
 				Fingerprint: rec.Fingerprint, Token: 424242, Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour)})
 			if err != nil || !res.Claimed {
 				t.Errorf("the other settler's claim: %+v, %v", res, err)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+
+	"github.com/idemkit/idem/core/store"
 )
 
 // Response is a recorded response.
@@ -288,13 +290,13 @@ func recordedHeader(h http.Header, allow []string) http.Header {
 
 // sealResponse encodes resp (only the allowed headers, when allow is not
 // nil) and seals it when a sealer is configured.
-func (e *Engine) sealResponse(id ID, resp *Response, allow []string) ([]byte, error) {
+func (e *Engine) sealResponse(id store.ID, resp *Response, allow []string) ([]byte, error) {
 	return e.sealInto(make([]byte, 0, 64+len(resp.Body)), id, resp, allow)
 }
 
 // sealInto is sealResponse encoding into dst (the plain encoding is
 // appended to dst; the sealed one, with a sealer, is new memory).
-func (e *Engine) sealInto(dst []byte, id ID, resp *Response, allow []string) ([]byte, error) {
+func (e *Engine) sealInto(dst []byte, id store.ID, resp *Response, allow []string) ([]byte, error) {
 	plain := encodeResponse(dst, resp, allow)
 	if e.cfg.sealer == nil {
 		return plain, nil
@@ -307,7 +309,7 @@ func (e *Engine) sealInto(dst []byte, id ID, resp *Response, allow []string) ([]
 }
 
 // openResponse reverses sealResponse.
-func (e *Engine) openResponse(id ID, b []byte) (recorded, error) {
+func (e *Engine) openResponse(id store.ID, b []byte) (recorded, error) {
 	if len(b) > 0 && b[0] == encSealed {
 		if e.cfg.sealer == nil {
 			return recorded{}, errors.New("idem: the recorded response is sealed and no sealer is configured")

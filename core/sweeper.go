@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/core/store"
 )
 
 // Sweeper deletes expired records on a schedule, in bounded batches, so
@@ -19,7 +21,7 @@ type Sweeper struct {
 	// DefaultSweepBatch); a sweep repeats batches until one comes back short.
 	Batch int
 
-	store  Store
+	store  store.Store
 	clock  func() time.Time // the time expiry is compared with
 	logger *slog.Logger     // reports failures
 	mu     sync.Mutex

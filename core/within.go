@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // TxFunc runs body in a transaction the service opens itself and returns
@@ -132,7 +135,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	// and returns the error for body to return.
 	refuse := func(why string) error {
 		err := fmt.Errorf("%w: Route.Within: %s", ErrConfig, why)
-		ev.Decision, ev.Err = DecisionInvalid, rt.refused(c.ctx, err)
+		ev.Decision, ev.Err = observe.DecisionInvalid, rt.refused(c.ctx, err)
 		res = result{ans: answer{err: ev.Err}}
 		return err
 	}
@@ -153,7 +156,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		if res = rt.enter(j, t); !res.ran {
 			return cmp.Or(res.ans.err, errReplayed) // a rejection, or a replay
 		}
-		if res.err == nil && ev.Decision == DecisionReleased {
+		if res.err == nil && ev.Decision == observe.DecisionReleased {
 			return errReleased
 		}
 		return res.err
@@ -174,7 +177,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	case calls == 0 && res.txErr == nil:
 		refuse("the TxFunc returned without calling body; call it in the transaction")
 	case calls == 0: // the transaction could not begin
-		ev.Decision, ev.Err = DecisionStoreError, res.txErr
+		ev.Decision, ev.Err = observe.DecisionStoreError, res.txErr
 		res = result{ans: answer{err: storeErr(res.txErr)}}
 	}
 	rt.exit(j, &res, t)
@@ -203,5 +206,5 @@ func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx 
 		err = storeErr(err)
 	}
 	rec.resetHeader()
-	rt.writeProblem(w, r, err, ID{})
+	rt.writeProblem(w, r, err, store.ID{})
 }

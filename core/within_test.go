@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // TestWithinMisuse: Route.Within used wrongly answers 500 not-protected,
@@ -32,7 +33,7 @@ func TestWithinMisuse(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name  string
-		store core.Store
+		store store.Store
 		route []core.RouteOption
 		inTx  core.TxFunc
 		fix   string // what the log names

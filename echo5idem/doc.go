@@ -10,7 +10,7 @@
 //
 // A record is (caller, scope, key), the scope empty unless core.Scope
 // names one: the same key on another route is a 422. c.Path() labels the
-// decisions (core.Event.Route). A service that opens its own transaction
+// decisions (observe.Event.Route). A service that opens its own transaction
 // calls Within from its handler. Errors returned by handlers are
 // answered by Echo's HTTPErrorHandler inside the capture, so a replay
 // equals the first answer. In atomic mode handlers reach the transaction
@@ -22,7 +22,7 @@
 // request, 422, and a request keeps its identity under another router or a
 // renamed path parameter. c.Path(), the route pattern
 // ("/orders/:id/refunds"), labels the decisions for observability
-// (core.Event.Route). Requests Echo answers itself pass through untouched:
+// (observe.Event.Route). Requests Echo answers itself pass through untouched:
 // no route (404, also through a group's RouteNotFound catch-alls) or
 // another method (405); the router says so in c.RouteInfo(). Installed with
 // e.Pre the middleware runs before routing (c.RouteInfo() still empty) and

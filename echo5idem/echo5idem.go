@@ -127,9 +127,9 @@ func routed(c *echo.Context) bool {
 }
 
 // Caller adapts a function reading the caller from the Echo context to a
-// core.CallerFunc. Outside the middleware and Within it fails with an error
+// caller function for core.WithCaller. Outside the middleware and Within it fails with an error
 // wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
-func Caller(f func(*echo.Context) (string, error)) core.CallerFunc {
+func Caller(f func(*echo.Context) (string, error)) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*echo.Context)
 		if !ok {

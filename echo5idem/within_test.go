@@ -9,6 +9,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/echo5idem"
 	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v5"
@@ -30,7 +31,7 @@ func TestWithinEchoHandler(t *testing.T) {
 	create := func(c *echo.Context) error {
 		runs++
 		info, ok := core.AttemptFrom(c.Request().Context())
-		if !ok || !info.Atomic || !e.Store().(core.TxStore).InTx(c.Request().Context()) {
+		if !ok || !info.Atomic || !e.Store().(store.TxStore).InTx(c.Request().Context()) {
 			return echo.NewHTTPError(http.StatusInternalServerError, "no transaction in the handler's context")
 		}
 		var in struct{ Item string }

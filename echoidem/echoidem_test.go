@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/adaptertest"
 	"github.com/labstack/echo/v4"
@@ -50,7 +51,7 @@ func customErrors(err error, c echo.Context) {
 func TestReturnedErrorsAreRecorded(t *testing.T) {
 	tests := []struct {
 		name     string
-		store    func() core.Store
+		store    func() store.Store
 		handler  func(n int) error
 		errors   echo.HTTPErrorHandler // nil: Echo's default
 		code     int
@@ -73,13 +74,13 @@ func TestReturnedErrorsAreRecorded(t *testing.T) {
 			handler: func(int) error { return errors.New("db down") },
 			code:    500, body: `{"message":"Internal Server Error"}` + "\n", runsTwo: true},
 		{name: "ok, a plain error in atomic mode: 500, released, the retry runs",
-			store:   func() core.Store { return memstore.New().Atomic() },
+			store:   func() store.Store { return memstore.New().Atomic() },
 			handler: func(n int) error { return fmt.Errorf("attempt %d failed", n) },
 			code:    500, body: `{"message":"Internal Server Error"}` + "\n", runsTwo: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var st core.Store
+			var st store.Store
 			if tt.store != nil {
 				st = tt.store()
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/idemclient"
 )
 
@@ -135,11 +136,11 @@ func TestDefaultClientOutlastsADeadLease(t *testing.T) {
 // dyingStore is process 1's view of the store: once dead, its lease
 // extensions fail (the process is gone; its heartbeat would never run).
 type dyingStore struct {
-	core.Store
+	store.Store
 	dead atomic.Bool
 }
 
-func (s *dyingStore) Extend(ctx context.Context, id core.ID, token int64, until time.Time) error {
+func (s *dyingStore) Extend(ctx context.Context, id store.ID, token int64, until time.Time) error {
 	if s.dead.Load() {
 		return core.ErrStoreUnavailable
 	}

@@ -10,7 +10,7 @@
 //
 // A record is (caller, scope, key), the scope empty unless core.Scope
 // names one: the same key on another route is a 422. The route's pattern
-// labels the decisions (core.Event.Route). A replay or a rejection is
+// labels the decisions (observe.Event.Route). A replay or a rejection is
 // written into c's response and the chain does not run. Handlers reach the
 // attempt, and in atomic mode the transaction, through c.Context()
 // (sqlstore.Tx, gormstore.DB, core.MarkEffect, DownstreamKey). A service

@@ -94,7 +94,7 @@ func Within(c fiber.Ctx, rt *core.Route, inTx core.TxFunc, handler fiber.Handler
 
 // Caller adapts a function reading the caller from the Fiber context
 // (typically a value an authentication middleware stored with c.Locals)
-// to a core.CallerFunc:
+// to a caller function for core.WithCaller:
 //
 //	core.WithCaller(fiberidem.Caller(func(c fiber.Ctx) (string, error) {
 //		account, _ := c.Locals("account").(string)
@@ -109,7 +109,7 @@ func Within(c fiber.Ctx, rt *core.Route, inTx core.TxFunc, handler fiber.Handler
 // core.ErrNotProtected that names the fix: the request is refused with a
 // 500 not-protected problem (a wiring fault of the server, not the
 // client's: never a 401), logged at WARN.
-func Caller(f func(fiber.Ctx) (string, error)) core.CallerFunc {
+func Caller(f func(fiber.Ctx) (string, error)) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(fiber.Ctx)
 		if !ok {

@@ -17,7 +17,9 @@ import (
 	"github.com/gofiber/fiber/v3"
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
 	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/fiberidem"
 )
 
@@ -40,7 +42,7 @@ func listen(t *testing.T, app *fiber.App, conns int) (string, *http.Client) {
 	return "http://" + ln.Addr().String(), client
 }
 
-func engine(t *testing.T, store core.Store, opts ...core.Option) *core.Engine {
+func engine(t *testing.T, store store.Store, opts ...core.Option) *core.Engine {
 	t.Helper()
 	e, err := core.New(store, append([]core.Option{core.WithCaller(func(r *http.Request) (string, error) {
 		return r.Header.Get("X-Caller"), nil
@@ -86,7 +88,7 @@ func send(t *testing.T, client *http.Client, method, url, caller, key, body stri
 func TestListenerConcurrentDuplicates(t *testing.T) {
 	for _, mode := range []struct {
 		name  string
-		store core.Store
+		store store.Store
 	}{{"leased", memstore.New()}, {"atomic", memstore.New().Atomic()}} {
 		t.Run(mode.name, func(t *testing.T) {
 			e := engine(t, mode.store)
@@ -127,10 +129,10 @@ func TestListenerConcurrentDuplicates(t *testing.T) {
 // (what the engine keeps was copied out of Fiber's buffers), and every
 // replay is its own request's answer.
 func TestListenerBuffersReused(t *testing.T) {
-	store := memstore.New()
+	st := memstore.New()
 	var mu sync.Mutex
-	var events []core.Event
-	e := engine(t, store, core.WithObserver(func(_ context.Context, ev core.Event) {
+	var events []observe.Event
+	e := engine(t, st, core.WithObserver(func(_ context.Context, ev observe.Event) {
 		mu.Lock()
 		events = append(events, ev)
 		mu.Unlock()
@@ -165,14 +167,14 @@ func TestListenerBuffersReused(t *testing.T) {
 	wg.Wait()
 
 	ctx := context.Background()
-	callers := map[core.ID]string{}
+	callers := map[store.ID]string{}
 	for w := range workers {
 		for i := range each {
 			caller := fmt.Sprintf("caller-%d", w)
-			id := core.Identity{Caller: caller, Key: fmt.Sprintf("key-%d-%d", w, i)}.ID()
+			id := store.Identity{Caller: caller, Key: fmt.Sprintf("key-%d-%d", w, i)}.ID()
 			callers[id] = caller
-			rec, err := store.Get(ctx, id, time.Now())
-			if err != nil || rec.State != core.StateCompleted {
+			rec, err := st.Get(ctx, id, time.Now())
+			if err != nil || rec.State != store.StateCompleted {
 				t.Fatalf("record of %s key-%d-%d: %+v (%v)", caller, w, i, rec, err)
 			}
 		}
@@ -350,7 +352,7 @@ func TestWithinFiberHandler(t *testing.T) {
 	var runs atomic.Int32
 	create := func(c fiber.Ctx) error {
 		runs.Add(1)
-		if info, ok := core.AttemptFrom(c.Context()); !ok || !info.Atomic || !e.Store().(core.TxStore).InTx(c.Context()) {
+		if info, ok := core.AttemptFrom(c.Context()); !ok || !info.Atomic || !e.Store().(store.TxStore).InTx(c.Context()) {
 			return errors.New("no transaction in c.Context()")
 		}
 		var in struct{ Item string }

@@ -8,7 +8,7 @@
 //
 // A record is (caller, scope, key), the scope empty unless core.Scope
 // names one: the same key on another route is a 422. c.FullPath() labels
-// the decisions (core.Event.Route). A replay or rejection aborts the chain
+// the decisions (observe.Event.Route). A replay or rejection aborts the chain
 // with c.Abort. In atomic mode handlers reach the transaction through
 // c.Request.Context() (sqlstore.Tx, gormstore.DB). A service that opens
 // its own transaction calls Within from its handler.

@@ -116,9 +116,9 @@ func Within(c *gin.Context, rt *core.Route, inTx core.TxFunc, handler gin.Handle
 }
 
 // Caller adapts a function reading the caller from the Gin context to a
-// core.CallerFunc. Outside the middleware and Within it fails with an error
+// caller function for core.WithCaller. Outside the middleware and Within it fails with an error
 // wrapping core.ErrNotProtected that names the fix (a 500, never a 401).
-func Caller(f func(*gin.Context) (string, error)) core.CallerFunc {
+func Caller(f func(*gin.Context) (string, error)) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		c, ok := core.NativeFrom(r.Context()).(*gin.Context)
 		if !ok {

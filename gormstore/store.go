@@ -14,11 +14,12 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// Store is a core.TxStore on GORM. It is a thin layer over sqlstore: the
+// Store is a store.TxStore on GORM. It is a thin layer over sqlstore: the
 // same SQL, the same table, run through GORM's connection pool, or through
 // the transaction a *gorm.DB is bound to. Create it with New.
 type Store struct {
@@ -27,11 +28,11 @@ type Store struct {
 }
 
 var (
-	_ core.Store        = (*Store)(nil)
-	_ core.TxStore      = (*Store)(nil)
-	_ core.Inspector    = (*Store)(nil)
-	_ core.Settler      = (*Store)(nil)
-	_ core.MultiPrimary = (*Store)(nil)
+	_ store.Store        = (*Store)(nil)
+	_ store.TxStore      = (*Store)(nil)
+	_ store.Inspector    = (*Store)(nil)
+	_ store.Settler      = (*Store)(nil)
+	_ store.MultiPrimary = (*Store)(nil)
 )
 
 // Option configures New. gormstore takes sqlstore's options.
@@ -236,7 +237,7 @@ func (s *Store) InTx(ctx context.Context) bool {
 
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx)
 // hidden: store methods called with it run outside any transaction, and
-// InTx reports false (core.TxStore).
+// InTx reports false (store.TxStore).
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(txKey{}) != nil {
 		// A GORM transaction of WithTx becomes sqlstore's connection first,
@@ -253,9 +254,9 @@ func (s *Store) WithoutTx(ctx context.Context) context.Context {
 // at its first statement, the claim, as sqlstore's Begin does: a duplicate
 // of a request this process is running answers in progress without a
 // connection (see sqlstore.Store.Begin and sqlstore's README).
-func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	d := &deferred{base: s.db}
-	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, core.Tx, error) {
+	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, store.Tx, error) {
 		g := s.db.WithContext(ctx)
 		var pinned *sql.Conn
 		if s.inner.Dialect() == sqlstore.SQLite {
@@ -388,60 +389,60 @@ func (s *Store) ctx(ctx context.Context) context.Context {
 	return ctx
 }
 
-// --- core.Store: sqlstore's, in the GORM transaction of ctx -------------------
+// --- store.Store: sqlstore's, in the GORM transaction of ctx -------------------
 
-// Claim implements core.Store; see sqlstore.Store.Claim.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+// Claim implements store.Store; see sqlstore.Store.Claim.
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	return s.inner.Claim(s.ctx(ctx), req)
 }
 
-// Extend implements core.Store.
-func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+// Extend implements store.Store.
+func (s *Store) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	return s.inner.Extend(s.ctx(ctx), id, token, leaseUntil)
 }
 
-// Complete implements core.Store.
-func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+// Complete implements store.Store.
+func (s *Store) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	return s.inner.Complete(s.ctx(ctx), id, token, c)
 }
 
-// Release implements core.Store.
-func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, id store.ID, token int64) error {
 	return s.inner.Release(s.ctx(ctx), id, token)
 }
 
-// Get implements core.Store.
-func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	return s.inner.Get(s.ctx(ctx), id, now)
 }
 
-// Mark implements core.Settler; see sqlstore.Store.Mark.
-func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+// Mark implements store.Settler; see sqlstore.Store.Mark.
+func (s *Store) Mark(ctx context.Context, id store.ID, token int64, m store.Mark) error {
 	return s.inner.Mark(s.ctx(ctx), id, token, m)
 }
 
-// Due implements core.Settler; see sqlstore.Store.Due.
-func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+// Due implements store.Settler; see sqlstore.Store.Due.
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]store.Pending, error) {
 	return s.inner.Due(s.ctx(ctx), now, limit)
 }
 
-// Visit implements core.Settler; see sqlstore.Store.Visit.
-func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+// Visit implements store.Settler; see sqlstore.Store.Visit.
+func (s *Store) Visit(ctx context.Context, id store.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	return s.inner.Visit(s.ctx(ctx), id, token, seen, next, tries)
 }
 
-// MultiPrimary implements core.MultiPrimary; see
+// MultiPrimary implements store.MultiPrimary; see
 // sqlstore.Store.MultiPrimary.
 func (s *Store) MultiPrimary(ctx context.Context) (bool, error) {
 	return s.inner.MultiPrimary(s.ctx(ctx))
 }
 
-// List implements core.Inspector; see sqlstore.Store.List.
-func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+// List implements store.Inspector; see sqlstore.Store.List.
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	return s.inner.List(s.ctx(ctx), q)
 }
 
-// DeleteExpired implements core.Store; see sqlstore.Store.DeleteExpired.
+// DeleteExpired implements store.Store; see sqlstore.Store.DeleteExpired.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.inner.DeleteExpired(s.ctx(ctx), now, limit)
 }

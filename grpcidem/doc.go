@@ -9,7 +9,7 @@
 // fingerprint is the deterministic serialisation of the request message
 // with the full method name (Fingerprint), so the same key on another
 // method is a key reused (KEY_REUSED). The full method name labels the
-// decisions (core.Event.Route). The interceptor runs the call through the engine's state
+// decisions (observe.Event.Route). The interceptor runs the call through the engine's state
 // machine (core.Route.Exec) with the same rules as an HTTP request: the
 // handler's gRPC code decides the record as its HTTP equivalent does
 // (HTTPStatus), rejections are gRPC status errors with an

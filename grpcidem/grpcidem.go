@@ -40,7 +40,7 @@ const (
 // unique within its caller, and the same key on another method is a key
 // reused for another call (the fingerprint covers the full method name),
 // answered FailedPrecondition (KEY_REUSED). The full method name labels
-// the decisions (core.Event.Route). It fails with core.ErrConfig when
+// the decisions (observe.Event.Route). It fails with core.ErrConfig when
 // neither WithCaller nor WithSingleCaller is given.
 //
 //	in, err := grpcidem.UnaryServerInterceptor(e, grpcidem.WithCaller(accountFrom))

@@ -20,6 +20,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/grpcidem"
 	"github.com/idemkit/idem/grpcidem/internal/grpcidemtest"
 )
@@ -501,8 +503,8 @@ func TestObserverSeesDecisions(t *testing.T) {
 	// HTTP requests do, labelled with the full method (Event.Route); the
 	// scope is empty (no core.Scope option).
 	var mu sync.Mutex
-	var got []core.Decision
-	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithObserver(func(_ context.Context, ev core.Event) {
+	var got []observe.Decision
+	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithObserver(func(_ context.Context, ev observe.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		if ev.Scope != "" || ev.Route != create {
@@ -521,17 +523,17 @@ func TestObserverSeesDecisions(t *testing.T) {
 	h.Call(ctx, create, "acct_1", "", nil)
 	mu.Lock()
 	defer mu.Unlock()
-	want := []core.Decision{core.DecisionExecuted, core.DecisionReplayed, core.DecisionMismatch, core.DecisionInvalid}
+	want := []observe.Decision{observe.DecisionExecuted, observe.DecisionReplayed, observe.DecisionMismatch, observe.DecisionInvalid}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("decisions %v, want %v", got, want)
 	}
 }
 
 // downStore is a store whose claims fail as an unreachable database's do.
-type downStore struct{ core.Store }
+type downStore struct{ store.Store }
 
-func (downStore) Claim(context.Context, core.ClaimRequest) (core.ClaimResult, error) {
-	return core.ClaimResult{}, fmt.Errorf("%w: dial tcp 10.0.0.7:5432: connection refused", core.ErrStoreUnavailable)
+func (downStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, fmt.Errorf("%w: dial tcp 10.0.0.7:5432: connection refused", core.ErrStoreUnavailable)
 }
 
 func TestStoreUnavailable(t *testing.T) {
@@ -557,13 +559,13 @@ func TestStoreUnavailable(t *testing.T) {
 
 // watchStore signals every claim that met a record in progress.
 type watchStore struct {
-	core.Store
+	store.Store
 	busy chan struct{}
 }
 
-func (s watchStore) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s watchStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	res, err := s.Store.Claim(ctx, req)
-	if err == nil && !res.Claimed && res.Record.State == core.StateInProgress {
+	if err == nil && !res.Claimed && res.Record.State == store.StateInProgress {
 		select {
 		case s.busy <- struct{}{}:
 		default:
@@ -609,7 +611,7 @@ func TestResolver(t *testing.T) {
 	// grpcidem.Response: duplicates get that message, replayed, and the
 	// handler does not run again.
 	e, err := core.New(memstore.New(), core.WithSingleCaller(), core.WithLogger(slog.New(slog.DiscardHandler)),
-		core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+		core.WithResolver(func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 			m, _ := structpb.NewStruct(map[string]any{"settled": "charge ch_1"}) // asked the provider with the downstream key
 			resp, err := grpcidem.Response(m)
 			return core.Resolution{Outcome: core.OutcomeApplied, Response: resp}, err

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -53,7 +55,7 @@ type app struct {
 	inside chan struct{} // the handler has marked the charge
 }
 
-func newApp(t *testing.T, store core.Store, opts ...core.Option) *app {
+func newApp(t *testing.T, store store.Store, opts ...core.Option) *app {
 	t.Helper()
 	e, err := core.New(store, append([]core.Option{core.WithSingleCaller(), core.WithLogger(quietLogger)}, opts...)...)
 	if err != nil {
@@ -125,11 +127,11 @@ func TestEndToEnd(t *testing.T) {
 			}
 			t.Cleanup(func() { sdb.Close() })
 			table := sqlstoretest.Table()
-			store, err := sqlstore.New(sdb, db.dialect, sqlstore.WithTable(table))
+			st, err := sqlstore.New(sdb, db.dialect, sqlstore.WithTable(table))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := store.Migrate(context.Background()); err != nil {
+			if err := st.Migrate(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = sdb.Exec("DROP TABLE IF EXISTS " + table) })
@@ -139,7 +141,7 @@ func TestEndToEnd(t *testing.T) {
 				return idemctl(t, append(args, common...)...)
 			}
 
-			pay := newApp(t, store)
+			pay := newApp(t, st)
 			if w := pay.pay("pay-indeterminate"); w.Code != http.StatusBadGateway {
 				t.Fatalf("seeding the indeterminate payment: %d %s", w.Code, w.Body)
 			}
@@ -147,7 +149,7 @@ func TestEndToEnd(t *testing.T) {
 			if w := pay.pay("pay-done"); w.Code != http.StatusCreated {
 				t.Fatalf("seeding the completed payment: %d", w.Code)
 			}
-			stuck := newApp(t, store, core.WithClock(func() time.Time { return time.Now().Add(-time.Hour) }))
+			stuck := newApp(t, st, core.WithClock(func() time.Time { return time.Now().Add(-time.Hour) }))
 			stuck.answer.Store(http.StatusCreated)
 			stuck.block = make(chan struct{})
 			zombie := make(chan *httptest.ResponseRecorder, 1)
@@ -161,7 +163,7 @@ func TestEndToEnd(t *testing.T) {
 			if code != 0 || !strings.Contains(out, "indeterminate") || !strings.Contains(out, "pay-indeterminate") || !strings.Contains(out, "502") {
 				t.Fatalf("list: %d\n%s%s", code, out, errs)
 			}
-			var page core.RecordPage
+			var page admin.Page
 			code, out, errs = cmd("list", "-json")
 			if code != 0 || json.Unmarshal([]byte(out), &page) != nil || len(page.Records) != 1 {
 				t.Fatalf("list -json: %d\n%s%s", code, out, errs)
@@ -223,7 +225,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 
 			// Refusals.
-			missing := core.Identity{Key: "never"}.ID().String()
+			missing := store.Identity{Key: "never"}.ID().String()
 			for _, tc := range []struct {
 				args []string
 				code int

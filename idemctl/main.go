@@ -20,11 +20,11 @@
 // mysql://... (MySQL, MariaDB), file:..., sqlite://... or a path ending in
 // .db, .sqlite or .sqlite3 (SQLite); -db postgres|mysql|sqlite says it
 // when the DSN does not. The records are sqlstore's table, which gormstore
-// and pgxstore share. -json prints JSON (the core.RecordPage and
-// core.RecordInfo of the admin handler) instead of text.
+// and pgxstore share. -json prints JSON (the admin.Page and
+// admin.Record of the admin handler) instead of text.
 //
 // Each resolve and release is logged on standard error, with the record
-// id and the reason. Responses recorded with a core.Sealer cannot be shown
+// id and the reason. Responses recorded with a seal.Sealer cannot be shown
 // here (no key), and an answer recorded here is not sealed: where
 // responses are sealed, use the application's core.Engine.AdminHandler.
 //

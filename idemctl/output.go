@@ -8,11 +8,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
+	"github.com/idemkit/idem/core/store"
 )
 
 // printList writes a page of records as a table, one record a line.
-func printList(w io.Writer, page core.RecordPage, st core.State, older time.Duration, now time.Time) {
+func printList(w io.Writer, page admin.Page, st store.State, older time.Duration, now time.Time) {
 	if len(page.Records) == 0 {
 		what := st.String() + " records"
 		if older > 0 {
@@ -34,7 +35,7 @@ func printList(w io.Writer, page core.RecordPage, st core.State, older time.Dura
 }
 
 // lease describes a record's lease in a few characters.
-func lease(r core.RecordInfo, now time.Time) string {
+func lease(r admin.Record, now time.Time) string {
 	switch {
 	case r.LeaseUntil == nil:
 		return "-"
@@ -61,7 +62,7 @@ func age(d time.Duration) string {
 }
 
 // printRecord writes one record, field by field, with its response.
-func printRecord(w io.Writer, r core.RecordInfo, now time.Time) {
+func printRecord(w io.Writer, r admin.Record, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	field := func(name, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{name}, args...)...)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -57,7 +59,7 @@ type command struct {
 type ctl struct {
 	store  *sqlstore.Store
 	log    *slog.Logger
-	id     core.ID
+	id     store.ID
 	opts   options
 	stdout io.Writer
 	now    func() time.Time
@@ -130,7 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "idemctl %s: unexpected arguments %q\n", cmd.name, pos)
 		return 2
 	case cmd.needID:
-		id, err := core.ParseID(pos[0])
+		id, err := store.ParseID(pos[0])
 		if err != nil {
 			fmt.Fprintf(stderr, "idemctl %s: %v\n", cmd.name, err)
 			return 2
@@ -163,24 +165,24 @@ func listFlags(fs *flag.FlagSet) func(context.Context, *ctl) error {
 	limit := fs.Int("limit", 50, "the most records on the page (at most 1000)")
 	after := fs.String("after", "", "the `NEXT` of the previous page")
 	return func(ctx context.Context, c *ctl) error {
-		st, err := core.ParseState(*state)
+		st, err := store.ParseState(*state)
 		if err != nil {
 			return fmt.Errorf("%w: -state: %v", errUsage, err)
 		}
-		if *limit < 1 || *limit > core.MaxListLimit {
-			return fmt.Errorf("%w: -limit %d: give 1 to %d", errUsage, *limit, core.MaxListLimit)
+		if *limit < 1 || *limit > store.MaxListLimit {
+			return fmt.Errorf("%w: -limit %d: give 1 to %d", errUsage, *limit, store.MaxListLimit)
 		}
 		e, err := c.engine()
 		if err != nil {
 			return err
 		}
-		page, err := e.Records(ctx, core.RecordQuery{State: st, OlderThan: *older, After: *after, Limit: *limit})
+		page, err := e.Records(ctx, admin.Query{State: st, OlderThan: *older, After: *after, Limit: *limit})
 		if err != nil {
 			return err
 		}
 		if c.opts.json {
 			if page.Records == nil {
-				page.Records = []core.RecordInfo{}
+				page.Records = []admin.Record{}
 			}
 			return c.printJSON(page)
 		}

@@ -9,7 +9,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // ScopeName is the instrumentation scope of the meter.
@@ -27,7 +28,7 @@ const (
 const (
 	AttrDecision = attribute.Key("idem.decision") // executed, replayed, in_progress, mismatch, ...
 	AttrScope    = attribute.Key("idem.scope")    // the record's scope: a core.Scope name, "consumer mailer" (Engine.Once), "" by default
-	AttrRoute    = attribute.Key("idem.route")    // the route pattern (core.Event.Route): "/orders/:id", "/pkg.Service/Method"; absent when unknown
+	AttrRoute    = attribute.Key("idem.route")    // the route pattern (observe.Event.Route): "/orders/:id", "/pkg.Service/Method"; absent when unknown
 	// Span events only:
 	AttrRecordID = attribute.Key("idem.record_id") // the record's ID, as in problem documents and logs
 	AttrKey      = attribute.Key("idem.key")       // the key, hashed unless core.WithRawKeysInLogs
@@ -65,7 +66,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // histograms) and as a span event (EventName) on the span of the
 // request's context, when one is recording (the span of otelhttp,
 // otelgin, otelecho or otelgrpc).
-func New(opts ...Option) (core.Observer, error) {
+func New(opts ...Option) (observe.Observer, error) {
 	var c config
 	for _, o := range opts {
 		o.apply(&c)
@@ -100,7 +101,7 @@ type observer struct {
 	duration, claim, completion metric.Float64Histogram
 }
 
-func (o *observer) observe(ctx context.Context, ev core.Event) {
+func (o *observer) observe(ctx context.Context, ev observe.Event) {
 	// Every attribute is bounded: the scope is a name written by hand (or
 	// empty), the route a pattern of the router (never the concrete path).
 	attrs := []attribute.KeyValue{AttrDecision.String(string(ev.Decision)), AttrScope.String(ev.Scope)}
@@ -126,7 +127,7 @@ func (o *observer) observe(ctx context.Context, ev core.Event) {
 	if ev.Route != "" {
 		attrs = append(attrs, AttrRoute.String(ev.Route))
 	}
-	if ev.ID != (core.ID{}) {
+	if ev.ID != (store.ID{}) {
 		attrs = append(attrs, AttrRecordID.String(ev.ID.String()))
 	}
 	if ev.Key != "" {

@@ -19,7 +19,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/otelidem"
 )
 
@@ -37,10 +40,10 @@ func stepClock() func() time.Time {
 }
 
 // downStore is a store whose claims fail as an unreachable database's do.
-type downStore struct{ core.Store }
+type downStore struct{ store.Store }
 
-func (downStore) Claim(context.Context, core.ClaimRequest) (core.ClaimResult, error) {
-	return core.ClaimResult{}, core.ErrStoreUnavailable
+func (downStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, core.ErrStoreUnavailable
 }
 
 // fixture is an engine with the observer, served over HTTP behind a
@@ -54,7 +57,7 @@ type fixture struct {
 	entered chan struct{} // the handler of /slow got there
 }
 
-func newFixture(t *testing.T, store core.Store, opts ...otelidem.Option) (*fixture, core.Observer) {
+func newFixture(t *testing.T, store store.Store, opts ...otelidem.Option) (*fixture, observe.Observer) {
 	f := &fixture{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder(), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.reader))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(f.spans))
@@ -181,7 +184,7 @@ func TestMetricsAndSpanEvents(t *testing.T) {
 	}
 	// A lease lost is reported by the engine when a takeover fenced an
 	// attempt; the observer is a plain function: feed it the event.
-	obs(context.Background(), core.Event{Decision: core.DecisionLeaseLost, Route: "/orders", Duration: time.Second})
+	obs(context.Background(), observe.Event{Decision: observe.DecisionLeaseLost, Route: "/orders", Duration: time.Second})
 
 	got, scopes, routes := f.collect(t)
 	want := map[string]map[string]int64{
@@ -316,7 +319,7 @@ func TestCompleterAndOperatorDecisions(t *testing.T) {
 	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = core.MarkEffect(r.Context())
 		w.WriteHeader(http.StatusBadGateway)
-	}), core.Name("payments"), core.RecordRequest(nil), core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+	}), core.Name("payments"), core.RecordRequest(nil), core.WithResolver(func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 		req, _ := core.ResolvingRequest(ctx)
 		if charged[string(req.Body)] {
 			return core.Resolution{Outcome: core.OutcomeApplied, Response: &core.Response{Status: 201}}, nil
@@ -338,7 +341,7 @@ func TestCompleterAndOperatorDecisions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	page, err := e.Records(context.Background(), core.RecordQuery{})
+	page, err := e.Records(context.Background(), admin.Query{})
 	if err != nil || len(page.Records) != 1 {
 		t.Fatalf("records left: %+v, %v", page, err)
 	}
@@ -353,9 +356,9 @@ func TestCompleterAndOperatorDecisions(t *testing.T) {
 	}
 }
 
-func mustID(t *testing.T, s string) core.ID {
+func mustID(t *testing.T, s string) store.ID {
 	t.Helper()
-	id, err := core.ParseID(s)
+	id, err := store.ParseID(s)
 	if err != nil {
 		t.Fatal(err)
 	}

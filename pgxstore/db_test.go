@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
@@ -87,7 +87,7 @@ func TestConformance(t *testing.T) {
 		{"probe", []pgxstore.Option{pgxstore.WithoutRegistry()}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T) core.Store {
+			storetest.Run(t, func(t *testing.T) store.Store {
 				s, _, _ := newStore(t, v.opts...)
 				return s
 			})
@@ -233,7 +233,7 @@ func fixture(t *testing.T, opts ...pgxstore.Option) sqlstoretest.Fixture {
 			t.Cleanup(release)
 			return release
 		},
-		Twin:           func(t *testing.T) core.TxStore { return twin(t) },
+		Twin:           func(t *testing.T) store.TxStore { return twin(t) },
 		AfterStatement: hook.set,
 		Exec: func(ctx context.Context, stmt string) error {
 			tx, err := pgxstore.Tx(ctx)
@@ -300,7 +300,7 @@ func TestLifetime(t *testing.T) {
 // BenchmarkStore runs core/storetest's benchmarks of the hot paths (leased
 // mode, autocommit): go test -run - -bench . ./
 func BenchmarkStore(b *testing.B) {
-	storetest.Bench(b, func(b *testing.B) core.Store {
+	storetest.Bench(b, func(b *testing.B) store.Store {
 		s, _, _ := newStore(b)
 		return s
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -138,7 +139,7 @@ func TestDeadPooledConnections(t *testing.T) {
 		// Releasing an absent record succeeds; on a dead connection the
 		// DELETE is written and the answer is the server's FATAL.
 		s, _ := deadPool(t)
-		id := core.Identity{Key: "absent"}.ID()
+		id := store.Identity{Key: "absent"}.ID()
 		if err := s.Release(ctx, id, 1); !errors.Is(err, core.ErrStoreUnavailable) {
 			t.Fatalf("Release on a dead connection: %v, want core.ErrStoreUnavailable (not sent again)", err)
 		}
@@ -153,7 +154,7 @@ func TestDeadPooledConnections(t *testing.T) {
 	})
 	t.Run("read outside a transaction", func(t *testing.T) {
 		s, _ := deadPool(t)
-		id := core.Identity{Key: "absent"}.ID()
+		id := store.Identity{Key: "absent"}.ID()
 		if _, err := s.Get(ctx, id, time.Now()); !errors.Is(err, core.ErrNotFound) {
 			t.Fatalf("Get after the connections died: %v, want core.ErrNotFound", err)
 		}

@@ -4,19 +4,19 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/storeutil"
 )
 
-var _ core.Inspector = (*Store)(nil)
+var _ store.Inspector = (*Store)(nil)
 
-// List implements core.Inspector: one SELECT of the live rows in q.State,
+// List implements store.Inspector: one SELECT of the live rows in q.State,
 // ORDER BY created_at, id with LIMIT, without the response column (the
 // statement sqlstore runs on Postgres). No index covers state or
 // created_at (see sqlstore.Store.List), so Postgres reads the live rows
 // to answer: an operator's query, not the request path's. It takes no
 // lock and waits for none.
-func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	if err := q.Check(); err != nil {
 		return nil, err
 	}
@@ -30,9 +30,9 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 		return nil, s.failure(ctx, "list", err)
 	}
 	defer rows.Close()
-	recs := make([]core.Record, 0, min(q.Limit, 64))
+	recs := make([]store.Record, 0, min(q.Limit, 64))
 	for rows.Next() {
-		var rec core.Record
+		var rec store.Record
 		if _, err := scanRecord(rows, &rec); err != nil {
 			return nil, unavailable("list", err)
 		}

@@ -3,7 +3,7 @@ package pgxstore
 import (
 	"context"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
 )
 
@@ -32,7 +32,7 @@ type registry = inflight.Registry[*lazyTx]
 
 // hold records that the transaction's claim of id succeeded, unless the
 // transaction has ended meanwhile; it reports whether id is now held.
-func (l *lazyTx) hold(id core.ID) bool {
+func (l *lazyTx) hold(id store.ID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.forgotten {

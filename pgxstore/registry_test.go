@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/pgxstore"
 )
 
-func regClaim(key string, token int64) core.ClaimRequest {
+func regClaim(key string, token int64) store.ClaimRequest {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	return core.ClaimRequest{ID: core.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
+	return store.ClaimRequest{ID: store.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
 		Token: token, Now: now, ExpiresAt: now.Add(time.Hour)}
 }
 
@@ -86,7 +87,7 @@ func TestRegistry(t *testing.T) {
 		mu                sync.Mutex
 		claimed, inFlight int
 		slow              int // claims that may have peeked
-		txs               []core.Tx
+		txs               []store.Tx
 	)
 	start := make(chan struct{})
 	for i := range n {
@@ -112,7 +113,7 @@ func TestRegistry(t *testing.T) {
 				claimed++
 				txs = append(txs, tx) // held open until every claim returned
 				return
-			case res.Record.State == core.StateInProgress:
+			case res.Record.State == store.StateInProgress:
 				inFlight++
 			default:
 				t.Errorf("claim %d: %+v", i, res)
@@ -150,7 +151,7 @@ func TestDeferredCompletion(t *testing.T) {
 	if res, err := s.Claim(tctx, req); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}
-	c := core.Completion{State: core.StateCompleted, Status: 201, Response: []byte("ok"), ExpiresAt: req.ExpiresAt}
+	c := store.Completion{State: store.StateCompleted, Status: 201, Response: []byte("ok"), ExpiresAt: req.ExpiresAt}
 	if err := s.Complete(tctx, req.ID, 8, c); !errors.Is(err, core.ErrFenced) {
 		t.Fatalf("Complete with another token: %v, want core.ErrFenced", err)
 	}
@@ -158,13 +159,13 @@ func TestDeferredCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(tctx, req.ID, req.Now)
-	if err != nil || rec.State != core.StateCompleted || rec.Status != 201 || string(rec.Response) != "ok" {
+	if err != nil || rec.State != store.StateCompleted || rec.Status != 201 || string(rec.Response) != "ok" {
 		t.Fatalf("Get in the transaction after Complete: %+v, %v; want the completed record", rec, err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, req.ID, req.Now); err != nil || rec.State != core.StateCompleted {
+	if rec, err := s.Get(ctx, req.ID, req.Now); err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("Get after Commit: %+v, %v", rec, err)
 	}
 }
@@ -192,7 +193,7 @@ func TestCommitFencedCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := ptx.Conn()
-	c := core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: req.ExpiresAt}
+	c := store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: req.ExpiresAt}
 	if err := s.Complete(tctx, req.ID, 7, c); err != nil {
 		t.Fatal(err)
 	}

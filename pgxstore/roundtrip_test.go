@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
@@ -470,7 +471,7 @@ func TestRoundTripsLeased(t *testing.T) {
 }
 
 // TestRoundTripsNamed: a route named for the completer (core.Name) writes
-// its record's mark in the claim's own statement (core.ClaimRequest.Mark),
+// its record's mark in the claim's own statement (store.ClaimRequest.Mark),
 // so its first execution makes as many round trips as the same route
 // unnamed, in leased and in atomic mode, and the record it leaves
 // indeterminate is due for the completer without a statement of its own.
@@ -484,7 +485,7 @@ func TestRoundTripsNamed(t *testing.T) {
 	p := newPayment(t, pool, setup.Table())
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	named := []core.RouteOption{core.Name("payments"), core.RecordRequest(nil),
-		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })}
+		core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) { return core.Resolution{}, nil })}
 	for _, leased := range []bool{true, false} {
 		mode := map[bool]string{true: "leased", false: "atomic"}[leased]
 		t.Run(mode, func(t *testing.T) {
@@ -530,12 +531,12 @@ func TestRoundTripsNamed(t *testing.T) {
 			if !leased {
 				return
 			}
-			due, err := s.Due(context.Background(), time.Now().Add(time.Hour), core.MaxListLimit)
+			due, err := s.Due(context.Background(), time.Now().Add(time.Hour), store.MaxListLimit)
 			if err != nil {
 				t.Fatal(err)
 			}
-			found := slices.ContainsFunc(due, func(p core.Pending) bool { return p.Record.Key == prefix+"-named" && p.Mark.Route == "payments" })
-			if !found || slices.ContainsFunc(due, func(p core.Pending) bool { return p.Record.Key == prefix+"-plain" }) {
+			found := slices.ContainsFunc(due, func(p store.Pending) bool { return p.Record.Key == prefix+"-named" && p.Mark.Route == "payments" })
+			if !found || slices.ContainsFunc(due, func(p store.Pending) bool { return p.Record.Key == prefix+"-plain" }) {
 				t.Errorf("Due: %d marks, want the named route's record (found: %v) and not the unnamed one's", len(due), found)
 			}
 		})

@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/storeutil"
 )
 
-var _ core.Settler = (*Store)(nil)
+var _ store.Settler = (*Store)(nil)
 
 // markFailure is the error of a marks statement: the table may be
 // missing (a table migrated before the completer: run Migrate, or
@@ -21,18 +22,18 @@ func (s *Store) markFailure(ctx context.Context, op string, err error) error {
 
 // claimFailure is the error of a claim statement: a marked one
 // (req.Mark) writes the marks table too, which may be missing.
-func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err error) error {
+func (s *Store) claimFailure(ctx context.Context, req store.ClaimRequest, err error) error {
 	if req.Mark != nil {
 		return s.markFailure(ctx, "claim", err)
 	}
 	return s.failure(ctx, "claim", err)
 }
 
-// Mark implements core.Settler with sqlstore's statement (the marks
+// Mark implements store.Settler with sqlstore's statement (the marks
 // table both stores share): one upsert, in the transaction ctx carries,
 // else on its own. The engine's claims write their marks in the claim's
-// own statement (core.ClaimRequest.Mark, internal/pgsql).
-func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+// own statement (store.ClaimRequest.Mark, internal/pgsql).
+func (s *Store) Mark(ctx context.Context, id store.ID, token int64, m store.Mark) error {
 	c, _, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -43,14 +44,14 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 	return nil
 }
 
-// Due implements core.Settler as sqlstore's does: a range read of the
+// Due implements store.Settler as sqlstore's does: a range read of the
 // marks' due_at index joined to the records, without locks; the stale
 // marks it meets are deleted afterwards in a short transaction that
 // skips marks another transaction holds (storeutil's DeleteStale); a
 // failure to delete them is not an error (the next call tries again).
-func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
-	if limit < 1 || limit > core.MaxListLimit {
-		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]store.Pending, error) {
+	if limit < 1 || limit > store.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, store.MaxListLimit)
 	}
 	c, _, err := s.conn(ctx)
 	if err != nil {
@@ -61,12 +62,12 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		return nil, s.markFailure(ctx, "due", err)
 	}
 	var (
-		out       []core.Pending
+		out       []store.Pending
 		staleArgs []any
 	)
 	for rows.Next() {
 		var (
-			p     core.Pending
+			p     store.Pending
 			mid   []byte
 			token int64
 			tries int32
@@ -109,9 +110,9 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 	return out, nil
 }
 
-// Visit implements core.Settler: one UPDATE that compares the token and
+// Visit implements store.Settler: one UPDATE that compares the token and
 // the due_at it was read with.
-func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+func (s *Store) Visit(ctx context.Context, id store.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	c, _, err := s.conn(ctx)
 	if err != nil {
 		return false, err

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/internal/debugtext"
 	"github.com/idemkit/idem/internal/inflight"
@@ -25,13 +26,13 @@ import (
 // sqlstore's, so both stores can share one table.
 const DefaultTable = "idempotency_records"
 
-// Store is a core.TxStore on a pgx pool. Create it with New.
+// Store is a store.TxStore on a pgx pool. Create it with New.
 type Store struct {
 	pool  *pgxpool.Pool
 	table string
 	q     pgsql.Statements
 	list  [4]string                // List's statements (inspect.go)
-	mq    storeutil.MarkStatements // core.Settler's (settle.go)
+	mq    storeutil.MarkStatements // store.Settler's (settle.go)
 	// commitComplete is the completion sent in the same round trip as
 	// COMMIT: q.Complete, failing (division by zero) when it matched no
 	// row, so that the COMMIT behind it does not run.
@@ -57,8 +58,8 @@ func (s *Store) background(fn func()) {
 }
 
 var (
-	_ core.Store           = (*Store)(nil)
-	_ core.TxStore         = (*Store)(nil)
+	_ store.Store          = (*Store)(nil)
+	_ store.TxStore        = (*Store)(nil)
 	_ syncclock.TimeSource = (*Store)(nil)
 )
 
@@ -260,13 +261,13 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c querier) error) error {
 	return nil
 }
 
-// --- core.Store --------------------------------------------------------------
+// --- store.Store --------------------------------------------------------------
 
-// Claim implements core.Store with sqlstore's Postgres claim: an id never
+// Claim implements store.Store with sqlstore's Postgres claim: an id never
 // seen is one INSERT whose non-blocking advisory lock probe rides in its
 // WHERE (claimDB). In a transaction of Begin that has not begun, BEGIN and
 // the INSERT travel in one round trip.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	v := ctx.Value(ctxKey{})
 	if _, hidden := v.(hiddenTx); hidden {
@@ -280,14 +281,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		return s.claimDB(ctx, req, l)
 	}
 	wait := v == nil || (l != nil && !l.started())
-	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*core.Record, error) { return s.peek(ctx, req) })
+	cl, held, found, err := s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*store.Record, error) { return s.peek(ctx, req) })
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, unavailable("claim", err)
+		return store.ClaimResult{}, unavailable("claim", err)
 	case held:
 		return storeutil.InProgressElsewhere(req.ID), nil
 	case found != nil:
-		return core.ClaimResult{Record: *found}, nil
+		return store.ClaimResult{Record: *found}, nil
 	}
 	if cl == nil {
 		return s.claimDB(ctx, req, l)
@@ -300,7 +301,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	}()
 	res, err := s.claimDB(ctx, req, l)
 	claimed := err == nil && res.Claimed && l.hold(req.ID)
-	var rec *core.Record
+	var rec *store.Record
 	if err == nil && !res.Claimed {
 		rec = &res.Record
 	}
@@ -310,10 +311,10 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 }
 
 // markArgs appends the parameters of m, a marked claim's mark
-// (core.ClaimRequest.Mark), to the claim's args: the marked statements
+// (store.ClaimRequest.Mark), to the claim's args: the marked statements
 // (internal/pgsql) upsert the mark in the claim's own statement. A nil m
 // adds nothing.
-func markArgs(args []any, m *core.Mark) []any {
+func markArgs(args []any, m *store.Mark) []any {
 	if m == nil {
 		return args
 	}
@@ -331,7 +332,7 @@ func markArgs(args []any, m *core.Mark) []any {
 // has not committed its row), or a row that a sweep or a release deleted
 // after the INSERT saw it, take the full claim statement (claimExisting),
 // which claims the id when nothing holds it.
-func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (core.ClaimResult, error) {
+func (s *Store) claimDB(ctx context.Context, req store.ClaimRequest, l *lazyTx) (store.ClaimResult, error) {
 	lock := pgsql.LockKey(req.ID, s.lock)
 	leased := l == nil && !s.InTx(ctx)
 	ins := s.q.Insert
@@ -350,14 +351,14 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 		timeArg(req.LeaseUntil), timeArg(req.ExpiresAt), timeArg(req.Now)}, req.Mark)})
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+		return store.ClaimResult{}, s.claimFailure(ctx, req, err)
 	case inserted:
 		if l != nil {
 			l.claimed(req.ID, req.Token)
 		}
-		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
+		return store.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	}
-	var rec core.Record
+	var rec store.Record
 	found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (bool, error) {
 		found, err := scanRecord(br.QueryRow(), &rec)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -367,15 +368,15 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 	}, stmt{s.q.Read, []any{req.ID[:]}})
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+		return store.ClaimResult{}, s.claimFailure(ctx, req, err)
 	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
-		if l != nil && rec.State != core.StateCompleted {
+		if l != nil && rec.State != store.StateCompleted {
 			// The INSERT may have taken the lock (a row committed between
 			// its snapshot and its probe): end the transaction before the
 			// answer counts.
 			l.lockHeld()
 		}
-		return core.ClaimResult{Record: rec}, nil
+		return store.ClaimResult{Record: rec}, nil
 	}
 	return s.claimExisting(ctx, req, l, lock)
 }
@@ -385,7 +386,7 @@ func (s *Store) claimDB(ctx context.Context, req core.ClaimRequest, l *lazyTx) (
 // (held by another transaction, or deleted since the INSERT saw it), with
 // the full claim statement: the lock probe, INSERT ... ON CONFLICT DO
 // UPDATE, and the row as it is. It runs at most maxClaimTries times.
-func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *lazyTx, lock int64) (core.ClaimResult, error) {
+func (s *Store) claimExisting(ctx context.Context, req store.ClaimRequest, l *lazyTx, lock int64) (store.ClaimResult, error) {
 	leased := l == nil && !s.InTx(ctx)
 	q := s.q.Claim
 	switch {
@@ -402,13 +403,13 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool
-			rec          core.Record
+			rec          store.Record
 		)
 		found, err := s.claimBatch(ctx, l, func(br pgx.BatchResults) (bool, error) {
 			return scanRecord(br.QueryRow(), &rec, &ok, &inserted)
 		}, claim)
 		if err != nil {
-			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+			return store.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		if l != nil && ok && !inserted {
 			l.lockHeld() // the transaction holds the id's lock without its row
@@ -418,14 +419,14 @@ func (s *Store) claimExisting(ctx context.Context, req core.ClaimRequest, l *laz
 			if l != nil {
 				l.claimed(req.ID, req.Token)
 			}
-			return core.ClaimResult{Claimed: true, Record: rec}, nil
+			return store.ClaimResult{Claimed: true, Record: rec}, nil
 		case !ok && (!found || !storeutil.Live(rec, req.Now) || storeutil.Takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
 			return storeutil.InProgressElsewhere(req.ID), nil
 		case found && storeutil.Live(rec, req.Now) && !(ok && storeutil.Takeable(rec, req)):
 			// Completed, indeterminate, or held by a live lease.
-			return core.ClaimResult{Record: rec}, nil
+			return store.ClaimResult{Record: rec}, nil
 		}
 		// We held the lock but ON CONFLICT met a row our snapshot does not
 		// show (committed between the snapshot and the lock): run again
@@ -502,8 +503,8 @@ func sendBatch(ctx context.Context, c querier, begin bool, stmts []stmt, read fu
 // transaction that committed between two of its steps.
 const maxClaimTries = 3
 
-// Extend implements core.Store.
-func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+// Extend implements store.Store.
+func (s *Store) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	lu := timeArg(leaseUntil)
 	var tag pgconn.CommandTag
 	err := s.run(ctx, ifUnsent, func(c querier) (err error) {
@@ -519,15 +520,15 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	return nil
 }
 
-// Complete implements core.Store. In a transaction of Begin that claimed
+// Complete implements store.Store. In a transaction of Begin that claimed
 // id with token, the completion is not sent at once: it travels with
 // COMMIT, in one round trip (a statement of the transaction that runs
 // before then sends it first). The transaction holds the record's row from
 // its claim on, so nothing can fence the completion meanwhile; should it
 // still match no row, the COMMIT does not run and Commit returns an error
 // wrapping core.ErrFenced.
-func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.Completion) error {
-	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
+func (s *Store) Complete(ctx context.Context, id store.ID, token int64, cp store.Completion) error {
+	if cp.State != store.StateCompleted && cp.State != store.StateIndeterminate {
 		return fmt.Errorf("%w: pgxstore: Complete with state %v", core.ErrConfig, cp.State)
 	}
 	args := []any{int16(cp.State), cp.Status, storeutil.NullBytes(bytes.Clone(cp.Response)), timeArg(cp.ExpiresAt), id[:], token}
@@ -554,8 +555,8 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 	return nil
 }
 
-// Release implements core.Store.
-func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, id store.ID, token int64) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -586,23 +587,23 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	return s.onPool(ctx, ctx, ifUnsent, release)
 }
 
-// Get implements core.Store.
-func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
-	var rec core.Record
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
+	var rec store.Record
 	err := s.run(ctx, ifLost, func(c querier) (err error) {
 		_, err = scanRecord(c.QueryRow(ctx, s.q.Get, id[:], timeArg(now)), &rec)
 		return err
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return core.Record{}, core.ErrNotFound
+		return store.Record{}, core.ErrNotFound
 	case err != nil:
-		return core.Record{}, s.failure(ctx, "get", err)
+		return store.Record{}, s.failure(ctx, "get", err)
 	}
 	return rec, nil
 }
 
-// DeleteExpired implements core.Store: one batch of at most limit rows,
+// DeleteExpired implements store.Store: one batch of at most limit rows,
 // oldest first, skipping rows another transaction has locked, so
 // concurrent sweepers and live claims never wait on it.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
@@ -690,9 +691,9 @@ func timeArg(t time.Time) any {
 //
 // A read commits nothing: when its connection turns out to be lost, it
 // runs again on another (retry).
-func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, error) {
+func (s *Store) peek(ctx context.Context, req store.ClaimRequest) (*store.Record, error) {
 	var (
-		rec  core.Record
+		rec  store.Record
 		err  error
 		gone bool
 	)
@@ -715,7 +716,7 @@ func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, 
 
 // peekOnce reads the row of req.ID into rec on one connection of the
 // pool; gone reports that the read lost the connection (lost).
-func (s *Store) peekOnce(ctx context.Context, req core.ClaimRequest, rec *core.Record) (gone bool, err error) {
+func (s *Store) peekOnce(ctx context.Context, req store.ClaimRequest, rec *store.Record) (gone bool, err error) {
 	cctx, cancel := ctx, context.CancelFunc(func() {})
 	if st := s.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
 		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
@@ -733,7 +734,7 @@ func (s *Store) peekOnce(ctx context.Context, req core.ClaimRequest, rec *core.R
 // scanRecord scans the columns of pgsql.Cols into rec, after any extra
 // leading destinations. found is false when the row's columns are all
 // NULL (an outer join that matched nothing).
-func scanRecord(r pgx.Row, rec *core.Record, extra ...any) (found bool, err error) {
+func scanRecord(r pgx.Row, rec *store.Record, extra ...any) (found bool, err error) {
 	var (
 		id                       []byte
 		caller, scope, key       *string
@@ -748,7 +749,7 @@ func scanRecord(r pgx.Row, rec *core.Record, extra ...any) (found bool, err erro
 		return false, err
 	}
 	if id == nil {
-		*rec = core.Record{}
+		*rec = store.Record{}
 		return false, nil
 	}
 	if len(id) != len(rec.ID) {
@@ -756,7 +757,7 @@ func scanRecord(r pgx.Row, rec *core.Record, extra ...any) (found bool, err erro
 	}
 	copy(rec.ID[:], id)
 	rec.Caller, rec.Scope, rec.Key = deref(caller), deref(scope), deref(key)
-	rec.State = core.State(deref(state))
+	rec.State = store.State(deref(state))
 	rec.Token = deref(token)
 	rec.Attempt = int(deref(attempt))
 	rec.Status = int(deref(status))

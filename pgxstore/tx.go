@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 type ctxKey struct{}
@@ -81,7 +82,7 @@ func TxFrom(ctx context.Context) pgx.Tx {
 	return tx
 }
 
-// WithoutTx implements core.TxStore: store methods called with the result
+// WithoutTx implements store.TxStore: store methods called with the result
 // run on the pool, in autocommit, and InTx reports false.
 func (s *Store) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(ctxKey{}) == nil {
@@ -99,13 +100,13 @@ func (s *Store) InTx(ctx context.Context) bool {
 	return true
 }
 
-// Begin implements core.TxStore. It sends nothing: BEGIN travels with the
+// Begin implements store.TxStore. It sends nothing: BEGIN travels with the
 // transaction's first statement, normally the claim (one round trip for
 // both), after the store's registry of in-flight ids had its say, so a
 // duplicate of a request this process is running takes no connection. The
 // completion travels with COMMIT. The handler reaches the transaction with
 // Tx.
-func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	l := &lazyTx{s: s, ctx: ctx}
 	return context.WithValue(ctx, ctxKey{}, l), l, nil
 }
@@ -126,7 +127,7 @@ func (s *Store) conn(ctx context.Context) (c querier, inTx bool, err error) {
 	return s.pool, false, nil
 }
 
-// lazyTx is the core.Tx that Begin returns.
+// lazyTx is the store.Tx that Begin returns.
 type lazyTx struct {
 	s   *Store
 	ctx context.Context
@@ -135,14 +136,14 @@ type lazyTx struct {
 	conn      *pgxpool.Conn // after BEGIN
 	err       error         // BEGIN failed
 	closed    bool
-	tokens    map[core.ID]int64 // ids this transaction claimed
-	pending   []any             // the completion's arguments, sent with COMMIT
-	savepoint int               // names the handler's savepoints
-	used      bool              // a statement besides the first claim ran
-	locked    bool              // a claim took the id's lock and did not claim
+	tokens    map[store.ID]int64 // ids this transaction claimed
+	pending   []any              // the completion's arguments, sent with COMMIT
+	savepoint int                // names the handler's savepoints
+	used      bool               // a statement besides the first claim ran
+	locked    bool               // a claim took the id's lock and did not claim
 	// registry
 	forgotten bool
-	ids       []core.ID
+	ids       []store.ID
 	stop      func() bool
 }
 
@@ -266,11 +267,11 @@ func (l *lazyTx) flush(ctx context.Context) error {
 }
 
 // claimed records that the transaction's claim of id with token succeeded.
-func (l *lazyTx) claimed(id core.ID, token int64) {
+func (l *lazyTx) claimed(id store.ID, token int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.tokens == nil {
-		l.tokens = make(map[core.ID]int64, 1)
+		l.tokens = make(map[store.ID]int64, 1)
 	}
 	l.tokens[id] = token
 }
@@ -285,7 +286,7 @@ func (l *lazyTx) lockHeld() {
 }
 
 // unclaimed forgets a claim (Release in the transaction).
-func (l *lazyTx) unclaimed(id core.ID) {
+func (l *lazyTx) unclaimed(id store.ID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.tokens, id)
@@ -296,7 +297,7 @@ func (l *lazyTx) unclaimed(id core.ID) {
 // then held by the transaction and cannot be fenced. It reports false when
 // the completion must run now. A transaction that a failed statement
 // aborted gets errTxFailed (core.ErrTxAborted).
-func (l *lazyTx) deferCompletion(id core.ID, token int64, args []any) (bool, error) {
+func (l *lazyTx) deferCompletion(id store.ID, token int64, args []any) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || l.conn == nil {
@@ -414,10 +415,10 @@ func commitResult(tag pgconn.CommandTag, err error) error {
 	return nil
 }
 
-// Commit implements core.Tx.
+// Commit implements store.Tx.
 func (l *lazyTx) Commit() error { return l.end(true) }
 
-// Rollback implements core.Tx.
+// Rollback implements store.Tx.
 func (l *lazyTx) Rollback() error { return l.end(false) }
 
 // --- the handler's pgx.Tx ----------------------------------------------------

@@ -21,7 +21,7 @@
 // completion the primary acknowledged. WithReplicas makes every write
 // wait for replicas (WAIT); the README says what each setting survives.
 //
-// The store has no transactions (it is not a core.TxStore): an engine over
+// The store has no transactions (it is not a store.TxStore): an engine over
 // it runs every route in leased mode, and a route that asks for atomic
 // mode (core.Atomic) fails when it is built.
 package redisstore

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // scanCount is the COUNT hint of the SCANs of List and DeleteExpired: how
@@ -23,7 +23,7 @@ const scanCount = 1000
 // listFields are the hash fields List reads: all but the response.
 var listFields = []string{"state", "token", "attempt", "lease", "expires", "created", "status", "fp", "caller", "scope", "key"}
 
-// List implements core.Inspector. Redis has no index on a hash's fields,
+// List implements store.Inspector. Redis has no index on a hash's fields,
 // and one that the store kept (a sorted set per state) would be a second
 // key in another hash slot, written by every claim and completion: so
 // List SCANs the store's keys (every primary of a cluster) and reads
@@ -32,13 +32,13 @@ var listFields = []string{"state", "token", "attempt", "lease", "expires", "crea
 // (about one round trip per thousand records, and the fields of each):
 // an operator's query, not one for the request path. It takes no lock;
 // a record written during the pass may or may not be listed.
-func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	if err := q.Check(); err != nil {
 		return nil, err
 	}
-	var page []core.Record
+	var page []store.Record
 	cut := func() {
-		slices.SortFunc(page, func(a, b core.Record) int { return compareCursor(core.CursorOf(a), core.CursorOf(b)) })
+		slices.SortFunc(page, func(a, b store.Record) int { return compareCursor(store.CursorOf(a), store.CursorOf(b)) })
 		if len(page) > q.Limit {
 			page = page[:q.Limit]
 		}
@@ -72,7 +72,7 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 			}
 			if rec.State != q.State || !rec.ExpiresAt.After(q.Now) ||
 				(!q.CreatedBefore.IsZero() && !rec.CreatedAt.Before(q.CreatedBefore)) ||
-				(!q.After.IsZero() && compareCursor(core.CursorOf(rec), q.After) <= 0) {
+				(!q.After.IsZero() && compareCursor(store.CursorOf(rec), q.After) <= 0) {
 				continue
 			}
 			page = append(page, rec)
@@ -90,14 +90,14 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 }
 
 // compareCursor orders positions as List does: by CreatedAt, then ID.
-func compareCursor(a, b core.Cursor) int {
+func compareCursor(a, b store.Cursor) int {
 	if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 		return c
 	}
 	return bytes.Compare(a.ID[:], b.ID[:])
 }
 
-// DeleteExpired implements core.Store, though nothing needs to call it:
+// DeleteExpired implements store.Store, though nothing needs to call it:
 // Redis deletes every record's key by itself, keyGrace (a minute) after
 // its ExpiresAt, so no Sweeper is needed (run none). It deletes records
 // whose ExpiresAt <= now that Redis has not yet deleted (within that

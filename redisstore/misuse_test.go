@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -27,8 +28,8 @@ func TestAtomicModeRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := any(s).(core.TxStore); ok {
-		t.Fatal("redisstore.Store implements core.TxStore: Redis has no transaction a handler's writes could join")
+	if _, ok := any(s).(store.TxStore); ok {
+		t.Fatal("redisstore.Store implements store.TxStore: Redis has no transaction a handler's writes could join")
 	}
 	e, err := core.New(s, core.WithSingleCaller(), core.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {

@@ -12,20 +12,21 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/redisstore"
 )
 
 var epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func id(name string) core.ID { return sha256.Sum256([]byte("redisstore " + name)) }
+func id(name string) store.ID { return sha256.Sum256([]byte("redisstore " + name)) }
 
-func claim(i core.ID, token int64, now time.Time) core.ClaimRequest {
-	return core.ClaimRequest{ID: i, Token: token, Now: now, LeaseUntil: now.Add(30 * time.Second), ExpiresAt: now.Add(time.Hour), Fingerprint: []byte("fp")}
+func claim(i store.ID, token int64, now time.Time) store.ClaimRequest {
+	return store.ClaimRequest{ID: i, Token: token, Now: now, LeaseUntil: now.Add(30 * time.Second), ExpiresAt: now.Add(time.Hour), Fingerprint: []byte("fp")}
 }
 
 // keyOf returns the key of record i under the store's prefix, found by
 // scanning (the tests do not know the store's prefix otherwise).
-func keyOf(t *testing.T, c *redis.Client, i core.ID) string {
+func keyOf(t *testing.T, c *redis.Client, i store.ID) string {
 	t.Helper()
 	keys, err := c.Keys(context.Background(), "*{"+i.String()+"}").Result()
 	if err != nil || len(keys) != 1 {
@@ -66,7 +67,7 @@ func TestKeyExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantTTL(t, c, key, 2*time.Hour+time.Minute)
-	if err := s.Complete(ctx, rid, 7, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: epoch.Add(24 * time.Hour)}); err != nil {
+	if err := s.Complete(ctx, rid, 7, store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: epoch.Add(24 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	wantTTL(t, c, key, 24*time.Hour+time.Minute)
@@ -75,7 +76,7 @@ func TestKeyExpiry(t *testing.T) {
 	if _, err := s.Claim(ctx, claim(gone, 8, epoch)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, gone, 8, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: epoch.Add(-2 * time.Minute)}); err != nil {
+	if err := s.Complete(ctx, gone, 8, store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: epoch.Add(-2 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := c.Exists(ctx, keyOf(t, c, rid)[:len(key)-66]+"{"+gone.String()+"}").Result(); err != nil || n != 0 {
@@ -112,7 +113,7 @@ func TestResentWrites(t *testing.T) {
 	d.AddHook(doubler{})
 	s := newStore(t, d)
 	ctx := t.Context()
-	for i, final := range []core.State{core.StateCompleted, core.StateIndeterminate} {
+	for i, final := range []store.State{store.StateCompleted, store.StateIndeterminate} {
 		rid := id(fmt.Sprint("resent ", i))
 		res, err := s.Claim(ctx, claim(rid, 11, epoch))
 		if err != nil || !res.Claimed || res.Record.Attempt != 1 {
@@ -121,7 +122,7 @@ func TestResentWrites(t *testing.T) {
 		if err := s.Extend(ctx, rid, 11, epoch.Add(time.Minute)); err != nil {
 			t.Fatalf("resent Extend: %v", err)
 		}
-		if err := s.Complete(ctx, rid, 11, core.Completion{State: final, Status: 201, Response: []byte("r"), ExpiresAt: epoch.Add(time.Hour)}); err != nil {
+		if err := s.Complete(ctx, rid, 11, store.Completion{State: final, Status: 201, Response: []byte("r"), ExpiresAt: epoch.Add(time.Hour)}); err != nil {
 			t.Fatalf("resent Complete (%v): %v", final, err)
 		}
 		rec, err := s.Get(ctx, rid, epoch)
@@ -129,7 +130,7 @@ func TestResentWrites(t *testing.T) {
 			t.Fatalf("Get after the resent Complete: %+v %v", rec, err)
 		}
 		// Another call of the same token is still refused.
-		if err := s.Complete(ctx, rid, 11, core.Completion{State: core.StateCompleted, Status: 200, ExpiresAt: epoch.Add(time.Hour)}); final == core.StateCompleted && !errors.Is(err, core.ErrFenced) {
+		if err := s.Complete(ctx, rid, 11, store.Completion{State: store.StateCompleted, Status: 200, ExpiresAt: epoch.Add(time.Hour)}); final == store.StateCompleted && !errors.Is(err, core.ErrFenced) {
 			t.Errorf("a second Complete of a completed record: %v, want ErrFenced", err)
 		}
 	}
@@ -177,11 +178,11 @@ func TestReplicasMissing(t *testing.T) {
 	if res, err := plain.Claim(ctx, claim(rid, 22, epoch)); err != nil || !res.Claimed {
 		t.Fatalf("a retry's Claim: %+v %v, want claimed", res, err)
 	}
-	err = waiting.Complete(ctx, rid, 22, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: epoch.Add(time.Hour)})
+	err = waiting.Complete(ctx, rid, 22, store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: epoch.Add(time.Hour)})
 	if !errors.Is(err, core.ErrStoreUnavailable) || !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Complete with no replica: %v, want ErrStoreUnavailable and ErrNotReplicated", err)
 	}
-	if rec, err := plain.Get(ctx, rid, epoch); err != nil || rec.State != core.StateCompleted {
+	if rec, err := plain.Get(ctx, rid, epoch); err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("Get after the completion that was not replicated: %+v %v, want it completed on the primary", rec, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/debugtext"
 )
 
@@ -27,8 +28,8 @@ const DefaultPrefix = "idem:"
 // while it is live by its clock.
 const keyGrace = time.Minute
 
-// Store is an idem store on Redis for leased mode: core.Store and
-// core.Inspector, not core.TxStore (Redis has no transaction a handler's
+// Store is an idem store on Redis for leased mode: store.Store and
+// store.Inspector, not store.TxStore (Redis has no transaction a handler's
 // writes could join, so an engine over it runs every route in leased
 // mode, and a route that asks for atomic mode with core.Atomic fails when
 // it is built). It is safe for concurrent use.
@@ -40,8 +41,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store     = (*Store)(nil)
-	_ core.Inspector = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Inspector = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -146,10 +147,10 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // key is the record's key: the prefix and the ID in hex as a hash tag.
-func (s *Store) key(id core.ID) string { return s.prefix + "{" + id.String() + "}" }
+func (s *Store) key(id store.ID) string { return s.prefix + "{" + id.String() + "}" }
 
-// Claim implements core.Store with one script on the record's key.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+// Claim implements store.Store with one script on the record's key.
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	ttl := req.ExpiresAt.Sub(req.Now) + keyGrace
 	takeover := "0"
 	if req.Takeover {
@@ -161,17 +162,17 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		max(ttl.Milliseconds(), 1), takeover, req.Fingerprint,
 		debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key))
 	if v == nil {
-		return core.ClaimResult{}, waitErr
+		return store.ClaimResult{}, waitErr
 	}
 	out, ok := v.([]any)
 	if !ok || len(out) != 2 {
-		return core.ClaimResult{}, unavailable("claim", fmt.Errorf("unexpected reply %v", v))
+		return store.ClaimResult{}, unavailable("claim", fmt.Errorf("unexpected reply %v", v))
 	}
 	outcome, _ := out[0].(int64)
 	fields, _ := out[1].([]any)
 	rec, err := decodePairs(req.ID, fields)
 	if err != nil {
-		return core.ClaimResult{}, unavailable("claim", err)
+		return store.ClaimResult{}, unavailable("claim", err)
 	}
 	claimed := outcome != 0
 	if waitErr != nil && claimed {
@@ -180,19 +181,19 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		// instead of waiting out the lease. (A refused claim wrote
 		// nothing: its WAIT says nothing about the record it read.)
 		_ = releaseScript.Run(context.WithoutCancel(ctx), s.c, []string{key}, strconv.FormatInt(req.Token, 10)).Err()
-		return core.ClaimResult{}, waitErr
+		return store.ClaimResult{}, waitErr
 	}
-	return core.ClaimResult{Claimed: claimed, Record: rec}, nil
+	return store.ClaimResult{Claimed: claimed, Record: rec}, nil
 }
 
-// Extend implements core.Store.
-func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+// Extend implements store.Store.
+func (s *Store) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	return s.fenced("extend", id, token)(s.write(ctx, extendScript, s.key(id), strconv.FormatInt(token, 10), us(leaseUntil)))
 }
 
-// Complete implements core.Store. The response is sent as it is and kept
+// Complete implements store.Store. The response is sent as it is and kept
 // byte for byte (the engine bounds and seals it; see core.WithSealer).
-func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *Store) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	return s.fenced("complete", id, token)(s.write(ctx, completeScript, s.key(id),
@@ -200,14 +201,14 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 		strconv.FormatUint(binary.BigEndian.Uint64(nonce[:]), 16)))
 }
 
-// Release implements core.Store.
-func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, id store.ID, token int64) error {
 	return s.fenced("release", id, token)(s.write(ctx, releaseScript, s.key(id), strconv.FormatInt(token, 10)))
 }
 
 // fenced returns the answer of a write that replies 1 (done) or 0
 // (fenced).
-func (s *Store) fenced(op string, id core.ID, token int64) func(v any, err error) error {
+func (s *Store) fenced(op string, id store.ID, token int64) func(v any, err error) error {
 	return func(v any, err error) error {
 		if v == nil {
 			return err
@@ -219,21 +220,21 @@ func (s *Store) fenced(op string, id core.ID, token int64) func(v any, err error
 	}
 }
 
-// Get implements core.Store with one HGETALL.
-func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+// Get implements store.Store with one HGETALL.
+func (s *Store) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	m, err := s.c.HGetAll(ctx, s.key(id)).Result()
 	if err != nil {
-		return core.Record{}, unavailable("get", err)
+		return store.Record{}, unavailable("get", err)
 	}
 	if len(m) == 0 {
-		return core.Record{}, fmt.Errorf("%w: redisstore: %s", core.ErrNotFound, id)
+		return store.Record{}, fmt.Errorf("%w: redisstore: %s", core.ErrNotFound, id)
 	}
 	rec, err := decode(id, func(f string) (string, bool) { v, ok := m[f]; return v, ok })
 	if err != nil {
-		return core.Record{}, unavailable("get", err)
+		return store.Record{}, unavailable("get", err)
 	}
 	if !rec.ExpiresAt.After(now) {
-		return core.Record{}, fmt.Errorf("%w: redisstore: %s expired", core.ErrNotFound, id)
+		return store.Record{}, fmt.Errorf("%w: redisstore: %s expired", core.ErrNotFound, id)
 	}
 	return rec, nil
 }
@@ -330,7 +331,7 @@ func us(t time.Time) string {
 
 // decodePairs decodes a record from HGETALL's reply inside a script: a
 // flat list of field names and values.
-func decodePairs(id core.ID, pairs []any) (core.Record, error) {
+func decodePairs(id store.ID, pairs []any) (store.Record, error) {
 	m := make(map[string]string, len(pairs)/2)
 	for i := 0; i+1 < len(pairs); i += 2 {
 		k, _ := pairs[i].(string)
@@ -342,8 +343,8 @@ func decodePairs(id core.ID, pairs []any) (core.Record, error) {
 
 // decode builds the record id from its hash fields (field returns a
 // field's value and whether it is present). Byte slices are fresh copies.
-func decode(id core.ID, field func(string) (string, bool)) (core.Record, error) {
-	rec := core.Record{ID: id}
+func decode(id store.ID, field func(string) (string, bool)) (store.Record, error) {
+	rec := store.Record{ID: id}
 	var err error
 	num := func(name string, dst *int64) {
 		v, ok := field(name)
@@ -365,12 +366,12 @@ func decode(id core.ID, field func(string) (string, bool)) (core.Record, error) 
 	num("created", &created)
 	num("status", &status)
 	if err != nil {
-		return core.Record{}, err
+		return store.Record{}, err
 	}
 	if state < 1 || state > 3 {
-		return core.Record{}, fmt.Errorf("record %s: state %d", id, state)
+		return store.Record{}, fmt.Errorf("record %s: state %d", id, state)
 	}
-	rec.State, rec.Token, rec.Attempt, rec.Status = core.State(state), token, int(attempt), int(status)
+	rec.State, rec.Token, rec.Attempt, rec.Status = store.State(state), token, int(attempt), int(status)
 	if _, ok := field("lease"); ok {
 		rec.LeaseUntil = time.UnixMicro(lease).UTC()
 	}
@@ -390,8 +391,8 @@ func decode(id core.ID, field func(string) (string, bool)) (core.Record, error) 
 
 // idOf parses the ID from a record's key, or reports false for a key that
 // is not one.
-func (s *Store) idOf(key string) (core.ID, bool) {
-	var id core.ID
+func (s *Store) idOf(key string) (store.ID, bool) {
+	var id store.ID
 	h, ok := strings.CutPrefix(key, s.prefix+"{")
 	if !ok || len(h) != 2*len(id)+1 || h[len(h)-1] != '}' {
 		return id, false

@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/redisstore/internal/redisenv"
@@ -23,5 +23,5 @@ func deleteKeys(t testing.TB, c redis.UniversalClient, prefix string) {
 
 func TestConformance(t *testing.T) {
 	c := client(t)
-	storetest.Run(t, func(t *testing.T) core.Store { return newStore(t, c) })
+	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t, c) })
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -41,9 +41,9 @@ func TestMariaDBClaimOverDeletedRowRetries(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	const keys = 4
-	ids := make([]core.ID, keys)
+	ids := make([]store.ID, keys)
 	for i := range ids {
-		ids[i] = core.Identity{Caller: "dl", Scope: "s", Key: fmt.Sprint(i)}.ID()
+		ids[i] = store.Identity{Caller: "dl", Scope: "s", Key: fmt.Sprint(i)}.ID()
 	}
 	var (
 		deadlocks, ops atomic.Int64
@@ -71,7 +71,7 @@ func TestMariaDBClaimOverDeletedRowRetries(t *testing.T) {
 			for time.Now().Before(stop) {
 				k := rng.IntN(keys)
 				tok := int64(rng.Uint64()>>2) + 1
-				req := core.ClaimRequest{ID: ids[k], Caller: "dl", Scope: "s", Key: fmt.Sprint(k), Token: tok,
+				req := store.ClaimRequest{ID: ids[k], Caller: "dl", Scope: "s", Key: fmt.Sprint(k), Token: tok,
 					Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour), Takeover: true}
 				if w == 0 { // leased: the claim commits at once
 					res, err := s.Claim(ctx, req)
@@ -114,7 +114,7 @@ func TestMariaDBClaimOverDeletedRowRetries(t *testing.T) {
 				case 0:
 					check("extend", s.Extend(ctx, ids[k], tok, now.Add(time.Minute)))
 				case 1:
-					check("complete", s.Complete(ctx, ids[k], tok, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: now.Add(time.Hour)}))
+					check("complete", s.Complete(ctx, ids[k], tok, store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: now.Add(time.Hour)}))
 				default:
 					check("release", s.Release(ctx, ids[k], tok))
 				}

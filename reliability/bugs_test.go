@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -40,10 +40,10 @@ func TestMariaDBSweepNeverDeadlocksWriters(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	const keys = 64
-	ids := make([]core.ID, keys)
+	ids := make([]store.ID, keys)
 	tokens := make([]atomic.Int64, keys)
 	for i := range ids {
-		ids[i] = core.Identity{Caller: "deadlock", Scope: "s", Key: fmt.Sprint(i)}.ID()
+		ids[i] = store.Identity{Caller: "deadlock", Scope: "s", Key: fmt.Sprint(i)}.ID()
 	}
 	var clock atomic.Int64 // ms after base
 	now := func() time.Time { return base.Add(time.Duration(clock.Load()) * time.Millisecond) }
@@ -70,7 +70,7 @@ func TestMariaDBSweepNeverDeadlocksWriters(t *testing.T) {
 				k := rng.IntN(keys)
 				n := now()
 				tok := int64(rng.Uint64()>>2) + 1
-				res, err := s.Claim(ctx, core.ClaimRequest{ID: ids[k], Caller: "deadlock", Scope: "s", Key: fmt.Sprint(k),
+				res, err := s.Claim(ctx, store.ClaimRequest{ID: ids[k], Caller: "deadlock", Scope: "s", Key: fmt.Sprint(k),
 					Token: tok, Now: n, LeaseUntil: n.Add(50 * time.Millisecond), ExpiresAt: n.Add(100 * time.Millisecond), Takeover: true})
 				writes.Add(1)
 				if deadlock(err) {
@@ -81,7 +81,7 @@ func TestMariaDBSweepNeverDeadlocksWriters(t *testing.T) {
 				}
 				if res.Claimed {
 					tokens[k].Store(tok)
-					err = s.Complete(ctx, ids[k], tok, core.Completion{State: core.StateCompleted, Status: 201,
+					err = s.Complete(ctx, ids[k], tok, store.Completion{State: store.StateCompleted, Status: 201,
 						Response: []byte("ok"), ExpiresAt: n.Add(time.Duration(50+rng.IntN(100)) * time.Millisecond)})
 					writes.Add(1)
 					if deadlock(err) {

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
@@ -119,22 +120,22 @@ func init() {
 
 // faultStore is what runFaults needs of a store.
 type faultStore interface {
-	core.TxStore
+	store.TxStore
 	Table() string
 }
 
 func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	db, admin, proxy := proxied(t, d)
-	var store faultStore
+	var st faultStore
 	switch kind {
 	case "gorm":
-		store = newGormStore(t, d, db)
+		st = newGormStore(t, d, db)
 	case "pgx":
-		store = newPgxStore(t, proxy.dsn, admin)
+		st = newPgxStore(t, proxy.dsn, admin)
 	default:
-		store = newSQLStore(t, d, db, admin)
+		st = newSQLStore(t, d, db, admin)
 	}
-	biz := store.Table() + "_biz"
+	biz := st.Table() + "_biz"
 	ctx := context.Background()
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+biz+" (k VARCHAR(64) NOT NULL, attempt INT NOT NULL)"); err != nil {
 		t.Fatal(err)
@@ -187,7 +188,7 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%q}`, key)
 	})
-	e, err := core.New(store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	e, err := core.New(st, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
 			var n int
-			if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+store.Table()+" WHERE state = 1").Scan(&n); err != nil {
+			if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+st.Table()+" WHERE state = 1").Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			if n == 0 {
@@ -317,10 +318,10 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 	}
 
 	// Every record's effect: exactly once if completed, at most once otherwise.
-	byState := map[core.State]int{}
+	byState := map[store.State]int{}
 	for key := range sent {
-		id := core.Identity{Scope: "POST /orders", Key: key}.ID()
-		rec, err := store.Get(ctx, id, time.Now())
+		id := store.Identity{Scope: "POST /orders", Key: key}.ID()
+		rec, err := st.Get(ctx, id, time.Now())
 		if err != nil {
 			if rows[key].n != 0 && !leased {
 				t.Errorf("%s has no record but %d business rows", key, rows[key].n)
@@ -328,13 +329,13 @@ func runFaults(t *testing.T, d sqlstore.Dialect, leased bool, kind string) {
 			continue
 		}
 		byState[rec.State]++
-		if rec.State == core.StateCompleted && rec.Status == http.StatusCreated && (rows[key].n == 0 || (!leased && rows[key].n != 1)) {
+		if rec.State == store.StateCompleted && rec.Status == http.StatusCreated && (rows[key].n == 0 || (!leased && rows[key].n != 1)) {
 			t.Errorf("%s: completed 201 record, %d business rows", key, rows[key].n)
 		}
 		if rows[key].maxAttempt > rec.Attempt {
 			t.Errorf("%s: a business row of attempt %d, but the record is at attempt %d", key, rows[key].maxAttempt, rec.Attempt)
 		}
-		if !leased && rec.State != core.StateCompleted {
+		if !leased && rec.State != store.StateCompleted {
 			t.Errorf("atomic mode: %s ends %v", key, rec.State)
 		}
 	}

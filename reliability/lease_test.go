@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Lease edge cases in leased mode, on every store: an attempt that pauses
@@ -25,24 +27,24 @@ import (
 // that put it in leased mode.
 type leaseStore struct {
 	name  string
-	new   func(t *testing.T) core.Store
+	new   func(t *testing.T) store.Store
 	route []core.RouteOption
 }
 
 func leaseStores() []leaseStore {
 	stores := []leaseStore{
-		{name: "memstore", new: func(*testing.T) core.Store { return memstore.New() }},
-		{name: "memstore atomic view, Leased route", new: func(*testing.T) core.Store { return memstore.New().Atomic() }, route: []core.RouteOption{core.Leased()}},
+		{name: "memstore", new: func(*testing.T) store.Store { return memstore.New() }},
+		{name: "memstore atomic view, Leased route", new: func(*testing.T) store.Store { return memstore.New().Atomic() }, route: []core.RouteOption{core.Leased()}},
 	}
 	for _, d := range sqlDialects {
 		stores = append(stores, leaseStore{name: "sqlstore " + d.String() + ", Leased route", route: []core.RouteOption{core.Leased()},
-			new: func(t *testing.T) core.Store { return newSQLStore(t, d, openDB(t, d, dsn(t, d)), nil) }})
+			new: func(t *testing.T) store.Store { return newSQLStore(t, d, openDB(t, d, dsn(t, d)), nil) }})
 	}
 	for _, d := range sqlDialects {
 		stores = append(stores, leaseStore{name: "gormstore " + d.String() + ", Leased route", route: []core.RouteOption{core.Leased()},
-			new: func(t *testing.T) core.Store { return newGormStore(t, d, openDB(t, d, dsn(t, d))) }})
+			new: func(t *testing.T) store.Store { return newGormStore(t, d, openDB(t, d, dsn(t, d))) }})
 	}
-	stores = append(stores, leaseStore{name: "redisstore", new: func(t *testing.T) core.Store {
+	stores = append(stores, leaseStore{name: "redisstore", new: func(t *testing.T) store.Store {
 		return newRedisStore(t, redisClient(t, redisAddrs(t, "IDEM_TEST_REDIS_ADDR")[0]))
 	}})
 	return stores
@@ -52,20 +54,20 @@ func leaseStores() []leaseStore {
 // records (WithLogger).
 type events struct {
 	mu   sync.Mutex
-	evs  []core.Event
+	evs  []observe.Event
 	logs []string
 }
 
-func (e *events) observe(_ context.Context, ev core.Event) {
+func (e *events) observe(_ context.Context, ev observe.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.evs = append(e.evs, ev)
 }
 
-func (e *events) find(d core.Decision) []core.Event {
+func (e *events) find(d observe.Decision) []observe.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []core.Event
+	var out []observe.Event
 	for _, ev := range e.evs {
 		if ev.Decision == d {
 			out = append(out, ev)
@@ -109,11 +111,11 @@ func (e *events) logged(substrs ...string) bool {
 // process were paused (its heartbeats do not reach the store), so its lease
 // lapses on the fake clock however the real-time heartbeat runs.
 type stalling struct {
-	core.Store
+	store.Store
 	stalled atomic.Bool
 }
 
-func (s *stalling) Extend(ctx context.Context, id core.ID, token int64, until time.Time) error {
+func (s *stalling) Extend(ctx context.Context, id store.ID, token int64, until time.Time) error {
 	if s.stalled.Load() {
 		return fmt.Errorf("%w: the attempt's process is paused", core.ErrStoreUnavailable)
 	}
@@ -124,10 +126,10 @@ func (s *stalling) Extend(ctx context.Context, id core.ID, token int64, until ti
 // what selects leased mode.
 type stallingTx struct {
 	*stalling
-	tx core.TxStore
+	tx store.TxStore
 }
 
-func (s stallingTx) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s stallingTx) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	return s.tx.Begin(ctx)
 }
 func (s stallingTx) InTx(ctx context.Context) bool { return s.tx.InTx(ctx) }
@@ -153,14 +155,14 @@ type leaseHarness struct {
 
 var leaseBase = time.Date(2032, 3, 4, 5, 6, 7, 0, time.UTC)
 
-func newLeaseHarness(t *testing.T, st core.Store, route []core.RouteOption, opts ...core.Option) *leaseHarness {
+func newLeaseHarness(t *testing.T, st store.Store, route []core.RouteOption, opts ...core.Option) *leaseHarness {
 	lh := &leaseHarness{t: t, ev: &events{}, hold: map[string]chan struct{}{}, ctxs: map[string]context.Context{},
 		dkeys: map[string]string{}, start: map[string]chan struct{}{}}
 	opts = append([]core.Option{core.WithSingleCaller(), core.WithClock(lh.now), core.WithObserver(lh.ev.observe),
 		core.WithLogger(slog.New(lh.ev))}, opts...)
 	lh.st = &stalling{Store: st}
-	var wrapped core.Store = lh.st
-	if tx, ok := st.(core.TxStore); ok {
+	var wrapped store.Store = lh.st
+	if tx, ok := st.(store.TxStore); ok {
 		wrapped = stallingTx{lh.st, tx}
 	}
 	e, err := core.New(wrapped, opts...)
@@ -315,14 +317,14 @@ func takeOver(t *testing.T, lh *leaseHarness, outcomeA string, holdB bool) (a, b
 
 func checkTakeoverEvents(t *testing.T, lh *leaseHarness) {
 	t.Helper()
-	lost := lh.ev.find(core.DecisionLeaseLost)
+	lost := lh.ev.find(observe.DecisionLeaseLost)
 	if len(lost) != 1 || lost[0].Attempt != 1 {
 		t.Fatalf("LeaseLost decisions: %+v, want one for attempt 1", lost)
 	}
 	if !lh.ev.logged("WARN", "lease_lost") {
 		t.Fatalf("the lost lease was not logged at warn level; logs: %q", lh.ev.logs)
 	}
-	if ex := lh.ev.find(core.DecisionExecuted); len(ex) != 1 || ex[0].Attempt != 2 {
+	if ex := lh.ev.find(observe.DecisionExecuted); len(ex) != 1 || ex[0].Attempt != 2 {
 		t.Fatalf("Executed decisions: %+v, want one, the takeover's (attempt 2)", ex)
 	}
 	if lh.dkeys["A"] == "" || lh.dkeys["A"] != lh.dkeys["B"] {
@@ -364,7 +366,7 @@ func pausedFails(t *testing.T, ls leaseStore) {
 	lh.release("A")
 	wantLeaseLostProblem(t, wait(t, a))
 	checkTakeoverEvents(t, lh)
-	if len(lh.ev.find(core.DecisionIndeterminate)) != 0 {
+	if len(lh.ev.find(observe.DecisionIndeterminate)) != 0 {
 		t.Fatal("the stale attempt's 502 was recorded as indeterminate")
 	}
 	wantAnswer(t, lh.send("C", ""), http.StatusCreated, "B", true)
@@ -378,7 +380,7 @@ func pausedReleases(t *testing.T, ls leaseStore) {
 	// A release changes nothing that happened: the handler's 429 is
 	// still true and reaches its client, but the record stays B's.
 	wantAnswer(t, wait(t, a), http.StatusTooManyRequests, "A", false)
-	if lost := lh.ev.find(core.DecisionLeaseLost); len(lost) != 1 {
+	if lost := lh.ev.find(observe.DecisionLeaseLost); len(lost) != 1 {
 		t.Fatalf("LeaseLost decisions: %+v, want one", lost)
 	}
 	wantAnswer(t, lh.send("C", ""), http.StatusCreated, "B", true)

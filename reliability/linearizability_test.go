@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -84,7 +85,7 @@ type linIn struct {
 	expires  int64 // Claim, Complete: ExpiresAt
 	takeover bool
 	fp       uint8 // Claim: the fingerprint (0: none)
-	state    core.State
+	state    store.State
 	status   int
 	resp     uint32 // Complete: the response's marker (0: none)
 	end      txEnding
@@ -93,7 +94,7 @@ type linIn struct {
 // linRec is a record as the model keeps it (comparable).
 type linRec struct {
 	present                 bool
-	state                   core.State
+	state                   store.State
 	token                   int64
 	attempt                 int
 	lease, expires, created int64
@@ -136,9 +137,9 @@ func live(r linRec, now int64) bool { return r.present && r.expires > now }
 func claimOn(cur linRec, in linIn) (bool, linRec) {
 	switch {
 	case !live(cur, in.now):
-		return true, linRec{present: true, state: core.StateInProgress, token: in.token, attempt: 1,
+		return true, linRec{present: true, state: store.StateInProgress, token: in.token, attempt: 1,
 			lease: in.lease, expires: in.expires, created: in.now, fp: in.fp}
-	case in.takeover && cur.state == core.StateInProgress && cur.lease != 0 && cur.lease <= in.now:
+	case in.takeover && cur.state == store.StateInProgress && cur.lease != 0 && cur.lease <= in.now:
 		n := cur
 		n.fp, n.token, n.attempt, n.lease, n.expires = in.fp, in.token, cur.attempt+1, in.lease, in.expires
 		return true, n
@@ -223,11 +224,11 @@ func linStep(s linState, in linIn, out linOut) []linState {
 		var ok bool
 		switch in.kind {
 		case kExtend:
-			ok = c.present && c.state == core.StateInProgress && c.token == in.token
+			ok = c.present && c.state == store.StateInProgress && c.token == in.token
 			c.lease = in.lease
 			c.expires = max(c.expires, in.lease)
 		case kComplete:
-			ok = c.present && c.state != core.StateCompleted && c.token == in.token
+			ok = c.present && c.state != store.StateCompleted && c.token == in.token
 			c = complete(c, in)
 		case kRelease:
 			if !s.c.present {
@@ -236,7 +237,7 @@ func linStep(s linState, in linIn, out linOut) []linState {
 				}
 				return nil
 			}
-			ok = c.token == in.token && c.state != core.StateCompleted
+			ok = c.token == in.token && c.state != store.StateCompleted
 			c = linRec{}
 		}
 		switch {
@@ -415,7 +416,7 @@ func ms(t time.Time) int64 {
 	return int64(d / time.Millisecond)
 }
 
-func fromRecord(r core.Record) linRec {
+func fromRecord(r store.Record) linRec {
 	lr := linRec{present: true, state: r.State, token: r.Token, attempt: r.Attempt,
 		lease: ms(r.LeaseUntil), expires: ms(r.ExpiresAt), created: ms(r.CreatedAt), status: r.Status}
 	switch len(r.Fingerprint) {
@@ -449,8 +450,8 @@ func classify(err error) (errClass, string) {
 
 // linTarget is a store under test.
 type linTarget struct {
-	store core.Store
-	tx    core.TxStore // nil: no transactions
+	store store.Store
+	tx    store.TxStore // nil: no transactions
 	// unavailable, when set, tolerates operations that fail with
 	// ErrStoreUnavailable (their outcome is then unknown to the model) and
 	// says why; otherwise any such failure fails the test.
@@ -470,16 +471,16 @@ type linClient struct {
 	txKey  int
 	txTok  int64
 	txCtx  context.Context
-	tx     core.Tx
+	tx     store.Tx
 }
 
 // record runs cfg.clients clients against target for one history of round
 // and returns it, with the number of operations that failed with an
 // unexpected error.
 func record(t *testing.T, target linTarget, cfg linConfig, seed uint64, round int) []porcupine.Operation {
-	ids := make([]core.ID, cfg.keys)
+	ids := make([]store.ID, cfg.keys)
 	for k := range ids {
-		ids[k] = core.Identity{Caller: "lin", Scope: fmt.Sprintf("round %d", round), Key: strconv.Itoa(k)}.ID()
+		ids[k] = store.Identity{Caller: "lin", Scope: fmt.Sprintf("round %d", round), Key: strconv.Itoa(k)}.ID()
 	}
 	var (
 		clock    atomic.Int64 // logical ms
@@ -503,7 +504,7 @@ func record(t *testing.T, target linTarget, cfg linConfig, seed uint64, round in
 				in := nextOp(cl, target, cfg, &clock, shared, &respSeq, &tokenSeq)
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 				call := time.Since(start).Nanoseconds()
-				var id core.ID
+				var id store.ID
 				if in.key >= 0 {
 					id = ids[in.key]
 				}
@@ -551,7 +552,7 @@ func nextOp(cl *linClient, target linTarget, cfg linConfig, clock *atomic.Int64,
 		if r.IntN(3) > 0 {
 			in.end = endComplete // mostly what the engine does
 		}
-		in.state, in.status, in.resp, in.expires = core.StateCompleted, 201, respSeq.Add(1), now+1000+int64(r.IntN(5000))
+		in.state, in.status, in.resp, in.expires = store.StateCompleted, 201, respSeq.Add(1), now+1000+int64(r.IntN(5000))
 		return in
 	}
 	// token: the client's own claim of the key, another client's, or junk
@@ -581,9 +582,9 @@ func nextOp(cl *linClient, target linTarget, cfg linConfig, clock *atomic.Int64,
 		in.lease = now + 300 + int64(r.IntN(2000))
 	case p < 72:
 		in.kind, in.token = kComplete, token()
-		in.state, in.status = core.StateCompleted, 201
+		in.state, in.status = store.StateCompleted, 201
 		if r.IntN(4) == 0 {
-			in.state, in.status = core.StateIndeterminate, 502
+			in.state, in.status = store.StateIndeterminate, 502
 		}
 		in.resp = respSeq.Add(1)
 		in.expires = now + 500 + int64(r.IntN(6000))
@@ -598,19 +599,19 @@ func nextOp(cl *linClient, target linTarget, cfg linConfig, clock *atomic.Int64,
 }
 
 // runOp runs in against the store.
-func runOp(ctx context.Context, cl *linClient, target linTarget, id core.ID, in linIn) linOut {
+func runOp(ctx context.Context, cl *linClient, target linTarget, id store.ID, in linIn) linOut {
 	st := target.store
 	var out linOut
 	var err error
 	switch in.kind {
 	case kClaim, kTxClaim:
-		req := core.ClaimRequest{ID: id, Caller: "lin", Scope: "s", Key: strconv.Itoa(in.key), Token: in.token,
+		req := store.ClaimRequest{ID: id, Caller: "lin", Scope: "s", Key: strconv.Itoa(in.key), Token: in.token,
 			Now: lt(in.now), LeaseUntil: lt(in.lease), ExpiresAt: lt(in.expires), Takeover: in.takeover}
 		if in.fp != 0 {
 			req.Fingerprint = []byte{in.fp}
 		}
 		cctx := ctx
-		var tx core.Tx
+		var tx store.Tx
 		if in.kind == kTxClaim {
 			cctx, tx, err = target.tx.Begin(context.Background())
 			if err != nil {
@@ -618,7 +619,7 @@ func runOp(ctx context.Context, cl *linClient, target linTarget, id core.ID, in 
 				return out
 			}
 		}
-		var res core.ClaimResult
+		var res store.ClaimResult
 		res, err = st.Claim(cctx, req)
 		if tx != nil {
 			if err == nil && res.Claimed {
@@ -629,7 +630,7 @@ func runOp(ctx context.Context, cl *linClient, target linTarget, id core.ID, in 
 		}
 		if err == nil {
 			out.claimed = res.Claimed
-			if !res.Claimed && res.Record.Token == 0 && res.Record.Attempt == 0 && res.Record.State == core.StateInProgress {
+			if !res.Claimed && res.Record.Token == 0 && res.Record.Attempt == 0 && res.Record.State == store.StateInProgress {
 				out.busy = true
 			} else {
 				out.rec = fromRecord(res.Record)
@@ -638,7 +639,7 @@ func runOp(ctx context.Context, cl *linClient, target linTarget, id core.ID, in 
 	case kTxEnd:
 		tx, tctx := cl.tx, cl.txCtx
 		cl.tx, cl.txCtx = nil, nil
-		c := core.Completion{State: in.state, Status: in.status, Response: []byte(strconv.FormatUint(uint64(in.resp), 10)), ExpiresAt: lt(in.expires)}
+		c := store.Completion{State: in.state, Status: in.status, Response: []byte(strconv.FormatUint(uint64(in.resp), 10)), ExpiresAt: lt(in.expires)}
 		switch in.end {
 		case endComplete:
 			if err = st.Complete(tctx, id, in.token, c); err == nil {
@@ -661,12 +662,12 @@ func runOp(ctx context.Context, cl *linClient, target linTarget, id core.ID, in 
 	case kExtend:
 		err = st.Extend(ctx, id, in.token, lt(in.lease))
 	case kComplete:
-		err = st.Complete(ctx, id, in.token, core.Completion{State: in.state, Status: in.status,
+		err = st.Complete(ctx, id, in.token, store.Completion{State: in.state, Status: in.status,
 			Response: []byte(strconv.FormatUint(uint64(in.resp), 10)), ExpiresAt: lt(in.expires)})
 	case kRelease:
 		err = st.Release(ctx, id, in.token)
 	case kGet:
-		var rec core.Record
+		var rec store.Record
 		if rec, err = st.Get(ctx, id, lt(in.now)); err == nil {
 			out.rec = fromRecord(rec)
 		}
@@ -899,7 +900,7 @@ func TestLinearizablePGX(t *testing.T) {
 // unfencedComplete completes whatever attempt holds the record.
 type unfencedComplete struct{ *memstore.Store }
 
-func (s unfencedComplete) Complete(ctx context.Context, id core.ID, _ int64, c core.Completion) error {
+func (s unfencedComplete) Complete(ctx context.Context, id store.ID, _ int64, c store.Completion) error {
 	rec, err := s.Store.Get(ctx, id, time.Time{})
 	if err != nil {
 		return core.ErrFenced
@@ -910,14 +911,14 @@ func (s unfencedComplete) Complete(ctx context.Context, id core.ID, _ int64, c c
 // staleGet returns records up to a second after they expired.
 type staleGet struct{ *memstore.Store }
 
-func (s staleGet) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s staleGet) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	return s.Store.Get(ctx, id, now.Add(-time.Second))
 }
 
 // eagerTakeover takes over in-progress records whose lease has not lapsed.
 type eagerTakeover struct{ *memstore.Store }
 
-func (s eagerTakeover) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s eagerTakeover) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	req.Now = req.Now.Add(500 * time.Millisecond)
 	res, err := s.Store.Claim(ctx, req)
 	if res.Claimed {
@@ -930,7 +931,7 @@ func TestLinearizabilityCatchesBrokenStores(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
-		store core.Store
+		store store.Store
 	}{
 		{"nok, Complete ignores the fencing token", unfencedComplete{memstore.New()}},
 		{"nok, Get returns expired records", staleGet{memstore.New()}},

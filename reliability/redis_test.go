@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
@@ -112,7 +113,7 @@ func TestRedisFaults(t *testing.T) {
 	proxy := newFaultProxy(t, addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: 2, ReadTimeout: 2 * time.Second})
 	t.Cleanup(func() { c.Close() })
-	store := newRedisStore(t, c)
+	st := newRedisStore(t, c)
 
 	var (
 		runs    atomic.Int64
@@ -134,7 +135,7 @@ func TestRedisFaults(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%q}`, key)
 	})
-	e, err := core.New(store, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	e, err := core.New(st, core.WithSingleCaller(), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,15 +205,15 @@ func TestRedisFaults(t *testing.T) {
 			t.Errorf("%s: unexpected answer %d %s", a.key, a.status, a.body)
 		}
 	}
-	byState := map[core.State]int{}
+	byState := map[store.State]int{}
 	for key := range sent {
-		rec, err := store.Get(ctx, core.Identity{Scope: "POST /orders", Key: key}.ID(), time.Now())
+		rec, err := st.Get(ctx, store.Identity{Scope: "POST /orders", Key: key}.ID(), time.Now())
 		if err != nil {
 			continue
 		}
 		byState[rec.State]++
 		n, maxAttempt := count(key)
-		if rec.State == core.StateCompleted && rec.Status == http.StatusCreated && n == 0 {
+		if rec.State == store.StateCompleted && rec.Status == http.StatusCreated && n == 0 {
 			t.Errorf("%s: completed 201 record without an effect", key)
 		}
 		if maxAttempt > rec.Attempt {

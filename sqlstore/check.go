@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Check verifies, at start-up, that the store can work: the server it talks
@@ -62,7 +63,7 @@ func (s *Store) checkRecords(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	var id core.ID
+	var id store.ID
 	if _, err := rand.Read(id[:]); err != nil {
 		return err
 	}
@@ -73,7 +74,7 @@ func (s *Store) checkRecords(ctx context.Context) error {
 			core.ErrConfig, s.table, op, dialectName(s.d), s.table, err) // %v: a configuration error, not a store to retry
 	}
 	expires, lease := now.Add(time.Hour), now.Add(time.Minute).Add(123456*time.Microsecond)
-	res, err := s.Claim(tctx, core.ClaimRequest{ID: id, Caller: "idem/check", Scope: "idem/check", Key: "idem/check",
+	res, err := s.Claim(tctx, store.ClaimRequest{ID: id, Caller: "idem/check", Scope: "idem/check", Key: "idem/check",
 		Fingerprint: id[:], Token: token, Now: now, ExpiresAt: expires, LeaseUntil: lease})
 	if err != nil {
 		return fail("claim", err)
@@ -92,7 +93,7 @@ func (s *Store) checkRecords(ctx context.Context) error {
 		return fail("get", fmt.Errorf("the times read back differ: expires_at %v (wrote %v), lease_until %v (wrote %v)",
 			rec.ExpiresAt, expires, rec.LeaseUntil, lease))
 	}
-	err = s.Complete(tctx, id, token, core.Completion{State: core.StateCompleted, Status: 201, Response: []byte{0, 0xff, 1}, ExpiresAt: expires})
+	err = s.Complete(tctx, id, token, store.Completion{State: store.StateCompleted, Status: 201, Response: []byte{0, 0xff, 1}, ExpiresAt: expires})
 	if err != nil {
 		return fail("complete", err)
 	}
@@ -100,7 +101,7 @@ func (s *Store) checkRecords(ctx context.Context) error {
 	if err != nil {
 		return fail("get", err)
 	}
-	if rec.ID != id || rec.State != core.StateCompleted || rec.Status != 201 || string(rec.Response) != "\x00\xff\x01" {
+	if rec.ID != id || rec.State != store.StateCompleted || rec.Status != 201 || string(rec.Response) != "\x00\xff\x01" {
 		return fail("get", fmt.Errorf("the record read back differs: %+v", rec))
 	}
 	return nil
@@ -129,9 +130,9 @@ func (s *Store) checkSyncWait(ctx context.Context, c Conn) error {
 		core.ErrConfig, wait)
 }
 
-var _ core.MultiPrimary = (*Store)(nil)
+var _ store.MultiPrimary = (*Store)(nil)
 
-// MultiPrimary implements core.MultiPrimary: on MySQL/MariaDB it asks
+// MultiPrimary implements store.MultiPrimary: on MySQL/MariaDB it asks
 // the server whether it replicates with wsrep (@@wsrep_on: a MariaDB
 // Galera node, where every node takes writes), unless WithOneWriterNode
 // says that every write goes through one node. Postgres and SQLite are

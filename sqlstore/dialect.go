@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
 )
@@ -106,7 +106,7 @@ type queries struct {
 	claim       string // Postgres, SQLite: the claim; MySQL: the probe
 	claimLeased string // Postgres: the claim outside a transaction
 	// marked: Postgres: insert, insertLeased, claim and claimLeased,
-	// each with the mark's upsert (core.ClaimRequest.Mark).
+	// each with the mark's upsert (store.ClaimRequest.Mark).
 	marked        [4]string
 	insert        string // MySQL; Postgres: the claim of an id never seen
 	insertLeased  string // Postgres: insert outside a transaction
@@ -202,7 +202,7 @@ type rowScanner interface{ Scan(dest ...any) error }
 // scanRecord scans the columns of cols into rec, after any extra leading
 // destinations. found is false when the row's columns are all NULL (an
 // outer join that matched nothing).
-func scanRecord(r rowScanner, rec *core.Record, extra ...any) (found bool, err error) {
+func scanRecord(r rowScanner, rec *store.Record, extra ...any) (found bool, err error) {
 	var (
 		id                   []byte
 		caller, scope, key   sql.NullString
@@ -215,7 +215,7 @@ func scanRecord(r rowScanner, rec *core.Record, extra ...any) (found bool, err e
 		return false, err
 	}
 	if id == nil {
-		*rec = core.Record{}
+		*rec = store.Record{}
 		return false, nil
 	}
 	if len(id) != len(rec.ID) {
@@ -223,7 +223,7 @@ func scanRecord(r rowScanner, rec *core.Record, extra ...any) (found bool, err e
 	}
 	copy(rec.ID[:], id)
 	rec.Caller, rec.Scope, rec.Key = caller.String, scope.String, key.String
-	rec.State = core.State(state.Int64)
+	rec.State = store.State(state.Int64)
 	rec.Token = token.Int64
 	rec.Attempt = int(attempt.Int64)
 	rec.Status = int(status.Int64)

@@ -1,6 +1,6 @@
 // Package sqlstore is an idempotency store on database/sql that joins the
 // application's transaction (atomic mode) on Postgres, MySQL/MariaDB and
-// SQLite. It implements core.TxStore; gormstore runs its statements
+// SQLite. It implements store.TxStore; gormstore runs its statements
 // through GORM. Its MySQL/MariaDB and SQLite statements are its own; the
 // Postgres ones are internal/pgsql's, which pgxstore runs too (one table,
 // one SQL family), and those of the completer's marks and the operator's

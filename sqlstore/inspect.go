@@ -3,13 +3,13 @@ package sqlstore
 import (
 	"context"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/storeutil"
 )
 
-var _ core.Inspector = (*Store)(nil)
+var _ store.Inspector = (*Store)(nil)
 
-// List implements core.Inspector: one SELECT of the live rows in q.State,
+// List implements store.Inspector: one SELECT of the live rows in q.State,
 // ORDER BY created_at, id with LIMIT, without the response column. No
 // index covers state or created_at (an index on state would be written by
 // every completion, and on Postgres end the in-place updates that
@@ -19,7 +19,7 @@ var _ core.Inspector = (*Store)(nil)
 // and waits for none: a plain read under the connection's isolation
 // level (on SQLite in WAL mode, as the README recommends, it waits for no
 // writer either).
-func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	if err := q.Check(); err != nil {
 		return nil, err
 	}
@@ -33,9 +33,9 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 		return nil, s.failure(ctx, "list", err)
 	}
 	defer rows.Close()
-	recs := make([]core.Record, 0, min(q.Limit, 64))
+	recs := make([]store.Record, 0, min(q.Limit, 64))
 	for rows.Next() {
-		var rec core.Record
+		var rec store.Record
 		if _, err := scanRecord(rows, &rec); err != nil {
 			return nil, unavailable("list", err)
 		}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/storeutil"
 )
@@ -126,7 +126,7 @@ func mysqlErrno(err error) uint16 {
 // A leased claim first reads the committed row without locking: a live
 // record that cannot be claimed (a replay, a running lease) is answered by
 // that one statement.
-func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimMySQL(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	// A claim that begins its transaction (Begin's lazy transaction, the
 	// claim its first statement) and is chosen as a deadlock victim (see
 	// exec) lost nothing else: InnoDB rolled back a transaction that held
@@ -140,7 +140,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 		}
 		for try := 1; ; try++ {
 			if err != nil {
-				return core.ClaimResult{}, err
+				return store.ClaimResult{}, err
 			}
 			res, cerr := s.claimMySQLNew(ctx, c, req, l, fresh)
 			if cerr == nil && res.Claimed && req.Mark != nil {
@@ -153,7 +153,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 				return res, cerr
 			}
 			if err = sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
-				return core.ClaimResult{}, err
+				return store.ClaimResult{}, err
 			}
 			c, _, err = s.conn(ctx) // BEGIN again; a failure ends the loop above
 		}
@@ -163,13 +163,13 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return core.ClaimResult{}, unavailable("claim: connection", err)
+		return store.ClaimResult{}, unavailable("claim: connection", err)
 	}
 	defer conn.Close()
 	name := s.lockName(req.ID)
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, ?)`, name, int(leasedLockWait/time.Second)).Scan(&got); err != nil {
-		return core.ClaimResult{}, unavailable("claim: GET_LOCK", err)
+		return store.ClaimResult{}, unavailable("claim: GET_LOCK", err)
 	}
 	if got.Int64 != 1 {
 		// Other leased claims of this id kept it for leasedLockWait.
@@ -190,7 +190,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 			return res, err
 		}
 		if err := sleep(ctx, time.Duration(try)*time.Millisecond); err != nil {
-			return core.ClaimResult{}, err
+			return store.ClaimResult{}, err
 		}
 	}
 }
@@ -207,7 +207,7 @@ func (s *Store) claimMySQL(ctx context.Context, req core.ClaimRequest) (core.Cla
 // answers from what is committed. MySQL, which has no SET STATEMENT,
 // probes first (claimMySQLIn), as a server's first claim learns
 // (waitingInsert).
-func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest, l *lazyTx, fresh bool) (core.ClaimResult, error) {
+func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req store.ClaimRequest, l *lazyTx, fresh bool) (store.ClaimResult, error) {
 	if s.waitingInsert.Load() {
 		return s.claimMySQLIn(ctx, c, req)
 	}
@@ -215,27 +215,27 @@ func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest
 		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now))
 	switch n := mysqlErrno(err); {
 	case err == nil:
-		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
+		return store.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	case n == erParseError: // MySQL: no SET STATEMENT
 		s.waitingInsert.Store(true)
 		return s.claimMySQLIn(ctx, c, req)
 	case n == erLockWaitTimeout:
 		return s.claimMySQLIn(ctx, c, req)
 	case n != erDupEntry:
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return store.ClaimResult{}, s.failure(ctx, "claim", err)
 	}
-	var rec core.Record
+	var rec store.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // deleted since: claimed below as absent
 	case err != nil:
-		return core.ClaimResult{}, unavailable("claim read", err)
+		return store.ClaimResult{}, unavailable("claim read", err)
 	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
-		return core.ClaimResult{Record: rec}, nil
+		return store.ClaimResult{Record: rec}, nil
 	}
 	if fresh && l.restart() {
 		if c, _, err = s.conn(ctx); err != nil {
-			return core.ClaimResult{}, err
+			return store.ClaimResult{}, err
 		}
 	}
 	return s.claimMySQLIn(ctx, c, req)
@@ -272,7 +272,7 @@ func (s *Store) claimMySQLNew(ctx context.Context, c Conn, req core.ClaimRequest
 // registry answers first when that transaction is one of this store's
 // (Begin). A deadlock that still makes InnoDB roll the caller's
 // transaction back is core.ErrTxAborted: the caller retries it.
-func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req store.ClaimRequest) (store.ClaimResult, error) {
 	if res, ok, err := s.readExisting(ctx, c, req); err != nil || ok {
 		return res, err
 	}
@@ -284,7 +284,7 @@ func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequ
 	err := s.insertClaim(ctx, c, req)
 	switch n := mysqlErrno(err); {
 	case err == nil:
-		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
+		return store.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	case n == erDupEntry || n == erLockWaitTimeout:
 		// The row is there (expired, a lapsed lease, or committed after
 		// the read's snapshot), or another transaction holds it (its
@@ -293,7 +293,7 @@ func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequ
 		// probe locks that row only, or fails at once.
 		return s.claimMySQLIn(ctx, c, req)
 	}
-	return core.ClaimResult{}, s.failure(ctx, "claim", err)
+	return store.ClaimResult{}, s.failure(ctx, "claim", err)
 }
 
 // insertClaim inserts the claimed row. On MariaDB its duplicate-key check
@@ -301,7 +301,7 @@ func (s *Store) claimMySQLJoined(ctx context.Context, c Conn, req core.ClaimRequ
 // (insertNoWait: error 1205 at once). A server that does not know SET
 // STATEMENT (MySQL: a syntax error, which leaves the transaction as it
 // was) gets the plain INSERT, now and from then on (waitingInsert).
-func (s *Store) insertClaim(ctx context.Context, c Conn, req core.ClaimRequest) error {
+func (s *Store) insertClaim(ctx context.Context, c Conn, req store.ClaimRequest) error {
 	args := []any{req.ID[:], req.Caller, req.Scope, req.Key, storeutil.NullBytes(req.Fingerprint), req.Token,
 		s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
 	if !s.waitingInsert.Load() {
@@ -324,27 +324,27 @@ func (s *Store) insertClaim(ctx context.Context, c Conn, req core.ClaimRequest) 
 // to spare within inflight.ClaimWait, or a probe that fails, answers
 // nothing (held false): the INSERT then decides, as it would without the
 // probe.
-func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, held bool) {
+func (s *Store) heldElsewhere(ctx context.Context, c Conn, req store.ClaimRequest) (res store.ClaimResult, held bool) {
 	cctx, cancel := context.WithTimeout(ctx, inflight.ClaimWait)
 	conn, err := s.db.Conn(cctx)
 	cancel()
 	if err != nil {
-		return core.ClaimResult{}, false
+		return store.ClaimResult{}, false
 	}
 	defer conn.Close()
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return core.ClaimResult{}, false
+		return store.ClaimResult{}, false
 	}
-	var rec core.Record
+	var rec store.Record
 	_, err = scanRecord(tx.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
 	_ = tx.Rollback() // the probe's lock, if it took one, goes with it
 	if n := mysqlErrno(err); n != erLockNowait && n != erLockWaitTimeout {
-		return core.ClaimResult{}, false
+		return store.ClaimResult{}, false
 	}
 	res, _, err = s.claimReadMySQL(ctx, c, req)
 	if err != nil {
-		return core.ClaimResult{}, false
+		return store.ClaimResult{}, false
 	}
 	return res, true
 }
@@ -358,18 +358,18 @@ func (s *Store) heldElsewhere(ctx context.Context, c Conn, req core.ClaimRequest
 // waits for no lock, and every NOWAIT probe): answered in progress while
 // nothing held their ids (reliability TestLinearizableSQLIsolation,
 // MariaDB at REPEATABLE READ).
-func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimLeasedMySQL(ctx context.Context, conn *sql.Conn, req store.ClaimRequest) (store.ClaimResult, error) {
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return core.ClaimResult{}, unavailable("begin", err)
+		return store.ClaimResult{}, unavailable("begin", err)
 	}
 	res, err := s.claimMySQLIn(ctx, tx, req)
 	if err = s.claimMark(ctx, tx, req, res, err); err != nil {
 		_ = tx.Rollback()
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if err := tx.Commit(); err != nil {
-		return core.ClaimResult{}, unavailable("commit", err)
+		return store.ClaimResult{}, unavailable("commit", err)
 	}
 	return res, nil
 }
@@ -400,13 +400,13 @@ const leasedLockWait = 5 * time.Second
 
 // lockName is the GET_LOCK name of id in this store's table (at most 64
 // characters).
-func (s *Store) lockName(id core.ID) string {
+func (s *Store) lockName(id store.ID) string {
 	return fmt.Sprintf("idem:%016x:%x", s.lock, id[:16])
 }
 
-func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req store.ClaimRequest) (store.ClaimResult, error) {
 	for try := 0; ; try++ {
-		var rec core.Record
+		var rec store.Record
 		found, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:]), &rec)
 		switch n := mysqlErrno(err); {
 		case n == erLockNowait || n == erLockWaitTimeout:
@@ -427,10 +427,10 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		case errors.Is(err, sql.ErrNoRows):
 			found = false
 		case err != nil:
-			return core.ClaimResult{}, s.failure(ctx, "claim probe", err)
+			return store.ClaimResult{}, s.failure(ctx, "claim probe", err)
 		}
 		if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
-			return core.ClaimResult{Record: rec}, nil
+			return store.ClaimResult{Record: rec}, nil
 		}
 		claimed := storeutil.NewRecord(req)
 		if found { // expired, or a lapsed lease taken over; the probe locked it
@@ -444,7 +444,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 		}
 		switch n := mysqlErrno(err); {
 		case err == nil:
-			return core.ClaimResult{Claimed: true, Record: claimed}, nil
+			return store.ClaimResult{Claimed: true, Record: claimed}, nil
 		case n == erDupEntry && try+1 < maxClaimTries:
 			// Another transaction inserted and committed the id between
 			// our probe and our insert: probe again.
@@ -456,7 +456,7 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 			// kept changing under us.
 			return storeutil.InProgressElsewhere(req.ID), nil
 		}
-		return core.ClaimResult{}, s.failure(ctx, "claim", err)
+		return store.ClaimResult{}, s.failure(ctx, "claim", err)
 	}
 }
 
@@ -464,17 +464,17 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req core.ClaimRequest)
 // committed row if it is final (or held by a live lease), else in progress.
 // expired reports that the committed row is there but claimable (expired,
 // or a lapsed lease), so whoever holds it is deleting or replacing it.
-func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, expired bool, err error) {
-	var rec core.Record
+func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req store.ClaimRequest) (res store.ClaimResult, expired bool, err error) {
+	var rec store.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		found = false
 	case err != nil:
-		return core.ClaimResult{}, false, unavailable("claim read", err)
+		return store.ClaimResult{}, false, unavailable("claim read", err)
 	}
 	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
-		return core.ClaimResult{Record: rec}, false, nil
+		return store.ClaimResult{Record: rec}, false, nil
 	}
 	return storeutil.InProgressElsewhere(req.ID), found, nil
 }

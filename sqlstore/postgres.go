@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"errors"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/pgsql"
 	"github.com/idemkit/idem/internal/storeutil"
 )
@@ -18,7 +18,7 @@ import (
 // the lock is taken in shared mode. When it inserts nothing the row is
 // there or another transaction holds the id: a read answers a replay,
 // and the full claim statement (the probe and INSERT ... ON CONFLICT DO
-// UPDATE) the rest. A claim that carries a mark (core.ClaimRequest.Mark)
+// UPDATE) the rest. A claim that carries a mark (store.ClaimRequest.Mark)
 // runs the marked form of the same statement, which upserts the mark in
 // a CTE: still one statement. See internal/pgsql for the details.
 func postgresQueries(t string) queries {
@@ -39,7 +39,7 @@ func postgresQueries(t string) queries {
 	}
 }
 
-func (s *Store) lockKey(id core.ID) int64 {
+func (s *Store) lockKey(id store.ID) int64 {
 	return pgsql.LockKey(id, s.lock)
 }
 
@@ -48,7 +48,7 @@ func (s *Store) lockKey(id core.ID) int64 {
 // a serialization failure (40001): when the claim began the transaction
 // (Begin's, nothing else ran in it), the transaction is begun again and
 // the claim runs again, with a snapshot that shows the row.
-func (s *Store) claimPostgres(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimPostgres(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	l, _ := ctx.Value(connKey{}).(*lazyTx)
 	fresh := l != nil && !l.started()
 	for try := 1; ; try++ {
@@ -65,10 +65,10 @@ func serializationFailure(err error) bool {
 	return errors.As(err, &st) && st.SQLState() == "40001"
 }
 
-func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimPostgresOnce(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	// The common path: an id never seen, one INSERT (with its mark).
 	q := s.q.insert
@@ -84,27 +84,27 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 		storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt), s.d.timeArg(req.Now)}
 	res, err := c.ExecContext(ctx, q, s.markArgs(args, req.Mark)...)
 	if err != nil {
-		return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+		return store.ClaimResult{}, s.claimFailure(ctx, req, err)
 	}
 	switch n, err := res.RowsAffected(); {
 	case err != nil:
-		return core.ClaimResult{}, unavailable("rows affected", err)
+		return store.ClaimResult{}, unavailable("rows affected", err)
 	case n == 1:
-		return core.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
+		return store.ClaimResult{Claimed: true, Record: storeutil.NewRecord(req)}, nil
 	}
 	// The row is there, or another transaction holds the id: a read
 	// answers a replay or a live lease. A claimable row, no row (another
 	// transaction holds the id's lock and has not committed its row; or a
 	// sweep or a release deleted the row after the INSERT saw it: nothing
 	// holds the id) go to the full claim statement.
-	var rec core.Record
+	var rec store.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
-		return core.ClaimResult{}, s.failure(ctx, "claim read", err)
+		return store.ClaimResult{}, s.failure(ctx, "claim read", err)
 	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
-		return core.ClaimResult{Record: rec}, nil
+		return store.ClaimResult{Record: rec}, nil
 	}
 	return s.claimPostgresExisting(ctx, c, inTx, req)
 }
@@ -115,11 +115,11 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req core.ClaimRequest) (c
 // statement, which takes the lock only when no live row answers, inserts
 // a missing row, and replaces a claimable one with ON CONFLICT DO UPDATE;
 // at most maxClaimTries times.
-func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, req store.ClaimRequest) (store.ClaimResult, error) {
 	for try := 0; ; try++ {
 		var (
 			ok, inserted bool
-			rec          core.Record
+			rec          store.Record
 		)
 		args := []any{s.lockKey(req.ID), req.ID[:], req.Caller, req.Scope, req.Key,
 			storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
@@ -135,11 +135,11 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 		}
 		found, err := scanRecord(c.QueryRowContext(ctx, q, s.markArgs(args, req.Mark)...), &rec, &ok, &inserted)
 		if err != nil {
-			return core.ClaimResult{}, s.claimFailure(ctx, req, err)
+			return store.ClaimResult{}, s.claimFailure(ctx, req, err)
 		}
 		switch {
 		case inserted:
-			return core.ClaimResult{Claimed: true, Record: rec}, nil
+			return store.ClaimResult{Claimed: true, Record: rec}, nil
 		case !ok && (!found || !storeutil.Live(rec, req.Now) || storeutil.Takeable(rec, req)):
 			// Another transaction holds the identity and is creating,
 			// replacing or taking over the record.
@@ -148,7 +148,7 @@ func (s *Store) claimPostgresExisting(ctx context.Context, c Conn, inTx bool, re
 			// Completed, indeterminate, or held by a live lease: the record
 			// as it is (a completed record is final, so reading it past
 			// another holder of the lock is safe).
-			return core.ClaimResult{Record: rec}, nil
+			return store.ClaimResult{Record: rec}, nil
 		}
 		// We held the lock but ON CONFLICT met a row our snapshot does not
 		// show (committed between the snapshot and the lock): run again

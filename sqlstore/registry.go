@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
 )
 
@@ -50,9 +51,9 @@ type registry = inflight.Registry[*lazyTx]
 // BeginFunc begins a transaction: it returns the connection the store runs
 // its statements on and the transaction that commits or rolls them back.
 // See Store.BeginWith.
-type BeginFunc func(ctx context.Context) (Conn, core.Tx, error)
+type BeginFunc func(ctx context.Context) (Conn, store.Tx, error)
 
-// lazyTx is the core.Tx that Begin returns: BEGIN runs at the transaction's
+// lazyTx is the store.Tx that Begin returns: BEGIN runs at the transaction's
 // first statement (normally the claim, after the registry), with the
 // context given to Begin.
 type lazyTx struct {
@@ -62,11 +63,11 @@ type lazyTx struct {
 
 	mu        sync.Mutex
 	conn      Conn
-	tx        core.Tx
-	err       error     // BEGIN failed
-	closed    bool      // Commit or Rollback was called
-	forgotten bool      // its ids left the registry for good
-	ids       []core.ID // held in the registry
+	tx        store.Tx
+	err       error      // BEGIN failed
+	closed    bool       // Commit or Rollback was called
+	forgotten bool       // its ids left the registry for good
+	ids       []store.ID // held in the registry
 	stop      func() bool
 }
 
@@ -106,7 +107,7 @@ func (l *lazyTx) connection() (Conn, error) {
 
 // hold records that the transaction's claim of id succeeded, unless the
 // transaction has ended meanwhile; it reports whether id is now held.
-func (l *lazyTx) hold(id core.ID) bool {
+func (l *lazyTx) hold(id store.ID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.forgotten {
@@ -178,8 +179,8 @@ func (l *lazyTx) end(commit bool) error {
 	return nil // never begun: nothing to end
 }
 
-// Commit implements core.Tx.
+// Commit implements store.Tx.
 func (l *lazyTx) Commit() error { return l.end(true) }
 
-// Rollback implements core.Tx.
+// Rollback implements store.Tx.
 func (l *lazyTx) Rollback() error { return l.end(false) }

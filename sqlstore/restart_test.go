@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // A driver whose every statement is a MySQL deadlock victim and whose
@@ -48,14 +49,14 @@ func TestClaimRestartWhenBeginFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	begins := 0
-	beginOnce := func(context.Context) (Conn, core.Tx, error) {
+	beginOnce := func(context.Context) (Conn, store.Tx, error) {
 		if begins++; begins == 1 {
 			return db, nopTx{}, nil
 		}
 		return nil, nil, errors.New("begin: pool exhausted")
 	}
 	now := time.Now()
-	req := core.ClaimRequest{ID: core.ID{1}, Token: 1, Now: now, ExpiresAt: now.Add(time.Hour)}
+	req := store.ClaimRequest{ID: store.ID{1}, Token: 1, Now: now, ExpiresAt: now.Add(time.Hour)}
 	ctx, tx, err := s.BeginWith(context.Background(), beginOnce)
 	if err != nil {
 		t.Fatal(err)

@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/storeutil"
 )
 
-var _ core.Settler = (*Store)(nil)
+var _ store.Settler = (*Store)(nil)
 
 // flavor is the dialect's flavor of the shared marks statements.
 func (d Dialect) flavor() storeutil.Flavor {
@@ -24,7 +25,7 @@ func (d Dialect) flavor() storeutil.Flavor {
 }
 
 // MarksSchema returns the DDL that creates the marks table of table
-// (core.Settler: "<table>_marks", the completer's) and its index, as
+// (store.Settler: "<table>_marks", the completer's) and its index, as
 // migrations/<dialect>/0002_idempotency_marks.up.sql holds it for the
 // default table. Migrate creates it with the records table. A deployment
 // that does not name routes for the completer (core.Name) writes nothing
@@ -46,11 +47,11 @@ func (s *Store) markFailure(ctx context.Context, op string, err error) error {
 		op, storeutil.MarksTable(s.table), s.d), err)
 }
 
-// Mark implements core.Settler: one upsert into the marks table, in the
+// Mark implements store.Settler: one upsert into the marks table, in the
 // transaction ctx carries, else on its own. The engine's claims write
-// their marks themselves (core.ClaimRequest.Mark): on Postgres in the
+// their marks themselves (store.ClaimRequest.Mark): on Postgres in the
 // claim's statement, on MySQL/MariaDB and SQLite in its transaction.
-func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+func (s *Store) Mark(ctx context.Context, id store.ID, token int64, m store.Mark) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -62,9 +63,9 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 }
 
 // markArgs appends the parameters of m, a marked claim's mark
-// (core.ClaimRequest.Mark), to the claim's args: Postgres's marked
+// (store.ClaimRequest.Mark), to the claim's args: Postgres's marked
 // statements take them after the claim's. A nil m adds nothing.
-func (s *Store) markArgs(args []any, m *core.Mark) []any {
+func (s *Store) markArgs(args []any, m *store.Mark) []any {
 	if m == nil {
 		return args
 	}
@@ -73,7 +74,7 @@ func (s *Store) markArgs(args []any, m *core.Mark) []any {
 
 // claimFailure is the error of a Postgres claim statement: a marked one
 // (req.Mark) writes the marks table too, which may be missing.
-func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err error) error {
+func (s *Store) claimFailure(ctx context.Context, req store.ClaimRequest, err error) error {
 	if req.Mark != nil {
 		return s.markFailure(ctx, "claim", err)
 	}
@@ -85,7 +86,7 @@ func (s *Store) claimFailure(ctx context.Context, req core.ClaimRequest, err err
 // mark's error (MySQL, SQLite: the claim and its mark commit together;
 // Postgres writes the mark in the claim's statement). A claim without a
 // mark, or one that did not claim, writes nothing.
-func (s *Store) claimMark(ctx context.Context, c Conn, req core.ClaimRequest, res core.ClaimResult, err error) error {
+func (s *Store) claimMark(ctx context.Context, c Conn, req store.ClaimRequest, res store.ClaimResult, err error) error {
 	if err != nil || !res.Claimed || req.Mark == nil {
 		return err
 	}
@@ -96,15 +97,15 @@ func (s *Store) claimMark(ctx context.Context, c Conn, req core.ClaimRequest, re
 	return nil
 }
 
-// Due implements core.Settler: a range read of the marks table's due_at
+// Due implements store.Settler: a range read of the marks table's due_at
 // index, joined to the records by id, without locks. The stale marks it
 // meets are deleted afterwards in a short transaction of their own that
 // skips marks another transaction holds (FOR UPDATE SKIP LOCKED; SQLite:
 // a plain DELETE); a failure to delete them is not an error (the next
 // call tries again).
-func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
-	if limit < 1 || limit > core.MaxListLimit {
-		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]store.Pending, error) {
+	if limit < 1 || limit > store.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, store.MaxListLimit)
 	}
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
@@ -115,12 +116,12 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		return nil, s.markFailure(ctx, "due", err)
 	}
 	var (
-		out       []core.Pending
+		out       []store.Pending
 		staleArgs []any
 	)
 	for rows.Next() {
 		var (
-			p     core.Pending
+			p     store.Pending
 			mid   []byte
 			token int64
 			tries int64
@@ -180,9 +181,9 @@ func (s *Store) deleteStale(ctx context.Context, c Conn, inTx bool, args []any) 
 	return tx.Commit()
 }
 
-// Visit implements core.Settler: one UPDATE that compares the token and
+// Visit implements store.Settler: one UPDATE that compares the token and
 // the due_at it was read with.
-func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+func (s *Store) Visit(ctx context.Context, id store.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return false, err

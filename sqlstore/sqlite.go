@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"errors"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/storeutil"
 )
 
@@ -46,10 +46,10 @@ RETURNING ` + cols,
 	}
 }
 
-func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimSQLite(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if !inTx {
 		// Leased mode: a replay or a running lease is answered by a read,
@@ -69,39 +69,39 @@ func (s *Store) claimSQLite(ctx context.Context, req core.ClaimRequest) (core.Cl
 
 // claimSQLiteMarked runs a leased claim that carries a mark in a short
 // transaction of its own, so the record and its mark commit together.
-func (s *Store) claimSQLiteMarked(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimSQLiteMarked(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	c, tx, err := beginPinned(ctx, s.db, s.txOpts)
 	if err != nil {
-		return core.ClaimResult{}, unavailable("claim: begin", err)
+		return store.ClaimResult{}, unavailable("claim: begin", err)
 	}
 	res, err := s.claimSQLiteOn(ctx, c, req)
 	if err = s.claimMark(ctx, c, req, res, err); err != nil {
 		_ = tx.Rollback()
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if err := tx.Commit(); err != nil {
-		return core.ClaimResult{}, unavailable("claim: commit", err)
+		return store.ClaimResult{}, unavailable("claim: commit", err)
 	}
 	return res, nil
 }
 
 // claimSQLiteOn runs the claim's upsert on c (and, when it claims
 // nothing, reads the row it met).
-func (s *Store) claimSQLiteOn(ctx context.Context, c Conn, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimSQLiteOn(ctx context.Context, c Conn, req store.ClaimRequest) (store.ClaimResult, error) {
 	takeover := 0
 	if req.Takeover {
 		takeover = 1
 	}
 	for try := 0; ; try++ {
-		var rec core.Record
+		var rec store.Record
 		_, err := scanRecord(c.QueryRowContext(ctx, s.q.claim, req.ID[:], req.Caller, req.Scope, req.Key,
 			storeutil.NullBytes(req.Fingerprint), req.Token, s.d.timeArg(req.LeaseUntil), s.d.timeArg(req.ExpiresAt),
 			s.d.timeArg(req.Now), takeover), &rec)
 		switch {
 		case err == nil:
-			return core.ClaimResult{Claimed: true, Record: rec}, nil
+			return store.ClaimResult{Claimed: true, Record: rec}, nil
 		case !errors.Is(err, sql.ErrNoRows):
-			return core.ClaimResult{}, unavailable("claim", err)
+			return store.ClaimResult{}, unavailable("claim", err)
 		}
 		// Not claimed: the row exists and is live. In a transaction we hold
 		// the write lock, so it cannot change before this read; outside one

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/debugtext"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/internal/pgsql"
@@ -27,7 +28,7 @@ type Conn interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Store is a core.TxStore on database/sql. Create it with New.
+// Store is a store.TxStore on database/sql. Create it with New.
 type Store struct {
 	db     *sql.DB
 	d      Dialect
@@ -37,7 +38,7 @@ type Store struct {
 	// (WithRequireSyncWait).
 	syncWait bool
 	q        queries
-	mq       storeutil.MarkStatements // core.Settler's (settle.go)
+	mq       storeutil.MarkStatements // store.Settler's (settle.go)
 	lock     uint64                   // mixed into Postgres advisory lock keys (per table)
 	reg      registry                 // ids held by this store's open transactions
 	// noRegistry makes every claim ask the database, as a claim from
@@ -55,8 +56,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store   = (*Store)(nil)
-	_ core.TxStore = (*Store)(nil)
+	_ store.Store   = (*Store)(nil)
+	_ store.TxStore = (*Store)(nil)
 )
 
 // Option configures New.
@@ -121,7 +122,7 @@ func WithRequireSyncWait() Option {
 // with one writer hostgroup, or every DSN naming the same node). Then
 // MultiPrimary reports false, and a completer runs finishers
 // (core.Finish) on atomic routes, which it refuses on a Galera node
-// otherwise (see core.MultiPrimary). It is a promise about the
+// otherwise (see store.MultiPrimary). It is a promise about the
 // deployment the store cannot check: with writes on two nodes, an
 // atomic finisher and a client's retry can both charge. Default: off.
 func WithOneWriterNode() Option {
@@ -352,7 +353,7 @@ func (h hiddenTx) mayHoldWriteLock() bool {
 
 // WithoutTx returns ctx with the transaction it carries (Begin, WithTx,
 // WithConn) hidden: store methods called with it run on the pool, in
-// autocommit, and InTx reports false (core.TxStore). The engine claims and
+// autocommit, and InTx reports false (store.TxStore). The engine claims and
 // completes leased routes with it.
 //
 // SQLite admits one writer at a time: a statement on another connection
@@ -389,8 +390,8 @@ func (s *Store) InTx(ctx context.Context) bool {
 // at once, without taking a connection from the pool (nor, on SQLite,
 // waiting for the write lock); see the README. TxFrom gives the handler
 // the *sql.Tx.
-func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
-	return s.BeginWith(ctx, func(ctx context.Context) (Conn, core.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
+	return s.BeginWith(ctx, func(ctx context.Context) (Conn, store.Tx, error) {
 		if s.d == SQLite {
 			return beginPinned(ctx, s.db, s.txOpts)
 		}
@@ -408,7 +409,7 @@ func (s *Store) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 // in the transaction and the transaction the engine commits or rolls back.
 // BeginWith itself does not fail; an error of begin is the first
 // statement's.
-func (s *Store) BeginWith(ctx context.Context, begin BeginFunc) (context.Context, core.Tx, error) {
+func (s *Store) BeginWith(ctx context.Context, begin BeginFunc) (context.Context, store.Tx, error) {
 	l := &lazyTx{s: s, ctx: ctx, begin: begin}
 	return context.WithValue(ctx, connKey{}, l), l, nil
 }
@@ -452,9 +453,9 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 	return nil
 }
 
-// --- core.Store --------------------------------------------------------------
+// --- store.Store --------------------------------------------------------------
 
-// Claim implements core.Store. See the dialect notes in the README for the
+// Claim implements store.Store. See the dialect notes in the README for the
 // statements it runs and how it detects another transaction's uncommitted
 // claim without waiting for it.
 //
@@ -463,7 +464,7 @@ func (s *Store) inShortTx(ctx context.Context, fn func(c Conn) error) error {
 // process is running answers in progress without a connection or a round
 // trip, on every dialect; on SQLite, which cannot probe, that is the only
 // way to answer without waiting.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	req.Caller, req.Scope, req.Key = debugtext.Clean(req.Caller), debugtext.Clean(req.Scope), debugtext.Clean(req.Key)
 	// A claim may wait in the registry for another claim of the same id
 	// only while it holds no lock and no connection: outside any
@@ -475,7 +476,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	v := ctx.Value(connKey{})
 	if h, hidden := v.(hiddenTx); hidden {
 		if s.d == SQLite && h.mayHoldWriteLock() {
-			return core.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
+			return store.ClaimResult{}, fmt.Errorf("%w: sqlstore: a leased route runs in a transaction of the request's context (a transaction-per-request middleware, sqlstore.WithTx): "+
 				"SQLite admits one writer, so the record, which must commit on its own connection, would wait for that transaction while it waits for the route; "+
 				"keep leased routes out of the middleware's transaction", core.ErrConfig)
 		}
@@ -489,19 +490,19 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	var (
 		cl    *inflight.Claimant[*lazyTx]
 		held  bool
-		found *core.Record
+		found *store.Record
 		err   error
 	)
 	if !s.noRegistry {
-		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*core.Record, error) { return s.peek(ctx, req) })
+		cl, held, found, err = s.reg.Enter(ctx, req.ID, l, wait, req.Now, func(ctx context.Context) (*store.Record, error) { return s.peek(ctx, req) })
 	}
 	switch {
 	case err != nil:
-		return core.ClaimResult{}, unavailable("claim", err)
+		return store.ClaimResult{}, unavailable("claim", err)
 	case held:
 		return storeutil.InProgressElsewhere(req.ID), nil
 	case found != nil:
-		return core.ClaimResult{Record: *found}, nil
+		return store.ClaimResult{Record: *found}, nil
 	}
 	if cl != nil {
 		// Settle even if the claim panics: claims of the same id wait
@@ -514,7 +515,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		}()
 		res, err := s.claimIn(ctx, req)
 		claimed := err == nil && res.Claimed && l.hold(req.ID)
-		var found *core.Record
+		var found *store.Record
 		if err == nil && !res.Claimed {
 			found = &res.Record
 		}
@@ -526,7 +527,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 }
 
 // claimIn runs the dialect's claim.
-func (s *Store) claimIn(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *Store) claimIn(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	switch s.d {
 	case Postgres:
 		return s.claimPostgres(ctx, req)
@@ -536,9 +537,9 @@ func (s *Store) claimIn(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 	return s.claimSQLite(ctx, req)
 }
 
-// Extend implements core.Store. The store cannot tell an expired record
+// Extend implements store.Store. The store cannot tell an expired record
 // from a live one here (no time is passed in): the token decides.
-func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+func (s *Store) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -551,9 +552,9 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	return s.fenced(ctx, c, res, s.q.isInProgress, id, token)
 }
 
-// Complete implements core.Store.
-func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.Completion) error {
-	if cp.State != core.StateCompleted && cp.State != core.StateIndeterminate {
+// Complete implements store.Store.
+func (s *Store) Complete(ctx context.Context, id store.ID, token int64, cp store.Completion) error {
+	if cp.State != store.StateCompleted && cp.State != store.StateIndeterminate {
 		return fmt.Errorf("%w: sqlstore: Complete with state %v", core.ErrConfig, cp.State)
 	}
 	c, inTx, err := s.conn(ctx)
@@ -571,7 +572,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, cp core.C
 // reports changed rows, not matched rows (unless the DSN sets
 // clientFoundRows=true), so an UPDATE that rewrote identical values reports
 // 0: then one more SELECT tells a matched row from a fenced one.
-func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string, id core.ID, token int64) error {
+func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string, id store.ID, token int64) error {
 	n, err := res.RowsAffected()
 	if err != nil {
 		return unavailable("rows affected", err)
@@ -591,8 +592,8 @@ func (s *Store) fenced(ctx context.Context, c Conn, res sql.Result, check string
 	return core.ErrFenced
 }
 
-// Release implements core.Store.
-func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, id store.ID, token int64) error {
 	c, inTx, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -618,24 +619,24 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	return core.ErrFenced
 }
 
-// Get implements core.Store.
-func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	c, _, err := s.conn(ctx)
 	if err != nil {
-		return core.Record{}, err
+		return store.Record{}, err
 	}
-	var rec core.Record
+	var rec store.Record
 	_, err = scanRecord(c.QueryRowContext(ctx, s.q.get, id[:], s.d.timeArg(now)), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return core.Record{}, core.ErrNotFound
+		return store.Record{}, core.ErrNotFound
 	case err != nil:
-		return core.Record{}, unavailable("get", err)
+		return store.Record{}, unavailable("get", err)
 	}
 	return rec, nil
 }
 
-// DeleteExpired implements core.Store: one batch of at most limit rows,
+// DeleteExpired implements store.Store: one batch of at most limit rows,
 // oldest first, skipping rows another transaction has locked (Postgres,
 // MySQL/MariaDB), so concurrent sweepers and live claims never wait on it.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
@@ -740,19 +741,19 @@ func isLostRace(err error) bool {
 // readExisting reads the committed row of req.ID without locking. ok is
 // true when that row answers the claim: it is live and cannot be claimed
 // (neither expired nor a lapsed lease that req may take over).
-func (s *Store) readExisting(ctx context.Context, c Conn, req core.ClaimRequest) (res core.ClaimResult, ok bool, err error) {
-	var rec core.Record
+func (s *Store) readExisting(ctx context.Context, c Conn, req store.ClaimRequest) (res store.ClaimResult, ok bool, err error) {
+	var rec store.Record
 	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return core.ClaimResult{}, false, nil
+		return store.ClaimResult{}, false, nil
 	case err != nil:
-		return core.ClaimResult{}, false, unavailable("claim read", err)
+		return store.ClaimResult{}, false, unavailable("claim read", err)
 	}
 	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
-		return core.ClaimResult{Record: rec}, true, nil
+		return store.ClaimResult{Record: rec}, true, nil
 	}
-	return core.ClaimResult{}, false, nil
+	return store.ClaimResult{}, false, nil
 }
 
 // peek reads the committed row of req.ID for the registry (inflight.Peek):
@@ -762,7 +763,7 @@ func (s *Store) readExisting(ctx context.Context, c Conn, req core.ClaimRequest)
 // a connection on a busy machine takes longer than ClaimWait, and is no
 // turn behind anyone). A plain read waits for no lock (SQLite in WAL mode,
 // as the README recommends; Postgres and InnoDB read a snapshot).
-func (s *Store) peek(ctx context.Context, req core.ClaimRequest) (*core.Record, error) {
+func (s *Store) peek(ctx context.Context, req store.ClaimRequest) (*store.Record, error) {
 	cctx, cancel := ctx, context.CancelFunc(func() {})
 	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections {
 		cctx, cancel = context.WithTimeout(ctx, inflight.ClaimWait)
@@ -791,7 +792,7 @@ const maxClaimTries = 3
 // later BEGIN on it fails ("cannot start a transaction within a
 // transaction"). Pinned, the failed COMMIT is followed by a ROLLBACK on the
 // same connection before it goes back.
-func beginPinned(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (Conn, core.Tx, error) {
+func beginPinned(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (Conn, store.Tx, error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, nil, err

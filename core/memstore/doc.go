@@ -1,4 +1,4 @@
-// Package memstore is an in-memory [core.Store] for tests and
+// Package memstore is an in-memory [store.Store] for tests and
 // single-process development.
 //
 // Records live in a map behind one mutex, and a stored record is never
@@ -11,14 +11,14 @@
 //
 // # Leased mode
 //
-// [New] returns a [Store], which implements [core.Store]: every claim is
+// [New] returns a [Store], which implements [store.Store]: every claim is
 // visible at once and the engine protects the attempt with a lease and a
 // fencing token.
 //
 // # Atomic mode
 //
 // [Store.Atomic] returns an [AtomicStore] over the same records, which also
-// implements [core.TxStore], so the engine's atomic mode can be tested
+// implements [store.TxStore], so the engine's atomic mode can be tested
 // without a database. It emulates what a SQL store does inside a database
 // transaction:
 //
@@ -27,7 +27,7 @@
 //   - outside the transaction the records it wrote keep their committed
 //     value (Get sees the committed value; an uncommitted claim is invisible),
 //     and a Claim of an identity it holds answers at once with a record
-//     carrying only ID and [core.StateInProgress], as the lock probe of a SQL
+//     carrying only ID and [store.StateInProgress], as the lock probe of a SQL
 //     store does;
 //   - Rollback restores every record the transaction wrote to its committed
 //     value (a claim rolled back leaves the identity absent, even after

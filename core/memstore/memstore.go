@@ -10,30 +10,31 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
-// Store is an in-memory [core.Store] (leased mode). The zero value is not
+// Store is an in-memory [store.Store] (leased mode). The zero value is not
 // usable; call [New]. A Store is safe for concurrent use.
 type Store struct {
 	mu    sync.Mutex // guards m, every slot in it, and marks
-	m     map[core.ID]*slot
-	marks map[core.ID]*mark // core.Settler's marks
+	m     map[store.ID]*slot
+	marks map[store.ID]*mark // store.Settler's marks
 }
 
 var (
-	_ core.Store     = (*Store)(nil)
-	_ core.Inspector = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Inspector = (*Store)(nil)
 )
 
 // slot holds one record. Stored records are immutable: a write replaces
-// rec with a new *core.Record, so prev can keep the committed value while
+// rec with a new *store.Record, so prev can keep the committed value while
 // an open transaction owns the slot. The byte slices of a stored record
 // are private copies and are never written to, so versions of a record
 // share them.
 type slot struct {
-	rec   *core.Record // current value; nil when the owner deleted it
-	owner *memTx       // open transaction that wrote rec; nil once committed
-	prev  *core.Record // committed value while owner != nil; nil: absent
+	rec   *store.Record // current value; nil when the owner deleted it
+	owner *memTx        // open transaction that wrote rec; nil once committed
+	prev  *store.Record // committed value while owner != nil; nil: absent
 	// marked: the owner's claim replaced the mark of the id; prevMark is
 	// the mark it replaced (nil: none), restored if the owner rolls back.
 	marked   bool
@@ -42,7 +43,7 @@ type slot struct {
 
 // view returns the record as seen by tx (nil: outside any transaction), and
 // whether another open transaction holds the slot. A nil slot is absent.
-func (sl *slot) view(tx *memTx) (rec *core.Record, busy bool) {
+func (sl *slot) view(tx *memTx) (rec *store.Record, busy bool) {
 	switch {
 	case sl == nil:
 		return nil, false
@@ -54,10 +55,10 @@ func (sl *slot) view(tx *memTx) (rec *core.Record, busy bool) {
 
 // New returns an empty Store.
 func New() *Store {
-	return &Store{m: make(map[core.ID]*slot)}
+	return &Store{m: make(map[store.ID]*slot)}
 }
 
-// Atomic returns a view of s that also implements [core.TxStore] (atomic
+// Atomic returns a view of s that also implements [store.TxStore] (atomic
 // mode). The view shares the records of s; see the package documentation
 // for how its transactions behave.
 func (s *Store) Atomic() *AtomicStore { return &AtomicStore{Store: s} }
@@ -75,42 +76,42 @@ var (
 	errInvalidState = errors.New("memstore: a completion must be completed or indeterminate")
 )
 
-// Claim implements [core.Store].
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+// Claim implements [store.Store].
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if req.Token == 0 {
-		return core.ClaimResult{}, errZeroToken
+		return store.ClaimResult{}, errZeroToken
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	sl := s.m[req.ID]
 	cur, busy := sl.view(tx)
-	var r *core.Record
+	var r *store.Record
 	switch {
 	case busy:
 		// What the lock probe of a SQL store reports.
-		return core.ClaimResult{Record: core.Record{ID: req.ID, State: core.StateInProgress}}, nil
+		return store.ClaimResult{Record: store.Record{ID: req.ID, State: store.StateInProgress}}, nil
 	case cur == nil || !live(cur, req.Now):
-		r = &core.Record{
+		r = &store.Record{
 			ID:          req.ID,
 			Caller:      req.Caller,
 			Scope:       req.Scope,
 			Key:         req.Key,
 			Fingerprint: cloneBytes(req.Fingerprint),
-			State:       core.StateInProgress,
+			State:       store.StateInProgress,
 			Token:       req.Token,
 			Attempt:     1,
 			LeaseUntil:  req.LeaseUntil.UTC(),
 			ExpiresAt:   req.ExpiresAt.UTC(),
 			CreatedAt:   req.Now.UTC(),
 		}
-	case req.Takeover && cur.State == core.StateInProgress &&
+	case req.Takeover && cur.State == store.StateInProgress &&
 		!cur.LeaseUntil.IsZero() && !cur.LeaseUntil.After(req.Now):
 		t := *cur
 		t.Fingerprint = cloneBytes(req.Fingerprint)
@@ -120,14 +121,14 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 		t.ExpiresAt = req.ExpiresAt.UTC()
 		r = &t
 	default:
-		return core.ClaimResult{Record: clone(cur)}, nil
+		return store.ClaimResult{Record: clone(cur)}, nil
 	}
 	if err := s.put(req.ID, sl, tx, r); err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if req.Mark != nil {
 		if sl := s.m[req.ID]; tx != nil && !sl.marked {
-			// The claim's mark rolls back with it (core.Settler).
+			// The claim's mark rolls back with it (store.Settler).
 			sl.marked, sl.prevMark = true, s.marks[req.ID]
 		}
 		s.putMark(req.ID, req.Token, *req.Mark)
@@ -139,12 +140,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimRes
 	if len(out.Fingerprint) == 0 {
 		out.Fingerprint = nil
 	}
-	return core.ClaimResult{Claimed: true, Record: out}, nil
+	return store.ClaimResult{Claimed: true, Record: out}, nil
 }
 
-// Extend implements [core.Store]. It cannot tell whether the record has
+// Extend implements [store.Store]. It cannot tell whether the record has
 // expired (it is given no time); see the package documentation.
-func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+func (s *Store) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
 		return err
@@ -159,7 +160,7 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	if err := fenced(cur, busy, token); err != nil {
 		return err
 	}
-	if cur.State != core.StateInProgress {
+	if cur.State != store.StateInProgress {
 		return fmt.Errorf("%w: the record is %v", core.ErrFenced, cur.State)
 	}
 	r := *cur
@@ -170,14 +171,14 @@ func (s *Store) Extend(ctx context.Context, id core.ID, token int64, leaseUntil 
 	return s.put(id, sl, tx, &r)
 }
 
-// Complete implements [core.Store]. It cannot tell whether the record has
+// Complete implements [store.Store]. It cannot tell whether the record has
 // expired (it is given no time); see the package documentation.
-func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *Store) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
 		return err
 	}
-	if c.State != core.StateCompleted && c.State != core.StateIndeterminate {
+	if c.State != store.StateCompleted && c.State != store.StateIndeterminate {
 		return fmt.Errorf("%w, not %v", errInvalidState, c.State)
 	}
 	s.mu.Lock()
@@ -190,7 +191,7 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	if err := fenced(cur, busy, token); err != nil {
 		return err
 	}
-	if cur.State == core.StateCompleted {
+	if cur.State == store.StateCompleted {
 		return fmt.Errorf("%w: the record is already completed", core.ErrFenced)
 	}
 	r := *cur
@@ -202,9 +203,9 @@ func (s *Store) Complete(ctx context.Context, id core.ID, token int64, c core.Co
 	return s.put(id, sl, tx, &r)
 }
 
-// Release implements [core.Store]. It cannot tell whether the record has
+// Release implements [store.Store]. It cannot tell whether the record has
 // expired (it is given no time); see the package documentation.
-func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
+func (s *Store) Release(ctx context.Context, id store.ID, token int64) error {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
 		return err
@@ -222,32 +223,32 @@ func (s *Store) Release(ctx context.Context, id core.ID, token int64) error {
 	if err := fenced(cur, busy, token); err != nil {
 		return err
 	}
-	if cur.State == core.StateCompleted {
+	if cur.State == store.StateCompleted {
 		return fmt.Errorf("%w: a completed record is never released", core.ErrFenced)
 	}
 	return s.put(id, sl, tx, nil)
 }
 
-// Get implements [core.Store]. Outside a transaction, a record held by an
+// Get implements [store.Store]. Outside a transaction, a record held by an
 // open transaction reads as its committed value.
-func (s *Store) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s *Store) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
-		return core.Record{}, err
+		return store.Record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := tx.check(); err != nil {
-		return core.Record{}, err
+		return store.Record{}, err
 	}
 	cur, _ := s.m[id].view(tx)
 	if cur == nil || !live(cur, now) {
-		return core.Record{}, core.ErrNotFound
+		return store.Record{}, core.ErrNotFound
 	}
 	return clone(cur), nil
 }
 
-// DeleteExpired implements [core.Store]. It skips records held by another
+// DeleteExpired implements [store.Store]. It skips records held by another
 // open transaction.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	tx, err := s.txFrom(ctx)
@@ -276,10 +277,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return n, nil
 }
 
-// List implements [core.Inspector]: it looks at every record (memstore
+// List implements [store.Inspector]: it looks at every record (memstore
 // keeps no index). Outside a transaction, a record held by an open
 // transaction is listed as its committed value.
-func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	tx, err := s.txFrom(ctx)
 	if err != nil {
 		return nil, err
@@ -292,7 +293,7 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
-	var recs []*core.Record
+	var recs []*store.Record
 	for _, sl := range s.m {
 		r, _ := sl.view(tx)
 		if r == nil || r.State != q.State || !live(r, q.Now) ||
@@ -302,11 +303,11 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 		}
 		recs = append(recs, r)
 	}
-	slices.SortFunc(recs, func(a, b *core.Record) int { return compareAt(a, core.CursorOf(*b)) })
+	slices.SortFunc(recs, func(a, b *store.Record) int { return compareAt(a, store.CursorOf(*b)) })
 	if len(recs) > q.Limit {
 		recs = recs[:q.Limit]
 	}
-	out := make([]core.Record, len(recs))
+	out := make([]store.Record, len(recs))
 	for i, r := range recs {
 		out[i] = *r
 		out[i].Fingerprint = cloneBytes(r.Fingerprint)
@@ -316,7 +317,7 @@ func (s *Store) List(ctx context.Context, q core.ListQuery) ([]core.Record, erro
 }
 
 // compareAt compares r's position in List's order with c.
-func compareAt(r *core.Record, c core.Cursor) int {
+func compareAt(r *store.Record, c store.Cursor) int {
 	if d := r.CreatedAt.Compare(c.CreatedAt); d != 0 {
 		return d
 	}
@@ -326,7 +327,7 @@ func compareAt(r *core.Record, c core.Cursor) int {
 // put stores r (nil: deletes the record) in the slot sl of id, which may be
 // nil, on behalf of tx (nil: outside any transaction). s.mu must be held,
 // and sl must not be held by another transaction.
-func (s *Store) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
+func (s *Store) put(id store.ID, sl *slot, tx *memTx, r *store.Record) error {
 	if tx == nil {
 		switch {
 		case r == nil:
@@ -354,7 +355,7 @@ func (s *Store) put(id core.ID, sl *slot, tx *memTx, r *core.Record) error {
 
 // fenced returns an ErrFenced error unless cur is present, not held by
 // another transaction, and owned by token.
-func fenced(cur *core.Record, busy bool, token int64) error {
+func fenced(cur *store.Record, busy bool, token int64) error {
 	switch {
 	case busy:
 		return fmt.Errorf("%w: the record is held by another open transaction", core.ErrFenced)
@@ -366,10 +367,10 @@ func fenced(cur *core.Record, busy bool, token int64) error {
 	return nil
 }
 
-func live(r *core.Record, now time.Time) bool { return r.ExpiresAt.After(now) }
+func live(r *store.Record, now time.Time) bool { return r.ExpiresAt.After(now) }
 
 // clone returns a copy of r that shares no memory with it.
-func clone(r *core.Record) core.Record {
+func clone(r *store.Record) store.Record {
 	c := *r
 	c.Fingerprint, c.Response = cloneBoth(r.Fingerprint, r.Response)
 	return c

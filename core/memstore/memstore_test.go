@@ -9,26 +9,27 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) core.Store { return memstore.New() })
+	storetest.Run(t, func(t *testing.T) store.Store { return memstore.New() })
 }
 
 func TestConformanceAtomic(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) core.Store { return memstore.New().Atomic() })
+	storetest.Run(t, func(t *testing.T) store.Store { return memstore.New().Atomic() })
 }
 
 func BenchmarkStore(b *testing.B) {
-	storetest.Bench(b, func(b *testing.B) core.Store { return memstore.New() })
+	storetest.Bench(b, func(b *testing.B) store.Store { return memstore.New() })
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func claim(id byte, token int64) core.ClaimRequest {
-	return core.ClaimRequest{
-		ID: core.ID{id}, Token: token, Now: t0,
+func claim(id byte, token int64) store.ClaimRequest {
+	return store.ClaimRequest{
+		ID: store.ID{id}, Token: token, Now: t0,
 		LeaseUntil: t0.Add(30 * time.Second), ExpiresAt: t0.Add(time.Hour),
 	}
 }
@@ -45,7 +46,7 @@ func TestLen(t *testing.T) {
 		t.Fatalf("Len = %d, want 100", n)
 	}
 	// Expired records count until they are deleted.
-	if _, err := s.Get(ctx, core.ID{0}, t0.Add(2*time.Hour)); !errors.Is(err, core.ErrNotFound) {
+	if _, err := s.Get(ctx, store.ID{0}, t0.Add(2*time.Hour)); !errors.Is(err, core.ErrNotFound) {
 		t.Fatalf("Get of an expired record: %v, want ErrNotFound", err)
 	}
 	if n := s.Len(); n != 100 {
@@ -68,7 +69,7 @@ func TestInvalidArguments(t *testing.T) {
 	if _, err := s.Claim(ctx, claim(1, 7)); err != nil {
 		t.Fatal(err)
 	}
-	err := s.Complete(ctx, core.ID{1}, 7, core.Completion{State: core.StateInProgress, ExpiresAt: t0.Add(time.Hour)})
+	err := s.Complete(ctx, store.ID{1}, 7, store.Completion{State: store.StateInProgress, ExpiresAt: t0.Add(time.Hour)})
 	if err == nil || errors.Is(err, core.ErrFenced) {
 		t.Errorf("Complete with StateInProgress: %v, want an argument error", err)
 	}
@@ -80,7 +81,7 @@ func TestInvalidArguments(t *testing.T) {
 func TestCancelledContextError(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err := memstore.New().Get(ctx, core.ID{1}, t0)
+	_, err := memstore.New().Get(ctx, store.ID{1}, t0)
 	if !errors.Is(err, core.ErrStoreUnavailable) || !errors.Is(err, context.Canceled) {
 		t.Errorf("Get with a cancelled context: %v, want ErrStoreUnavailable and context.Canceled", err)
 	}
@@ -93,7 +94,7 @@ func TestAtomicSharesRecords(t *testing.T) {
 	if _, err := a.Claim(ctx, claim(1, 7)); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.Get(ctx, core.ID{1}, t0); err != nil || r.Token != 7 {
+	if r, err := s.Get(ctx, store.ID{1}, t0); err != nil || r.Token != 7 {
 		t.Errorf("Get on the plain view = (%v, %v), want the record claimed through the atomic view", r.Token, err)
 	}
 	tctx, tx, err := a.Begin(ctx)
@@ -111,13 +112,13 @@ func TestAtomicSharesRecords(t *testing.T) {
 	if _, err := s.Claim(tctx, claim(2, 8)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get(ctx, core.ID{2}, t0); !errors.Is(err, core.ErrNotFound) {
+	if _, err := s.Get(ctx, store.ID{2}, t0); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("Get outside the transaction: %v, want ErrNotFound", err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get(ctx, core.ID{2}, t0); err != nil {
+	if _, err := s.Get(ctx, store.ID{2}, t0); err != nil {
 		t.Errorf("Get after Commit: %v", err)
 	}
 }
@@ -146,7 +147,7 @@ func TestTxLifecycle(t *testing.T) {
 	if _, err := a.Claim(tctx, claim(1, 7)); !errors.Is(err, memstore.ErrTxDone) {
 		t.Errorf("Claim with the context of a committed transaction: %v, want ErrTxDone", err)
 	}
-	if _, err := a.Get(tctx, core.ID{1}, t0); !errors.Is(err, memstore.ErrTxDone) {
+	if _, err := a.Get(tctx, store.ID{1}, t0); !errors.Is(err, memstore.ErrTxDone) {
 		t.Errorf("Get with the context of a committed transaction: %v, want ErrTxDone", err)
 	}
 	if n := a.Len(); n != 0 {
@@ -187,16 +188,16 @@ func TestTxReleaseRollsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Release(tctx, core.ID{1}, 7); err != nil {
+	if err := a.Release(tctx, store.ID{1}, 7); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Get(tctx, core.ID{1}, t0); !errors.Is(err, core.ErrNotFound) {
+	if _, err := a.Get(tctx, store.ID{1}, t0); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("Get in the transaction after Release: %v, want ErrNotFound", err)
 	}
-	if r, err := a.Get(ctx, core.ID{1}, t0); err != nil || r.Token != 7 {
+	if r, err := a.Get(ctx, store.ID{1}, t0); err != nil || r.Token != 7 {
 		t.Errorf("Get outside the transaction = (%v, %v), want the committed record", r.Token, err)
 	}
-	if err := a.Release(ctx, core.ID{1}, 7); !errors.Is(err, core.ErrFenced) {
+	if err := a.Release(ctx, store.ID{1}, 7); !errors.Is(err, core.ErrFenced) {
 		t.Errorf("Release outside the transaction of a record it holds: %v, want ErrFenced", err)
 	}
 	if n, err := a.DeleteExpired(ctx, t0.Add(2*time.Hour), 10); n != 0 || err != nil {
@@ -205,7 +206,7 @@ func TestTxReleaseRollsBack(t *testing.T) {
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := a.Get(ctx, core.ID{1}, t0); err != nil || r.Token != 7 {
+	if r, err := a.Get(ctx, store.ID{1}, t0); err != nil || r.Token != 7 {
 		t.Errorf("Get after Rollback = (%v, %v), want the record back", r.Token, err)
 	}
 }

@@ -8,22 +8,23 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
-var _ core.Settler = (*Store)(nil)
+var _ store.Settler = (*Store)(nil)
 
-// mark is a stored core.Mark with the token it was written under.
+// mark is a stored store.Mark with the token it was written under.
 type mark struct {
 	token int64
-	m     core.Mark
+	m     store.Mark
 }
 
-// Mark implements [core.Settler]. A mark written by Mark is not
+// Mark implements [store.Settler]. A mark written by Mark is not
 // transactional: one written in a transaction that rolls back is stale
 // (its record is absent) and Due deletes it. A claim's mark
-// (core.ClaimRequest.Mark) rolls back with the claim: the mark it
+// (store.ClaimRequest.Mark) rolls back with the claim: the mark it
 // replaced is back.
-func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+func (s *Store) Mark(ctx context.Context, id store.ID, token int64, m store.Mark) error {
 	if _, err := s.txFrom(ctx); err != nil {
 		return err
 	}
@@ -35,7 +36,7 @@ func (s *Store) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) 
 
 // restoreMark puts back m, the mark of id that a rolled-back claim
 // replaced (nil: id had none); s.mu is held.
-func (s *Store) restoreMark(id core.ID, m *mark) {
+func (s *Store) restoreMark(id store.ID, m *mark) {
 	if m == nil {
 		delete(s.marks, id)
 		return
@@ -44,28 +45,28 @@ func (s *Store) restoreMark(id core.ID, m *mark) {
 }
 
 // putMark writes the mark of id under token; s.mu is held.
-func (s *Store) putMark(id core.ID, token int64, m core.Mark) {
+func (s *Store) putMark(id store.ID, token int64, m store.Mark) {
 	m.Request = cloneBytes(m.Request)
 	m.After = m.After.UTC()
 	if s.marks == nil {
-		s.marks = make(map[core.ID]*mark)
+		s.marks = make(map[store.ID]*mark)
 	}
 	s.marks[id] = &mark{token: token, m: m}
 }
 
-// Due implements [core.Settler]: it looks at every mark (memstore keeps
+// Due implements [store.Settler]: it looks at every mark (memstore keeps
 // no index). A mark whose record an open transaction holds is skipped:
 // it is neither returned nor deleted.
-func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
-	if limit < 1 || limit > core.MaxListLimit {
-		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, core.MaxListLimit)
+func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]store.Pending, error) {
+	if limit < 1 || limit > store.MaxListLimit {
+		return nil, fmt.Errorf("%w: Due: limit %d is not between 1 and %d", core.ErrConfig, limit, store.MaxListLimit)
 	}
 	if _, err := s.txFrom(ctx); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []core.Pending
+	var out []store.Pending
 	for id, mk := range s.marks {
 		if mk.m.After.After(now) {
 			continue
@@ -74,7 +75,7 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		if busy {
 			continue
 		}
-		if cur == nil || !live(cur, now) || cur.Token != mk.token || cur.State == core.StateCompleted {
+		if cur == nil || !live(cur, now) || cur.Token != mk.token || cur.State == store.StateCompleted {
 			delete(s.marks, id)
 			continue
 		}
@@ -82,9 +83,9 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 		rec.Response = nil
 		m := mk.m
 		m.Request = cloneBytes(m.Request)
-		out = append(out, core.Pending{Record: rec, Mark: m})
+		out = append(out, store.Pending{Record: rec, Mark: m})
 	}
-	slices.SortFunc(out, func(a, b core.Pending) int {
+	slices.SortFunc(out, func(a, b store.Pending) int {
 		if c := a.Mark.After.Compare(b.Mark.After); c != 0 {
 			return c
 		}
@@ -96,8 +97,8 @@ func (s *Store) Due(ctx context.Context, now time.Time, limit int) ([]core.Pendi
 	return out, nil
 }
 
-// Visit implements [core.Settler].
-func (s *Store) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+// Visit implements [store.Settler].
+func (s *Store) Visit(ctx context.Context, id store.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	if _, err := s.txFrom(ctx); err != nil {
 		return false, err
 	}

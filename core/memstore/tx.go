@@ -7,9 +7,10 @@ import (
 	"sync"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
-// AtomicStore is a view of a [Store] that implements [core.TxStore] (atomic
+// AtomicStore is a view of a [Store] that implements [store.TxStore] (atomic
 // mode) over the same records. Get one with [Store.Atomic]; the embedded
 // Store gives the plain view back.
 type AtomicStore struct {
@@ -17,8 +18,8 @@ type AtomicStore struct {
 }
 
 var (
-	_ core.TxStore   = (*AtomicStore)(nil)
-	_ core.Inspector = (*AtomicStore)(nil)
+	_ store.TxStore   = (*AtomicStore)(nil)
+	_ store.Inspector = (*AtomicStore)(nil)
 )
 
 // ErrTxDone is returned by methods called with the context of a transaction
@@ -34,7 +35,7 @@ type txKey struct{}
 // transaction. The transaction is rolled back if ctx is done before Commit.
 // Transactions do not nest: Begin with a context that already carries a
 // transaction of this Store fails.
-func (a *AtomicStore) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (a *AtomicStore) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, unavailable(err)
 	}
@@ -56,7 +57,7 @@ func (a *AtomicStore) InTx(ctx context.Context) bool {
 	return tx != nil && tx.s == a.Store
 }
 
-// WithoutTx returns ctx with its transaction hidden (core.TxStore).
+// WithoutTx returns ctx with its transaction hidden (store.TxStore).
 func (a *AtomicStore) WithoutTx(ctx context.Context) context.Context {
 	if ctx.Value(txKey{}) == nil {
 		return ctx
@@ -88,11 +89,11 @@ type memTx struct {
 
 	mu   sync.Mutex
 	stop func() bool // cancels the rollback on the end of Begin's context
-	ids  []core.ID   // slots owned, each once
+	ids  []store.ID  // slots owned, each once
 	done bool
 }
 
-var _ core.Tx = (*memTx)(nil)
+var _ store.Tx = (*memTx)(nil)
 
 // check returns ErrTxDone if tx has ended; a nil tx (no transaction) never
 // has.
@@ -111,7 +112,7 @@ func (tx *memTx) check() error {
 // enlist records that tx takes ownership of the slot of id. It fails once
 // tx has ended, so that every slot tx owns is in the journal that Commit or
 // Rollback settles.
-func (tx *memTx) enlist(id core.ID) error {
+func (tx *memTx) enlist(id store.ID) error {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	if tx.done {

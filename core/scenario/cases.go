@@ -50,7 +50,7 @@ var scenarios = []scenario{
 	{"ServerErrorBeforeThenAfterEffect", "A first attempt that answers 5xx before marking an effect is released; the retry that answers 5xx after core.MarkEffect leaves the record indeterminate, and later requests replay that 5xx without running the handler.", both, test5xxBeforeThenAfterEffect},
 	{"ServerErrorAfterEffectIndeterminate", "A 5xx after core.MarkEffect leaves the record indeterminate: a retry replays the recorded 5xx with Idempotent-Replayed and the handler does not run.", both, testEffect5xxIndeterminate},
 	{"PanicAfterEffectIndeterminate", "A panic after core.MarkEffect propagates to the outer recovery and leaves the record indeterminate: a retry replays a 500 problem document and the handler does not run.", both, testEffectPanicIndeterminate},
-	{"ResolverApplied", "A Resolver that answers OutcomeApplied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; DownstreamKeyFor gives the resolver the handler's downstream key.", both, testResolverApplied},
+	{"ResolverApplied", "A Resolver that answers OutcomeApplied completes the indeterminate record with its response, which the retry and later duplicates replay; the handler does not run again and the resolver is asked once; store.ID.DownstreamKey gives the resolver the handler's downstream key.", both, testResolverApplied},
 	{"ResolverNotApplied", "A Resolver that answers OutcomeNotApplied releases the indeterminate record, so the retry runs the handler, and later duplicates replay the retry's answer.", both, testResolverNotApplied},
 
 	// Response body cap and streaming.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Scenarios of composition (docs/contract.md, section 3 "What a client
@@ -89,7 +90,7 @@ func testNestedLeased(t *testing.T, x *harness) {
 	x.start(nil, Route{Method: "POST", Pattern: "/payments", Options: []core.RouteOption{core.Leased()}, Handler: func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		info, _ = core.AttemptFrom(r.Context())
-		if ts, ok := x.store.(core.TxStore); ok {
+		if ts, ok := x.store.(store.TxStore); ok {
 			inTx = ts.InTx(r.Context())
 		}
 		mu.Unlock()
@@ -143,11 +144,11 @@ func testNestedScope(t *testing.T, x *harness) {
 	wantCalls(t, &na, 1)
 	wantCalls(t, &nb, 0)
 	// The outer layer has no Scope option: its scope is the empty one.
-	outer := core.Identity{Caller: "alice", Scope: "", Key: "k1"}.ID()
+	outer := store.Identity{Caller: "alice", Scope: "", Key: "k1"}.ID()
 	if _, err := x.records.Get(context.Background(), outer, x.clock.Now()); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("the outer layer's (empty) scope has a record (err %v): the outer layer must record nothing", err)
 	}
-	id := core.Identity{Caller: "alice", Scope: "create-order", Key: "k1"}.ID()
+	id := store.Identity{Caller: "alice", Scope: "create-order", Key: "k1"}.ID()
 	if _, err := x.records.Get(context.Background(), id, x.clock.Now()); err != nil {
 		t.Errorf("no record under the inner scope create-order: %v", err)
 	}

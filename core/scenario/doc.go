@@ -43,7 +43,7 @@
 //     whole router with no options (a [GlobalFactory]), or both: once for
 //     the whole router with no options and on each route with its Options
 //     (a [NestedFactory]). The middleware passes the router's route
-//     pattern to the engine as a label (core.Event.Route), never the
+//     pattern to the engine as a label (observe.Event.Route), never the
 //     concrete path; the identity never depends on it (the scope is empty
 //     unless a route names one with core.Scope).
 //   - Call the route's Handler with the writer and the request the

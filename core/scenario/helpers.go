@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // --- the store the engine sees ----------------------------------------------
@@ -27,7 +28,7 @@ var errDown = errors.New("scenario: dial tcp 10.0.0.1:5432: connect: connection 
 // method fails), and it signals claims that met an in-progress record, so a
 // scenario knows that a duplicate is waiting.
 type hookStore struct {
-	inner   core.Store
+	inner   store.Store
 	down    atomic.Bool
 	failing atomic.Uint32 // ops (opClaim|...) that fail with errSecret
 	once    atomic.Uint32 // ops that fail with errSecret the next time only
@@ -61,14 +62,14 @@ func (s *hookStore) fault(op uint32) error {
 	return nil
 }
 
-var _ core.Store = (*hookStore)(nil)
+var _ store.Store = (*hookStore)(nil)
 
-func (s *hookStore) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *hookStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := s.fault(opClaim); err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	res, err := s.inner.Claim(ctx, req)
-	if err == nil && !res.Claimed && res.Record.State == core.StateInProgress {
+	if err == nil && !res.Claimed && res.Record.State == store.StateInProgress {
 		select {
 		case s.blocked <- struct{}{}:
 		default:
@@ -77,30 +78,30 @@ func (s *hookStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Clai
 	return res, err
 }
 
-func (s *hookStore) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+func (s *hookStore) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	if err := s.fault(opExtend); err != nil {
 		return err
 	}
 	return s.inner.Extend(ctx, id, token, leaseUntil)
 }
 
-func (s *hookStore) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *hookStore) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	if err := s.fault(opComplete); err != nil {
 		return err
 	}
 	return s.inner.Complete(ctx, id, token, c)
 }
 
-func (s *hookStore) Release(ctx context.Context, id core.ID, token int64) error {
+func (s *hookStore) Release(ctx context.Context, id store.ID, token int64) error {
 	if err := s.fault(opRelease); err != nil {
 		return err
 	}
 	return s.inner.Release(ctx, id, token)
 }
 
-func (s *hookStore) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s *hookStore) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	if err := s.fault(opGet); err != nil {
-		return core.Record{}, err
+		return store.Record{}, err
 	}
 	return s.inner.Get(ctx, id, now)
 }
@@ -115,12 +116,12 @@ func (s *hookStore) DeleteExpired(ctx context.Context, now time.Time, limit int)
 // hookTxStore is hookStore for atomic mode.
 type hookTxStore struct {
 	*hookStore
-	tx core.TxStore
+	tx store.TxStore
 }
 
-var _ core.TxStore = (*hookTxStore)(nil)
+var _ store.TxStore = (*hookTxStore)(nil)
 
-func (s *hookTxStore) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s *hookTxStore) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	if err := s.fault(opBegin); err != nil {
 		return nil, nil, err
 	}
@@ -134,7 +135,7 @@ func (s *hookTxStore) Begin(ctx context.Context) (context.Context, core.Tx, erro
 // hookTx is a transaction whose Commit can be made to fail (opCommit); it
 // then rolls back, as a failed commit does.
 type hookTx struct {
-	core.Tx
+	store.Tx
 	s *hookStore
 }
 
@@ -298,12 +299,12 @@ func wantRetryAfter(t *testing.T, res result) {
 }
 
 // count returns how many live records the store holds, in every state,
-// at the suite's time (core.Inspector's List).
+// at the suite's time (store.Inspector's List).
 func (x *harness) count() int {
 	x.t.Helper()
 	n := 0
-	for _, st := range []core.State{core.StateInProgress, core.StateCompleted, core.StateIndeterminate} {
-		q := core.ListQuery{State: st, Now: x.clock.Now(), Limit: core.MaxListLimit}
+	for _, st := range []store.State{store.StateInProgress, store.StateCompleted, store.StateIndeterminate} {
+		q := store.ListQuery{State: st, Now: x.clock.Now(), Limit: store.MaxListLimit}
 		for {
 			recs, err := x.records.List(context.Background(), q)
 			if err != nil {
@@ -313,7 +314,7 @@ func (x *harness) count() int {
 			if len(recs) < q.Limit {
 				break
 			}
-			q.After = core.CursorOf(recs[len(recs)-1])
+			q.After = store.CursorOf(recs[len(recs)-1])
 		}
 	}
 	return n

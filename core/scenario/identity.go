@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Scenarios of request identity: the default fingerprint covers the whole
@@ -163,7 +164,7 @@ func testScopeEmptyByDefault(t *testing.T, x *harness) {
 			t.Errorf("a %s decision is labelled with the route %q, want the route pattern (/orders/{id}/refunds as the router spells it)", ev.Decision, ev.Route)
 		}
 	}
-	if _, err := x.records.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err != nil {
+	if _, err := x.records.Get(context.Background(), store.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err != nil {
 		t.Errorf("no record under (alice, \"\", k1): %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/seal"
+	"github.com/idemkit/idem/core/store"
 )
 
 // errSecret is a store, driver or caller-function error as real ones read:
@@ -74,11 +75,11 @@ func wantLogged(t *testing.T, x *harness, what string, level slog.Level, parts .
 // switchSealer seals with AES-GCM and, while failing is set, fails to
 // open with errSecret.
 type switchSealer struct {
-	core.Sealer
+	seal.Sealer
 	failing atomic.Bool
 }
 
-func (s *switchSealer) Open(id core.ID, sealed []byte) ([]byte, error) {
+func (s *switchSealer) Open(id store.ID, sealed []byte) ([]byte, error) {
 	if s.failing.Load() {
 		return nil, errSecret
 	}
@@ -103,7 +104,7 @@ func testNoInternalsReachTheClient(t *testing.T, x *harness) {
 		}),
 		core.WithSealer(sealer),
 		core.WithMaxRequestBody(64),
-		core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) {
+		core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
 			resolverMu.Lock()
 			defer resolverMu.Unlock()
 			return core.Resolution{}, errSecret

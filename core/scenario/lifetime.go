@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Scenarios of an attempt's lifetime: a client that goes away during a
@@ -110,9 +111,9 @@ func testAtomicStreamPastCap(t *testing.T, x *harness) {
 	}
 	defer res.Body.Close()
 	// The headers arrived: the record must already be committed.
-	id := core.Identity{Caller: "alice", Key: "k1"}.ID()
+	id := store.Identity{Caller: "alice", Key: "k1"}.ID()
 	rec, err := x.records.Get(context.Background(), id, x.clock.Now())
-	if err != nil || rec.State != core.StateCompleted || rec.Status != http.StatusCreated {
+	if err != nil || rec.State != store.StateCompleted || rec.Status != http.StatusCreated {
 		t.Errorf("when the client got the headers the record was %+v (%v), want committed as completed 201", rec, err)
 	}
 	got, err := io.Copy(io.Discard, res.Body)

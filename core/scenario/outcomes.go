@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/seal"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Scenarios of outcomes (release, 5xx, indeterminate), the response cap,
@@ -280,10 +281,10 @@ func (rr *resolverRun) route() Route {
 }
 
 func (rr *resolverRun) resolve(outcome core.Outcome, resp *core.Response) core.Resolver {
-	return func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+	return func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 		rr.asked.Add(1)
 		rr.mu.Lock()
-		rr.resolver = core.DownstreamKeyFor(rec.ID, "charge")
+		rr.resolver = rec.ID.DownstreamKey("charge")
 		rr.mu.Unlock()
 		return core.Resolution{Outcome: outcome, Response: resp}, nil
 	}
@@ -794,7 +795,7 @@ func testSealing(t *testing.T, x *harness) {
 	wantReplay(t, first, x.do(post("/cards", orderJSON, "k1")))
 	wantCalls(t, &n, 1)
 
-	rid, ok := id.Load().(core.ID)
+	rid, ok := id.Load().(store.ID)
 	if !ok {
 		t.Fatal("the handler found no attempt in its context")
 	}
@@ -846,7 +847,7 @@ func testHandlerContext(t *testing.T, x *harness) {
 		mu.Lock()
 		info, found = core.AttemptFrom(r.Context())
 		downstream, _ = core.DownstreamKey(r.Context(), "charge")
-		if ts, ok := x.store.(core.TxStore); ok {
+		if ts, ok := x.store.(store.TxStore); ok {
 			inTx = ts.InTx(r.Context())
 		}
 		mu.Unlock()
@@ -859,7 +860,7 @@ func testHandlerContext(t *testing.T, x *harness) {
 	if !found {
 		t.Fatal("core.AttemptFrom found no attempt in the handler's request context")
 	}
-	want := core.Identity{Caller: "alice", Scope: "", Key: "k1"} // no Scope option: the empty scope
+	want := store.Identity{Caller: "alice", Scope: "", Key: "k1"} // no Scope option: the empty scope
 	if info.Identity != want || info.ID != want.ID() {
 		t.Errorf("identity %+v (ID %v), want %+v (ID %v)", info.Identity, info.ID, want, want.ID())
 	}
@@ -883,7 +884,7 @@ func testAtomicInAppTransaction(t *testing.T, x *harness) {
 
 	// A transaction-per-request middleware's transaction of the store,
 	// in the request's context (as sqlstore.WithTx puts it there).
-	txs, ok := x.store.(core.TxStore)
+	txs, ok := x.store.(store.TxStore)
 	if !ok {
 		t.Fatal("atomic mode without a TxStore")
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Route is one route the suite registers on the router under test.
@@ -75,7 +77,7 @@ func RunGlobal(t *testing.T, f GlobalFactory, opts ...Option) {
 type Option interface{ apply(*options) }
 
 type options struct {
-	newStore func(t *testing.T) core.Store
+	newStore func(t *testing.T) store.Store
 	except   map[string]string // scenario name → why it is left out (Except)
 }
 
@@ -86,12 +88,12 @@ func (f optionFunc) apply(o *options) { f(o) }
 // OnStore runs the scenarios on the stores newStore returns (a fresh,
 // empty one per scenario; it may register its own cleanup) instead of
 // memstore: leased mode always, atomic mode only when the store is a
-// core.TxStore (otherwise the atomic-mode scenarios are skipped, and
+// store.TxStore (otherwise the atomic-mode scenarios are skipped, and
 // RunWithin skips all of its). The suite reads records back with Get and
-// counts them with core.Inspector's List, so the store must implement
-// core.Inspector. A store module's own test module runs the suite through
+// counts them with store.Inspector's List, so the store must implement
+// store.Inspector. A store module's own test module runs the suite through
 // every adapter with it (redisstore/redistest).
-func OnStore(newStore func(t *testing.T) core.Store) Option {
+func OnStore(newStore func(t *testing.T) store.Store) Option {
 	return optionFunc(func(o *options) { o.newStore = newStore })
 }
 
@@ -183,9 +185,9 @@ type harness struct {
 	// pattern, so every decision carries it (Event.Route).
 	labelled bool
 	clock    *clock
-	records  core.Inspector // the records, whatever the mode: memstore, or OnStore's
-	hooks    *hookStore     // what the engine sees (wraps mem)
-	store    core.Store     // hooks, as a core.TxStore in atomic mode
+	records  store.Inspector // the records, whatever the mode: memstore, or OnStore's
+	hooks    *hookStore      // what the engine sees (wraps mem)
+	store    store.Store     // hooks, as a store.TxStore in atomic mode
 	logger   *slog.Logger
 	logRec   *logRecorder // what the logger wrote
 
@@ -194,16 +196,16 @@ type harness struct {
 	srv    *httptest.Server // set by startTCP
 
 	mu     sync.Mutex
-	events []core.Event // every decision the engines reported (WithObserver)
-	panics []any        // values recovered by the suite's recovery
-	gates  []*gate      // opened when the scenario ends
+	events []observe.Event // every decision the engines reported (WithObserver)
+	panics []any           // values recovered by the suite's recovery
+	gates  []*gate         // opened when the scenario ends
 	wg     sync.WaitGroup
 }
 
 func newHarness(t *testing.T, m mode, build builder, o options) *harness {
 	x := &harness{t: t, mode: m, build: build, clock: newClock(epoch)}
 	x.hooks = &hookStore{blocked: make(chan struct{}, 1)}
-	var inner core.Store
+	var inner store.Store
 	if o.newStore == nil {
 		mem := memstore.New()
 		x.records, inner = mem, mem
@@ -212,19 +214,19 @@ func newHarness(t *testing.T, m mode, build builder, o options) *harness {
 		}
 	} else {
 		inner = o.newStore(t)
-		ins, ok := inner.(core.Inspector)
+		ins, ok := inner.(store.Inspector)
 		if !ok {
-			t.Fatalf("scenario.OnStore: %T does not implement core.Inspector, which the suite counts records with", inner)
+			t.Fatalf("scenario.OnStore: %T does not implement store.Inspector, which the suite counts records with", inner)
 		}
 		x.records = ins
-		if _, tx := inner.(core.TxStore); m == atomicMode && !tx {
-			t.Skipf("%T is not a core.TxStore: atomic mode does not apply", inner)
+		if _, tx := inner.(store.TxStore); m == atomicMode && !tx {
+			t.Skipf("%T is not a store.TxStore: atomic mode does not apply", inner)
 		}
 	}
 	x.hooks.inner = inner
 	x.store = x.hooks
 	if m == atomicMode {
-		x.store = &hookTxStore{hookStore: x.hooks, tx: inner.(core.TxStore)}
+		x.store = &hookTxStore{hookStore: x.hooks, tx: inner.(store.TxStore)}
 	}
 	x.logRec = newLogRecorder(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	x.logger = slog.New(x.logRec)
@@ -297,17 +299,17 @@ func (x *harness) startTCP(opts []core.Option, routes ...Route) {
 }
 
 // observe is the engines' observer: it keeps every event.
-func (x *harness) observe(_ context.Context, ev core.Event) {
+func (x *harness) observe(_ context.Context, ev observe.Event) {
 	x.mu.Lock()
 	x.events = append(x.events, ev)
 	x.mu.Unlock()
 }
 
 // observed returns the events the engines have reported.
-func (x *harness) observed() []core.Event {
+func (x *harness) observed() []observe.Event {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return append([]core.Event(nil), x.events...)
+	return append([]observe.Event(nil), x.events...)
 }
 
 // recoverer is the suite's outer recovery: it keeps the panic value and

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // withinScenarios is the suite RunWithin runs: the rules of Route.Serve
@@ -55,10 +56,10 @@ func RunWithin(t *testing.T, f Factory, opts ...Option) {
 }
 
 // StoreTx is the TxFunc of a service whose transactions are the engine's
-// store's own (core.TxStore.Begin): it begins one, runs body with it, and
+// store's own (store.TxStore.Begin): it begins one, runs body with it, and
 // rolls back when body fails, else commits.
 func StoreTx(e *core.Engine) core.TxFunc {
-	ts, ok := e.Store().(core.TxStore)
+	ts, ok := e.Store().(store.TxStore)
 	if !ok {
 		panic(fmt.Sprintf("scenario.StoreTx: the engine's store (%T) has no transactions", e.Store()))
 	}
@@ -126,7 +127,7 @@ func testWithinCommitFails(t *testing.T, x *harness) {
 	if strings.Contains(res.Body, "order") || res.Header.Get("Location") != "" {
 		t.Errorf("the client got part of the handler's answer with the 503: %v", res)
 	}
-	if _, err := x.records.Get(context.Background(), core.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
+	if _, err := x.records.Get(context.Background(), store.Identity{Caller: "alice", Key: "k1"}.ID(), x.clock.Now()); err == nil {
 		t.Error("a record exists after the failed commit")
 	}
 	x.hooks.failing.Store(0)

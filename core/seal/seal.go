@@ -1,5 +1,6 @@
-// Package seal seals the responses idem records, at rest, with AES-256-GCM
-// and a key ring for rotation: pass the sealer to core.WithSealer.
+// Package seal seals the responses idem records, at rest: Sealer is what
+// the engine asks of a sealer (core.WithSealer), and AESGCM is one, with
+// AES-256-GCM and a key ring for rotation.
 package seal
 
 import (
@@ -9,17 +10,27 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/internal/errconfig"
 )
 
-// marker is the first byte of a sealed response (see core.Sealer).
+// Sealer seals recorded responses at rest, because they may hold personal
+// data. Seal's output must start with the byte 0x02; the record ID is
+// bound as additional data so a sealed response cannot be moved to another
+// record. Seal must not keep plain (or a slice of it) beyond the call.
+type Sealer interface {
+	Seal(id store.ID, plain []byte) ([]byte, error)
+	Open(id store.ID, sealed []byte) ([]byte, error)
+}
+
+// marker is the first byte of a sealed response (see Sealer).
 const marker = 0x02
 
 var errCorrupt = errors.New("idem: corrupt sealed response")
 
-var _ core.Sealer = (*AESGCM)(nil)
+var _ Sealer = (*AESGCM)(nil)
 
-// AESGCM is a core.Sealer with AES-256-GCM and a key ring for rotation: it seals
+// AESGCM is a Sealer with AES-256-GCM and a key ring for rotation: it seals
 // with the current key and opens with any key of the ring, by the key id
 // stored in each sealed response.
 type AESGCM struct {
@@ -33,15 +44,15 @@ type AESGCM struct {
 // one retention window).
 func NewAESGCM(keys map[string][]byte, current string) (*AESGCM, error) {
 	if _, ok := keys[current]; !ok {
-		return nil, fmt.Errorf("%w: current key id %q is not in the key ring", core.ErrConfig, current)
+		return nil, fmt.Errorf("%w: current key id %q is not in the key ring", errconfig.Err, current)
 	}
 	s := &AESGCM{current: current, aeads: make(map[string]cipher.AEAD, len(keys))}
 	for kid, key := range keys {
 		if len(kid) == 0 || len(kid) > 255 {
-			return nil, fmt.Errorf("%w: key id %q must be 1 to 255 bytes", core.ErrConfig, kid)
+			return nil, fmt.Errorf("%w: key id %q must be 1 to 255 bytes", errconfig.Err, kid)
 		}
 		if len(key) != 32 {
-			return nil, fmt.Errorf("%w: key %q is %d bytes, AES-256 needs 32", core.ErrConfig, kid, len(key))
+			return nil, fmt.Errorf("%w: key %q is %d bytes, AES-256 needs 32", errconfig.Err, kid, len(key))
 		}
 		block, err := aes.NewCipher(key)
 		if err != nil {
@@ -57,7 +68,7 @@ func NewAESGCM(keys map[string][]byte, current string) (*AESGCM, error) {
 }
 
 // Seal returns 0x02, len(kid), kid, nonce, ciphertext||tag.
-func (s *AESGCM) Seal(id core.ID, plain []byte) ([]byte, error) {
+func (s *AESGCM) Seal(id store.ID, plain []byte) ([]byte, error) {
 	aead := s.aeads[s.current]
 	ns := aead.NonceSize()
 	out := make([]byte, 0, 2+len(s.current)+ns+len(plain)+aead.Overhead())
@@ -72,7 +83,7 @@ func (s *AESGCM) Seal(id core.ID, plain []byte) ([]byte, error) {
 }
 
 // Open reverses Seal with the key named in sealed.
-func (s *AESGCM) Open(id core.ID, sealed []byte) ([]byte, error) {
+func (s *AESGCM) Open(id store.ID, sealed []byte) ([]byte, error) {
 	if len(sealed) < 2 || sealed[0] != marker {
 		return nil, errors.New("idem: not a sealed response")
 	}

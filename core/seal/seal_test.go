@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"testing"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 func TestAESGCM(t *testing.T) {
@@ -16,7 +16,7 @@ func TestAESGCM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := core.Identity{Caller: "a", Scope: "b", Key: "c"}.ID()
+	id := store.Identity{Caller: "a", Scope: "b", Key: "c"}.ID()
 	plain := []byte("personal data: jane@example.com")
 	sealed, err := old.Seal(id, plain)
 	if err != nil {
@@ -36,7 +36,7 @@ func TestAESGCM(t *testing.T) {
 	if _, err := old.Open(id, newer); err == nil {
 		t.Fatal("nok, a ring without k2 must not open a k2 record")
 	}
-	if _, err := rotated.Open(core.Identity{Caller: "x", Scope: "b", Key: "c"}.ID(), sealed); err == nil {
+	if _, err := rotated.Open(store.Identity{Caller: "x", Scope: "b", Key: "c"}.ID(), sealed); err == nil {
 		t.Fatal("nok, a sealed response moved to another record must not open")
 	}
 	tampered := append([]byte(nil), sealed...)

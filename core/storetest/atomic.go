@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
-// The cases of atomic mode, for stores that implement core.TxStore. Each is
+// The cases of atomic mode, for stores that implement store.TxStore. Each is
 // listed, with its rule, in the cases table of storetest.go.
 
 // atomicClaim returns an atomic-mode claim (no lease) of id by token at now.
-func atomicClaim(id core.ID, token int64, now time.Time) core.ClaimRequest {
+func atomicClaim(id store.ID, token int64, now time.Time) store.ClaimRequest {
 	req := claimAt(id, token, now)
 	req.LeaseUntil = time.Time{}
 	return req
@@ -22,7 +23,7 @@ func atomicClaim(id core.ID, token int64, now time.Time) core.ClaimRequest {
 
 // begin starts a transaction and rolls it back at the end of the test if
 // the case has not ended it.
-func begin(t *testing.T, s core.TxStore) (context.Context, core.Tx) {
+func begin(t *testing.T, s store.TxStore) (context.Context, store.Tx) {
 	t.Helper()
 	ctx, tx, err := s.Begin(t.Context())
 	if err != nil {
@@ -32,7 +33,7 @@ func begin(t *testing.T, s core.TxStore) (context.Context, core.Tx) {
 	return ctx, tx
 }
 
-func testAtomicRollback(t *testing.T, s core.TxStore, _ config) {
+func testAtomicRollback(t *testing.T, s store.TxStore, _ config) {
 	ctx := t.Context()
 	id := newID("atomic-rollback", 0)
 	tctx, tx := begin(t, s)
@@ -52,7 +53,7 @@ func testAtomicRollback(t *testing.T, s core.TxStore, _ config) {
 	checkRecord(t, "Claim result after the rollback of a completion", mustClaim(t, ctx, s, again), fresh(again))
 }
 
-func testAtomicCommit(t *testing.T, s core.TxStore, _ config) {
+func testAtomicCommit(t *testing.T, s store.TxStore, _ config) {
 	ctx := t.Context()
 	id := newID("atomic-commit", 0)
 	tctx, tx := begin(t, s)
@@ -76,14 +77,14 @@ func testAtomicCommit(t *testing.T, s core.TxStore, _ config) {
 
 // wantHeld fails t unless res reports the identity id as held by a running
 // attempt, as a lock probe does.
-func wantHeld(t *testing.T, what string, id core.ID, res core.ClaimResult, err error) {
+func wantHeld(t *testing.T, what string, id store.ID, res store.ClaimResult, err error) {
 	t.Helper()
 	switch {
 	case err != nil:
 		t.Errorf("%s: %v", what, err)
 	case res.Claimed:
 		t.Errorf("%s: Claimed = true while another transaction holds the claim", what)
-	case res.Record.ID != id || res.Record.State != core.StateInProgress:
+	case res.Record.ID != id || res.Record.State != store.StateInProgress:
 		t.Errorf("%s: record %s, want ID %s in progress", what, describe(res.Record), short(id))
 	case len(res.Record.Response) > 0 || res.Record.Status != 0:
 		t.Errorf("%s: the record carries a response (status %d, %d bytes) that is not committed",
@@ -91,24 +92,24 @@ func wantHeld(t *testing.T, what string, id core.ID, res core.ClaimResult, err e
 	}
 }
 
-func testAtomicConcurrentClaim(t *testing.T, s core.TxStore, cfg config) {
+func testAtomicConcurrentClaim(t *testing.T, s store.TxStore, cfg config) {
 	ctx := t.Context()
 	id, other := newID("atomic-concurrent", 0), newID("atomic-concurrent", 1)
 	tctx, tx := begin(t, s)
 	mustClaim(t, tctx, s, atomicClaim(id, 101, at(0)))
 
-	fromTx := func(ctx context.Context) (core.ClaimResult, error) {
+	fromTx := func(ctx context.Context) (store.ClaimResult, error) {
 		tctx2, tx2, err := s.Begin(ctx)
 		if err != nil {
-			return core.ClaimResult{}, fmt.Errorf("Begin: %w", err)
+			return store.ClaimResult{}, fmt.Errorf("Begin: %w", err)
 		}
 		defer func() { _ = tx2.Rollback() }()
 		return s.Claim(tctx2, atomicClaim(id, 102, at(time.Millisecond)))
 	}
-	outside := func(ctx context.Context) (core.ClaimResult, error) {
+	outside := func(ctx context.Context) (store.ClaimResult, error) {
 		return s.Claim(ctx, atomicClaim(id, 103, at(2*time.Millisecond)))
 	}
-	otherID := func(ctx context.Context) (core.ClaimResult, error) {
+	otherID := func(ctx context.Context) (store.ClaimResult, error) {
 		return s.Claim(ctx, atomicClaim(other, 104, at(3*time.Millisecond)))
 	}
 	comp := done(at(time.Second), 201, `{"id":"or_1"}`)
@@ -121,10 +122,10 @@ func testAtomicConcurrentClaim(t *testing.T, s core.TxStore, cfg config) {
 
 	if cfg.serialWriters {
 		names := []string{"Claim from a second transaction", "Claim outside any transaction", "Claim of another ID outside any transaction"}
-		out := besideTx(t, []func(context.Context) (core.ClaimResult, error){fromTx, outside, otherID}, commit)
+		out := besideTx(t, []func(context.Context) (store.ClaimResult, error){fromTx, outside, otherID}, commit)
 		for i, o := range out[:2] {
-			wantHeldOrOutcome(t, names[i], id, o, func(res core.ClaimResult) bool {
-				return !res.Claimed && res.Record.State == core.StateCompleted && res.Record.Token == 101
+			wantHeldOrOutcome(t, names[i], id, o, func(res store.ClaimResult) bool {
+				return !res.Claimed && res.Record.State == store.StateCompleted && res.Record.Token == 101
 			}, "the committed record (completed, token 101)")
 		}
 		if o := out[2]; o.err != nil || !o.res.Claimed {
@@ -146,7 +147,7 @@ func testAtomicConcurrentClaim(t *testing.T, s core.TxStore, cfg config) {
 		}
 		wantOK(t, "Commit", commit())
 	}
-	if r := mustGet(t, ctx, s, id, at(time.Second)); r.State != core.StateCompleted || r.Token != 101 {
+	if r := mustGet(t, ctx, s, id, at(time.Second)); r.State != store.StateCompleted || r.Token != 101 {
 		t.Errorf("Get after Commit: %s, want completed with token 101", describe(r))
 	}
 }
@@ -159,7 +160,7 @@ const serialGrace = 300 * time.Millisecond
 // besideOutcome is what a claim run by besideTx returned, and whether it
 // returned before the transaction began to end.
 type besideOutcome struct {
-	res   core.ClaimResult
+	res   store.ClaimResult
 	err   error
 	early bool
 }
@@ -169,11 +170,11 @@ type besideOutcome struct {
 // returned, or after serialGrace, it calls end (which commits or rolls the
 // transaction back) and then waits for the others, failing t if one has not
 // returned after the failsafe timeout.
-func besideTx(t *testing.T, claims []func(ctx context.Context) (core.ClaimResult, error), end func() error) []besideOutcome {
+func besideTx(t *testing.T, claims []func(ctx context.Context) (store.ClaimResult, error), end func() error) []besideOutcome {
 	t.Helper()
 	type result struct {
 		i   int
-		res core.ClaimResult
+		res store.ClaimResult
 		err error
 	}
 	ch := make(chan result, len(claims))
@@ -217,9 +218,9 @@ wait:
 // answered while the transaction was open, it must report id in progress
 // (wantHeld); answered later, either that or the outcome of the
 // transaction, which outcome checks (want describes it).
-func wantHeldOrOutcome(t *testing.T, what string, id core.ID, o besideOutcome, outcome func(core.ClaimResult) bool, want string) {
+func wantHeldOrOutcome(t *testing.T, what string, id store.ID, o besideOutcome, outcome func(store.ClaimResult) bool, want string) {
 	t.Helper()
-	if o.early || o.err != nil || (!o.res.Claimed && o.res.Record.State == core.StateInProgress) {
+	if o.early || o.err != nil || (!o.res.Claimed && o.res.Record.State == store.StateInProgress) {
 		wantHeld(t, what, id, o.res, o.err)
 		return
 	}
@@ -229,7 +230,7 @@ func wantHeldOrOutcome(t *testing.T, what string, id core.ID, o besideOutcome, o
 	}
 }
 
-func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore, cfg config) {
+func testAtomicUncommittedInvisible(t *testing.T, s store.TxStore, cfg config) {
 	ctx := t.Context()
 	id := newID("atomic-invisible", 0)
 	tctx, tx := begin(t, s)
@@ -237,21 +238,21 @@ func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore, cfg config) {
 	wantOK(t, "Complete in the transaction", s.Complete(tctx, id, 101, done(at(time.Second), 201, `{"id":"or_1"}`)))
 
 	what := "Get outside the transaction"
-	r, err := within(t, what, func(ctx context.Context) (core.Record, error) {
+	r, err := within(t, what, func(ctx context.Context) (store.Record, error) {
 		return s.Get(ctx, id, at(time.Second))
 	})
 	switch {
 	case errors.Is(err, core.ErrNotFound):
 	case err != nil:
 		t.Errorf("%s: %v, want ErrNotFound", what, err)
-	case r.State == core.StateCompleted || len(r.Response) > 0:
+	case r.State == store.StateCompleted || len(r.Response) > 0:
 		t.Errorf("%s: %s with a %d-byte response, want ErrNotFound: the completion is not committed",
 			what, describe(r), len(r.Response))
 	}
 
 	what = "Claim outside the transaction"
 	again := claimAt(id, 102, at(time.Second))
-	outside := func(ctx context.Context) (core.ClaimResult, error) { return s.Claim(ctx, again) }
+	outside := func(ctx context.Context) (store.ClaimResult, error) { return s.Claim(ctx, again) }
 	if !cfg.serialWriters {
 		res, err := within(t, what, outside)
 		wantHeld(t, what, id, res, err)
@@ -259,8 +260,8 @@ func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore, cfg config) {
 		wantAbsent(t, ctx, s, id, at(time.Second))
 		return
 	}
-	o := besideTx(t, []func(context.Context) (core.ClaimResult, error){outside}, tx.Rollback)[0]
-	claimedAfter := func(res core.ClaimResult) bool { return res.Claimed }
+	o := besideTx(t, []func(context.Context) (store.ClaimResult, error){outside}, tx.Rollback)[0]
+	claimedAfter := func(res store.ClaimResult) bool { return res.Claimed }
 	wantHeldOrOutcome(t, what, id, o, claimedAfter, "a new claim (the transaction rolled back)")
 	if o.err == nil && o.res.Claimed {
 		checkRecord(t, what+", claimed after the rollback", o.res.Record, fresh(again))
@@ -270,20 +271,20 @@ func testAtomicUncommittedInvisible(t *testing.T, s core.TxStore, cfg config) {
 	wantAbsent(t, ctx, s, id, at(time.Second))
 }
 
-func testAtomicClaimRace(t *testing.T, s core.TxStore, cfg config) {
+func testAtomicClaimRace(t *testing.T, s store.TxStore, cfg config) {
 	ctx := t.Context()
 	type outcome struct {
-		res core.ClaimResult
+		res store.ClaimResult
 		err error
 	}
 	for n := range 2 {
 		id := newID("atomic-race", n)
 		out, _ := within(t, "concurrent transactions", func(ctx context.Context) ([]outcome, error) {
 			out := make([]outcome, racers)
-			store := cfg.racer(t, s)
+			st := cfg.racer(t, s)
 			race(racers, func(i int) {
 				token := raceToken(n, i)
-				s := store(i).(core.TxStore)
+				s := st(i).(store.TxStore)
 				tctx, tx, err := s.Begin(ctx)
 				if err != nil {
 					out[i].err = fmt.Errorf("Begin: %w", err)
@@ -316,7 +317,7 @@ func testAtomicClaimRace(t *testing.T, s core.TxStore, cfg config) {
 				t.Errorf("racers %d and %d both claimed %s", winner, i, short(id))
 			case o.res.Claimed:
 				winner = i
-			case o.res.Record.State != core.StateInProgress && o.res.Record.State != core.StateCompleted:
+			case o.res.Record.State != store.StateInProgress && o.res.Record.State != store.StateCompleted:
 				t.Errorf("racer %d: existing record %s, want in progress or completed", i, describe(o.res.Record))
 			}
 		}
@@ -324,7 +325,7 @@ func testAtomicClaimRace(t *testing.T, s core.TxStore, cfg config) {
 			t.Errorf("none of %d transactions claimed %s", racers, short(id))
 			continue
 		}
-		if r := mustGet(t, ctx, s, id, at(0)); r.State != core.StateCompleted || r.Token != raceToken(n, winner) {
+		if r := mustGet(t, ctx, s, id, at(0)); r.State != store.StateCompleted || r.Token != raceToken(n, winner) {
 			t.Errorf("Get after the race: %s, want completed by the winner (token %d)", describe(r), raceToken(n, winner))
 		}
 	}
@@ -332,7 +333,7 @@ func testAtomicClaimRace(t *testing.T, s core.TxStore, cfg config) {
 
 type otherKey struct{}
 
-func testAtomicInTx(t *testing.T, s core.TxStore, _ config) {
+func testAtomicInTx(t *testing.T, s store.TxStore, _ config) {
 	ctx := t.Context()
 	if s.InTx(ctx) {
 		t.Error("InTx(test context) = true, want false")

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Bench runs the benchmarks of the hot paths of a store, each as a
@@ -20,12 +20,12 @@ import (
 // A store's tests call it from a benchmark:
 //
 //	func BenchmarkStore(b *testing.B) {
-//		storetest.Bench(b, func(b *testing.B) core.Store { return newStore(b) })
+//		storetest.Bench(b, func(b *testing.B) store.Store { return newStore(b) })
 //	}
 //
 // newStore may be called more than once per sub-benchmark; the identities
 // each call uses are random, so stores may share a database.
-func Bench(b *testing.B, newStore func(b *testing.B) core.Store) {
+func Bench(b *testing.B, newStore func(b *testing.B) store.Store) {
 	b.Run("ClaimComplete", func(b *testing.B) {
 		s, ids := newStore(b), newBenchIDs()
 		benchLoop(b, func() { claimComplete(b, s, ids.next()) })
@@ -88,21 +88,21 @@ type benchIDs struct {
 
 func newBenchIDs() *benchIDs { return &benchIDs{salt: rand.Uint64()} }
 
-func (g *benchIDs) next() core.ID {
-	var id core.ID
+func (g *benchIDs) next() store.ID {
+	var id store.ID
 	binary.LittleEndian.PutUint64(id[0:], g.n.Add(1))
 	binary.LittleEndian.PutUint64(id[8:], g.salt)
 	return id
 }
 
 var (
-	benchClaim    = claimAt(core.ID{}, 1, at(0))
+	benchClaim    = claimAt(store.ID{}, 1, at(0))
 	benchResponse = make([]byte, 1024)
 )
 
 // benchRequest returns the benchmarks' claim of id, built without the cost
 // of claimAt.
-func benchRequest(id core.ID) core.ClaimRequest {
+func benchRequest(id store.ID) store.ClaimRequest {
 	req := benchClaim
 	req.ID = id
 	return req
@@ -111,29 +111,29 @@ func benchRequest(id core.ID) core.ClaimRequest {
 // The operations fail with b.Error, which is safe from RunParallel's
 // goroutines, and go on.
 
-func claimComplete(b *testing.B, s core.Store, id core.ID) {
+func claimComplete(b *testing.B, s store.Store, id store.ID) {
 	ctx := b.Context()
 	res, err := s.Claim(ctx, benchRequest(id))
 	if err != nil || !res.Claimed {
 		b.Errorf("Claim of a new identity = (Claimed %v, %v), want it claimed", res.Claimed, err)
 		return
 	}
-	err = s.Complete(ctx, id, 1, core.Completion{
-		State: core.StateCompleted, Status: 201, Response: benchResponse, ExpiresAt: at(retention),
+	err = s.Complete(ctx, id, 1, store.Completion{
+		State: store.StateCompleted, Status: 201, Response: benchResponse, ExpiresAt: at(retention),
 	})
 	if err != nil {
 		b.Errorf("Complete: %v", err)
 	}
 }
 
-func claimExisting(b *testing.B, s core.Store, req core.ClaimRequest) {
+func claimExisting(b *testing.B, s store.Store, req store.ClaimRequest) {
 	res, err := s.Claim(b.Context(), req)
 	if err != nil || res.Claimed {
 		b.Errorf("Claim of a completed identity = (Claimed %v, %v), want the existing record", res.Claimed, err)
 	}
 }
 
-func get(b *testing.B, s core.Store, id core.ID) {
+func get(b *testing.B, s store.Store, id store.ID) {
 	if _, err := s.Get(b.Context(), id, at(0)); err != nil {
 		b.Errorf("Get: %v", err)
 	}

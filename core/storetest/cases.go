@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // The cases of leased mode (any store). Each is listed, with its rule, in
 // the cases table of storetest.go.
 
-func testClaimAbsent(t *testing.T, s core.Store) {
+func testClaimAbsent(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("absent", 0)
 	req := claimAt(id, 101, at(0))
@@ -27,7 +28,7 @@ func testClaimAbsent(t *testing.T, s core.Store) {
 	wantAbsent(t, ctx, s, newID("absent", 1), at(0))
 }
 
-func testClaimExisting(t *testing.T, s core.Store) {
+func testClaimExisting(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("existing", 0)
 	first := claimAt(id, 101, at(0))
@@ -40,14 +41,14 @@ func testClaimExisting(t *testing.T, s core.Store) {
 	noFingerprint.Fingerprint = nil
 	liveLease := claimAt(id, 104, at(lease-time.Millisecond))
 	liveLease.Takeover = true
-	for _, req := range []core.ClaimRequest{other, noFingerprint, liveLease} {
+	for _, req := range []store.ClaimRequest{other, noFingerprint, liveLease} {
 		got := mustNotClaim(t, ctx, s, req)
 		checkRecord(t, fmt.Sprintf("Claim result for token %d", req.Token), got, want)
 	}
 	checkRecord(t, "Get after the refused claims", mustGet(t, ctx, s, id, at(time.Minute)), want)
 }
 
-func testIndependentIDs(t *testing.T, s core.Store) {
+func testIndependentIDs(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	// IDs that differ only in their last or their first byte.
 	a := newID("independent", 0)
@@ -78,7 +79,7 @@ func raceToken(n, i int) int64 { return int64(1000*(n+1) + i + 1) }
 // checkRace fails t unless exactly one of results claimed and every other
 // returned the winner's record (in progress, the winner's token). It
 // returns the winner's index, or -1.
-func checkRace(t *testing.T, cfg config, id core.ID, results []core.ClaimResult, errs []error) int {
+func checkRace(t *testing.T, cfg config, id store.ID, results []store.ClaimResult, errs []error) int {
 	t.Helper()
 	winner := -1
 	for i, res := range results {
@@ -105,7 +106,7 @@ func checkRace(t *testing.T, cfg config, id core.ID, results []core.ClaimResult,
 		if errs[i] != nil || res.Claimed {
 			continue
 		}
-		if res.Record.State != core.StateInProgress || res.Record.Token != wantToken {
+		if res.Record.State != store.StateInProgress || res.Record.Token != wantToken {
 			t.Errorf("Claim(%s) by racer %d: existing record %s, want the winner's (in_progress, token %d)",
 				short(id), i, describe(res.Record), wantToken)
 		}
@@ -114,21 +115,21 @@ func checkRace(t *testing.T, cfg config, id core.ID, results []core.ClaimResult,
 }
 
 // claimRace races claims of reqs[i] and checks them with checkRace.
-func claimRace(t *testing.T, s core.Store, cfg config, reqs []core.ClaimRequest) int {
+func claimRace(t *testing.T, s store.Store, cfg config, reqs []store.ClaimRequest) int {
 	t.Helper()
 	ctx := t.Context()
-	results := make([]core.ClaimResult, len(reqs))
+	results := make([]store.ClaimResult, len(reqs))
 	errs := make([]error, len(reqs))
 	store := cfg.racer(t, s)
 	race(len(reqs), func(i int) { results[i], errs[i] = store(i).Claim(ctx, reqs[i]) })
 	return checkRace(t, cfg, reqs[0].ID, results, errs)
 }
 
-func testClaimRace(t *testing.T, s core.Store, cfg config) {
+func testClaimRace(t *testing.T, s store.Store, cfg config) {
 	ctx := t.Context()
 	for n := range 4 {
 		id := newID("race", n)
-		reqs := make([]core.ClaimRequest, racers)
+		reqs := make([]store.ClaimRequest, racers)
 		for i := range reqs {
 			reqs[i] = claimAt(id, raceToken(n, i), at(0))
 		}
@@ -140,7 +141,7 @@ func testClaimRace(t *testing.T, s core.Store, cfg config) {
 	}
 }
 
-func testClaimRaceExpired(t *testing.T, s core.Store, cfg config) {
+func testClaimRaceExpired(t *testing.T, s store.Store, cfg config) {
 	ctx := t.Context()
 	for n := range 4 {
 		id := newID("race-expired", n)
@@ -148,11 +149,11 @@ func testClaimRaceExpired(t *testing.T, s core.Store, cfg config) {
 		old.ExpiresAt = at(time.Hour)
 		mustClaim(t, ctx, s, old)
 		if n%2 == 1 {
-			wantOK(t, "Complete", s.Complete(ctx, id, 1, core.Completion{
-				State: core.StateCompleted, Status: 200, Response: []byte("old"), ExpiresAt: at(time.Hour),
+			wantOK(t, "Complete", s.Complete(ctx, id, 1, store.Completion{
+				State: store.StateCompleted, Status: 200, Response: []byte("old"), ExpiresAt: at(time.Hour),
 			}))
 		}
-		reqs := make([]core.ClaimRequest, racers)
+		reqs := make([]store.ClaimRequest, racers)
 		for i := range reqs {
 			reqs[i] = claimAt(id, raceToken(n, i), at(2*time.Hour))
 			reqs[i].Takeover = true
@@ -166,7 +167,7 @@ func testClaimRaceExpired(t *testing.T, s core.Store, cfg config) {
 }
 
 // takenOver returns old after a takeover by req.
-func takenOver(old core.Record, req core.ClaimRequest) core.Record {
+func takenOver(old store.Record, req store.ClaimRequest) store.Record {
 	r := old
 	r.Fingerprint = req.Fingerprint
 	r.Token = req.Token
@@ -176,13 +177,13 @@ func takenOver(old core.Record, req core.ClaimRequest) core.Record {
 	return r
 }
 
-func testClaimRaceTakeover(t *testing.T, s core.Store, cfg config) {
+func testClaimRaceTakeover(t *testing.T, s store.Store, cfg config) {
 	ctx := t.Context()
 	for n := range 4 {
 		id := newID("race-takeover", n)
 		first := claimAt(id, 1, at(0))
 		mustClaim(t, ctx, s, first)
-		reqs := make([]core.ClaimRequest, racers)
+		reqs := make([]store.ClaimRequest, racers)
 		for i := range reqs {
 			reqs[i] = claimAt(id, raceToken(n, i), at(lease+time.Second))
 			reqs[i].Takeover = true
@@ -196,7 +197,7 @@ func testClaimRaceTakeover(t *testing.T, s core.Store, cfg config) {
 	}
 }
 
-func testFencing(t *testing.T, s core.Store) {
+func testFencing(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("fencing", 0)
 	const holder = math.MaxInt64
@@ -221,7 +222,7 @@ func testFencing(t *testing.T, s core.Store) {
 	checkRecord(t, "Get after Complete", mustGet(t, ctx, s, id, at(4*time.Second)), completed(want, comp))
 }
 
-func testTakeover(t *testing.T, s core.Store) {
+func testTakeover(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("takeover", 0)
 	first := claimAt(id, 101, at(0))
@@ -256,7 +257,7 @@ func testTakeover(t *testing.T, s core.Store) {
 	checkRecord(t, "Get after Complete", mustGet(t, ctx, s, id, at(4*lease)), completed(want, comp))
 }
 
-func testTakeoverNotRequested(t *testing.T, s core.Store) {
+func testTakeoverNotRequested(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("no-takeover", 0)
 	first := claimAt(id, 101, at(0))
@@ -270,7 +271,7 @@ func testTakeoverNotRequested(t *testing.T, s core.Store) {
 	wantOK(t, "Complete with the lapsed holder's token", s.Complete(ctx, id, 101, done(at(time.Minute), 200, "")))
 }
 
-func testLiveLeaseKept(t *testing.T, s core.Store) {
+func testLiveLeaseKept(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("live-lease", 0)
 	first := claimAt(id, 101, at(0))
@@ -292,7 +293,7 @@ func testLiveLeaseKept(t *testing.T, s core.Store) {
 	checkRecord(t, "Get of the zero lease", mustGet(t, ctx, s, zero, at(time.Hour)), zwant)
 }
 
-func testExtend(t *testing.T, s core.Store) {
+func testExtend(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("extend", 0)
 	req := claimAt(id, 101, at(0))
@@ -320,23 +321,23 @@ func testExtend(t *testing.T, s core.Store) {
 	checkRecord(t, "Claim result of a takeover before the extended lease lapses", mustNotClaim(t, ctx, s, tk), want)
 
 	// Only an in-progress record can be extended.
-	ind := core.Completion{State: core.StateIndeterminate, Status: 504, Response: []byte("timeout"), ExpiresAt: at(retention)}
+	ind := store.Completion{State: store.StateIndeterminate, Status: 504, Response: []byte("timeout"), ExpiresAt: at(retention)}
 	wantOK(t, "Complete as indeterminate", s.Complete(ctx, id, 101, ind))
 	wantFenced(t, "Extend of an indeterminate record", s.Extend(ctx, id, 101, at(time.Hour)))
 	wantOK(t, "Complete", s.Complete(ctx, id, 101, done(at(time.Hour), 200, "ok")))
 	wantFenced(t, "Extend of a completed record", s.Extend(ctx, id, 101, at(2*time.Hour)))
 }
 
-func testExpiredIsAbsent(t *testing.T, s core.Store) {
+func testExpiredIsAbsent(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	exp := at(time.Hour)
-	for i, state := range []core.State{core.StateInProgress, core.StateCompleted, core.StateIndeterminate} {
+	for i, state := range []store.State{store.StateInProgress, store.StateCompleted, store.StateIndeterminate} {
 		id := newID("expired", i)
 		req := claimAt(id, int64(101+i), at(0))
 		req.ExpiresAt = exp
 		mustClaim(t, ctx, s, req)
-		if state != core.StateInProgress {
-			wantOK(t, "Complete", s.Complete(ctx, id, req.Token, core.Completion{
+		if state != store.StateInProgress {
+			wantOK(t, "Complete", s.Complete(ctx, id, req.Token, store.Completion{
 				State: state, Status: 500 + i, Response: []byte("body"), ExpiresAt: exp,
 			}))
 		}
@@ -348,16 +349,16 @@ func testExpiredIsAbsent(t *testing.T, s core.Store) {
 	}
 }
 
-func testClaimExpired(t *testing.T, s core.Store) {
+func testClaimExpired(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	exp := at(time.Hour)
-	for i, state := range []core.State{core.StateInProgress, core.StateCompleted, core.StateIndeterminate} {
+	for i, state := range []store.State{store.StateInProgress, store.StateCompleted, store.StateIndeterminate} {
 		id := newID("claim-expired", i)
 		old := claimAt(id, int64(101+i), at(0))
 		old.ExpiresAt = exp
 		mustClaim(t, ctx, s, old)
-		if state != core.StateInProgress {
-			wantOK(t, "Complete", s.Complete(ctx, id, old.Token, core.Completion{
+		if state != store.StateInProgress {
+			wantOK(t, "Complete", s.Complete(ctx, id, old.Token, store.Completion{
 				State: state, Status: 200, Response: []byte("old response"), ExpiresAt: exp,
 			}))
 		}
@@ -381,9 +382,9 @@ func testClaimExpired(t *testing.T, s core.Store) {
 	}
 }
 
-func testDeletedRecord(t *testing.T, s core.Store) {
+func testDeletedRecord(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	check := func(what string, id core.ID, token int64) {
+	check := func(what string, id store.ID, token int64) {
 		t.Helper()
 		wantFenced(t, "Complete of "+what, s.Complete(ctx, id, token, done(at(2*time.Hour), 200, "")))
 		wantFenced(t, "Extend of "+what, s.Extend(ctx, id, token, at(3*time.Hour)))
@@ -410,7 +411,7 @@ func testDeletedRecord(t *testing.T, s core.Store) {
 	check("a record that never existed", newID("deleted", 2), 103)
 }
 
-func testFingerprint(t *testing.T, s core.Store) {
+func testFingerprint(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	zeros := fingerprint(3)
 	zeros[0], zeros[15], zeros[30], zeros[31] = 0, 0, 0, 0 // NUL bytes, trailing too
@@ -427,7 +428,7 @@ func testFingerprint(t *testing.T, s core.Store) {
 	}
 }
 
-func testResponseBytes(t *testing.T, s core.Store) {
+func testResponseBytes(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	every := make([]byte, 256)
 	for i := range every {
@@ -437,22 +438,22 @@ func testResponseBytes(t *testing.T, s core.Store) {
 	_, _ = rand.NewChaCha8([32]byte{'i', 'd', 'e', 'm'}).Read(random)
 	for i, c := range []struct {
 		name   string
-		state  core.State
+		state  store.State
 		status int
 		body   []byte
 	}{
-		{"every byte value", core.StateCompleted, 200, every},
-		{"1 MiB of random bytes", core.StateCompleted, 201, random},
-		{"trailing NUL and spaces", core.StateCompleted, 202, []byte("x \x00 \x00")},
-		{"invalid UTF-8", core.StateCompleted, 422, []byte("\xff\xfe\xc3(")},
-		{"empty body", core.StateCompleted, 204, []byte{}},
-		{"nil body", core.StateCompleted, 304, nil},
-		{"indeterminate 502", core.StateIndeterminate, 502, []byte(`{"type":"about:blank"}`)},
+		{"every byte value", store.StateCompleted, 200, every},
+		{"1 MiB of random bytes", store.StateCompleted, 201, random},
+		{"trailing NUL and spaces", store.StateCompleted, 202, []byte("x \x00 \x00")},
+		{"invalid UTF-8", store.StateCompleted, 422, []byte("\xff\xfe\xc3(")},
+		{"empty body", store.StateCompleted, 204, []byte{}},
+		{"nil body", store.StateCompleted, 304, nil},
+		{"indeterminate 502", store.StateIndeterminate, 502, []byte(`{"type":"about:blank"}`)},
 	} {
 		id := newID("response", i)
 		req := claimAt(id, int64(101+i), at(0))
 		mustClaim(t, ctx, s, req)
-		comp := core.Completion{State: c.state, Status: c.status, Response: c.body, ExpiresAt: at(retention + time.Duration(i)*time.Millisecond)}
+		comp := store.Completion{State: c.state, Status: c.status, Response: c.body, ExpiresAt: at(retention + time.Duration(i)*time.Millisecond)}
 		wantOK(t, "Complete with "+c.name, s.Complete(ctx, id, req.Token, comp))
 		checkRecord(t, "Get of a response with "+c.name, mustGet(t, ctx, s, id, at(time.Second)), completed(fresh(req), comp))
 	}
@@ -465,7 +466,7 @@ func scribble(b []byte) {
 	}
 }
 
-func testNoAliasing(t *testing.T, s core.Store) {
+func testNoAliasing(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("aliasing", 0)
 	req := claimAt(id, 101, at(0))
@@ -493,13 +494,13 @@ func testNoAliasing(t *testing.T, s core.Store) {
 	checkRecord(t, "Get after changing the slices Get returned", mustGet(t, ctx, s, id, at(time.Second)), want)
 }
 
-func testIndeterminate(t *testing.T, s core.Store) {
+func testIndeterminate(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("indeterminate", 0)
 	req := claimAt(id, 101, at(0))
 	mustClaim(t, ctx, s, req)
-	ind := core.Completion{
-		State: core.StateIndeterminate, Status: 502,
+	ind := store.Completion{
+		State: store.StateIndeterminate, Status: 502,
 		Response: []byte(`{"error":"upstream timeout"}`), ExpiresAt: at(retention),
 	}
 	wantOK(t, "Complete as indeterminate", s.Complete(ctx, id, 101, ind))
@@ -528,7 +529,7 @@ func testIndeterminate(t *testing.T, s core.Store) {
 	checkRecord(t, "Claim result after Release", mustClaim(t, ctx, s, again), fresh(again))
 }
 
-func testCompletedIsFinal(t *testing.T, s core.Store) {
+func testCompletedIsFinal(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("completed", 0)
 	req := claimAt(id, 101, at(0))
@@ -539,8 +540,8 @@ func testCompletedIsFinal(t *testing.T, s core.Store) {
 
 	wantFenced(t, "Release of a completed record", s.Release(ctx, id, 101))
 	wantFenced(t, "Complete of a completed record", s.Complete(ctx, id, 101, done(at(2*time.Second), 500, "again")))
-	wantFenced(t, "Complete of a completed record as indeterminate", s.Complete(ctx, id, 101, core.Completion{
-		State: core.StateIndeterminate, Status: 502, ExpiresAt: at(retention),
+	wantFenced(t, "Complete of a completed record as indeterminate", s.Complete(ctx, id, 101, store.Completion{
+		State: store.StateIndeterminate, Status: 502, ExpiresAt: at(retention),
 	}))
 	wantFenced(t, "Extend of a completed record", s.Extend(ctx, id, 101, at(time.Hour)))
 	tk := claimAt(id, 102, at(time.Hour))
@@ -549,7 +550,7 @@ func testCompletedIsFinal(t *testing.T, s core.Store) {
 	checkRecord(t, "Get after the refused calls", mustGet(t, ctx, s, id, at(time.Hour)), want)
 }
 
-func testRelease(t *testing.T, s core.Store) {
+func testRelease(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	id := newID("release", 0)
 	mustClaim(t, ctx, s, claimAt(id, 101, at(0)))
@@ -563,21 +564,21 @@ func testRelease(t *testing.T, s core.Store) {
 	wantOK(t, "Release of a record that never existed", s.Release(ctx, newID("release", 1), 103))
 }
 
-func testDebugFields(t *testing.T, s core.Store) {
+func testDebugFields(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	for i, f := range []struct{ caller, scope, key string }{
 		{ // MaxDebugLen bytes of 2-, 3- and 4-byte runes.
-			strings.Repeat("é", core.MaxDebugLen/2) + "a",
-			strings.Repeat("€", core.MaxDebugLen/3),
-			strings.Repeat("😀", core.MaxDebugLen/4) + "abc",
+			strings.Repeat("é", store.MaxDebugLen/2) + "a",
+			strings.Repeat("€", store.MaxDebugLen/3),
+			strings.Repeat("😀", store.MaxDebugLen/4) + "abc",
 		},
 		{"it's \"quoted\" \\ %_ ;--", "PATCH /v1/a/{id}\t/b", "🔑 key"},
 		{"", "", ""},
 	} {
 		if i == 0 {
 			for _, s := range []string{f.caller, f.scope, f.key} {
-				if len(s) != core.MaxDebugLen {
-					panic(fmt.Sprintf("storetest: debug field of %d bytes, want %d", len(s), core.MaxDebugLen))
+				if len(s) != store.MaxDebugLen {
+					panic(fmt.Sprintf("storetest: debug field of %d bytes, want %d", len(s), store.MaxDebugLen))
 				}
 			}
 		}
@@ -594,19 +595,19 @@ func testDebugFields(t *testing.T, s core.Store) {
 // is at most now (some exactly now), and live records "name-live"
 // 0..live-1, whose ExpiresAt is after now (some 1 ms after). It completes
 // some of each, so that every state is represented.
-func seedExpiring(t *testing.T, s core.Store, name string, now time.Time, expired, live int) (expiredIDs, liveIDs []core.ID) {
+func seedExpiring(t *testing.T, s store.Store, name string, now time.Time, expired, live int) (expiredIDs, liveIDs []store.ID) {
 	t.Helper()
 	ctx := t.Context()
-	seed := func(id core.ID, i int, expires time.Time) {
+	seed := func(id store.ID, i int, expires time.Time) {
 		req := claimAt(id, int64(i+1), at(0))
 		req.ExpiresAt = expires
 		mustClaim(t, ctx, s, req)
 		if i%3 != 0 {
-			state := core.StateCompleted
+			state := store.StateCompleted
 			if i%3 == 2 {
-				state = core.StateIndeterminate
+				state = store.StateIndeterminate
 			}
-			wantOK(t, "Complete", s.Complete(ctx, id, req.Token, core.Completion{
+			wantOK(t, "Complete", s.Complete(ctx, id, req.Token, store.Completion{
 				State: state, Status: 200, Response: []byte("body"), ExpiresAt: expires,
 			}))
 		}
@@ -628,7 +629,7 @@ func seedExpiring(t *testing.T, s core.Store, name string, now time.Time, expire
 
 // checkSwept fails t unless every expired record is deleted and every live
 // one kept. Get at the base time (before any expiry) tells them apart.
-func checkSwept(t *testing.T, s core.Store, expired, live []core.ID) {
+func checkSwept(t *testing.T, s store.Store, expired, live []store.ID) {
 	t.Helper()
 	ctx := t.Context()
 	for i, id := range expired {
@@ -644,7 +645,7 @@ func checkSwept(t *testing.T, s core.Store, expired, live []core.ID) {
 	}
 }
 
-func testDeleteExpiredBatches(t *testing.T, s core.Store) {
+func testDeleteExpiredBatches(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	now := at(2 * time.Hour)
 	expired, live := seedExpiring(t, s, "sweep", now, 250, 50)
@@ -660,7 +661,7 @@ func testDeleteExpiredBatches(t *testing.T, s core.Store) {
 	checkSwept(t, s, expired, live)
 }
 
-func testDeleteExpiredConcurrent(t *testing.T, s core.Store) {
+func testDeleteExpiredConcurrent(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	now := at(2 * time.Hour)
 	const sweepers, limit, total = 4, 7, 200
@@ -701,7 +702,7 @@ func testDeleteExpiredConcurrent(t *testing.T, s core.Store) {
 	checkSwept(t, s, expired, live)
 }
 
-func testCancelledContext(t *testing.T, s core.Store) {
+func testCancelledContext(t *testing.T, s store.Store) {
 	live := t.Context()
 	held := newID("cancelled", 0)
 	heldReq := claimAt(held, 101, at(0))

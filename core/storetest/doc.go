@@ -1,11 +1,11 @@
-// Package storetest is the conformance suite of [core.Store]: every store
+// Package storetest is the conformance suite of [store.Store]: every store
 // runs it, so a rule added here reaches every store at once.
 //
 // A store's own tests call [Run] with a factory that returns a fresh, empty
 // store for each case:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) core.Store {
+//		storetest.Run(t, func(t *testing.T) store.Store {
 //			return memstore.New() // your store here: a new, empty one per case
 //		})
 //	}
@@ -24,11 +24,11 @@
 // list) rely on that.
 //
 // The cases that check atomic mode run only when the store also implements
-// [core.TxStore]; for other stores they are skipped with a message saying
+// [store.TxStore]; for other stores they are skipped with a message saying
 // so, which is a capability check, not a missing dependency. Likewise the
 // cases of listing (List...) run only for stores that implement
-// [core.Inspector]; a store that does should say so at compile time
-// (var _ core.Inspector = (*Store)(nil)), so that it cannot lose the
+// [store.Inspector]; a store that does should say so at compile time
+// (var _ store.Inspector = (*Store)(nil)), so that it cannot lose the
 // method and skip them unnoticed.
 //
 // Time is injected: the suite passes explicit times, starting at 2026-01-01

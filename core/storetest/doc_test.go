@@ -5,15 +5,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 )
 
 // TestConformance is the example of the package doc (doc.go), compiled and
 // run; TestDocExample keeps the two the same.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) core.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		return memstore.New() // your store here: a new, empty one per case
 	})
 }

@@ -9,19 +9,20 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
-// The cases of core.Settler (the completer's marks). Each is listed, with
+// The cases of store.Settler (the completer's marks). Each is listed, with
 // its rule, in the cases table of storetest.go; they are skipped for
-// stores that do not implement core.Settler.
+// stores that do not implement store.Settler.
 
-// settleCase adapts a case of core.Settler; it is skipped for stores that
+// settleCase adapts a case of store.Settler; it is skipped for stores that
 // do not implement it.
-func settleCase(fn func(t *testing.T, s core.Settler, cfg config)) func(t *testing.T, s core.Store, cfg config) {
-	return func(t *testing.T, s core.Store, cfg config) {
-		st, ok := s.(core.Settler)
+func settleCase(fn func(t *testing.T, s store.Settler, cfg config)) func(t *testing.T, s store.Store, cfg config) {
+	return func(t *testing.T, s store.Store, cfg config) {
+		st, ok := s.(store.Settler)
 		if !ok {
-			t.Skipf("%T does not implement core.Settler: marks do not apply", s)
+			t.Skipf("%T does not implement store.Settler: marks do not apply", s)
 		}
 		fn(t, st, cfg)
 	}
@@ -29,7 +30,7 @@ func settleCase(fn func(t *testing.T, s core.Settler, cfg config)) func(t *testi
 
 // markOf returns a mark of route "payments", due at after, with a
 // request of n bytes of every value.
-func markOf(after time.Time, n int) core.Mark {
+func markOf(after time.Time, n int) store.Mark {
 	req := make([]byte, n)
 	for i := range req {
 		req[i] = byte(i)
@@ -37,11 +38,11 @@ func markOf(after time.Time, n int) core.Mark {
 	if n == 0 {
 		req = nil
 	}
-	return core.Mark{Route: "payments", Request: req, After: after}
+	return store.Mark{Route: "payments", Request: req, After: after}
 }
 
 // mustDue runs Due and fails t on an error.
-func mustDue(t *testing.T, s core.Settler, now time.Time, limit int) []core.Pending {
+func mustDue(t *testing.T, s store.Settler, now time.Time, limit int) []store.Pending {
 	t.Helper()
 	due, err := s.Due(t.Context(), now, limit)
 	if err != nil {
@@ -51,7 +52,7 @@ func mustDue(t *testing.T, s core.Settler, now time.Time, limit int) []core.Pend
 }
 
 // dueIDs returns the IDs of due, in order.
-func dueIDs(due []core.Pending) []string {
+func dueIDs(due []store.Pending) []string {
 	out := make([]string, len(due))
 	for i, p := range due {
 		out[i] = short(p.Record.ID)
@@ -59,19 +60,19 @@ func dueIDs(due []core.Pending) []string {
 	return out
 }
 
-func testSettleDue(t *testing.T, s core.Settler, _ config) {
+func testSettleDue(t *testing.T, s store.Settler, _ config) {
 	ctx := t.Context()
-	var want []core.Pending
+	var want []store.Pending
 	// Three marks due at 3, 1 and 2 minutes, one due later; each record
 	// in progress or indeterminate.
 	for i, min := range []int{3, 1, 2, 10} {
 		id := newID("SettleDue", i)
-		rec := seedState(t, s, id, int64(100+i), at(0), []core.State{core.StateInProgress, core.StateIndeterminate}[i%2])
+		rec := seedState(t, s, id, int64(100+i), at(0), []store.State{store.StateInProgress, store.StateIndeterminate}[i%2])
 		m := markOf(at(time.Duration(min)*time.Minute), 300*i)
 		m.Tries = i
 		wantOK(t, "Mark", s.Mark(ctx, id, rec.Token, m))
 		if min <= 3 {
-			want = append(want, core.Pending{Record: listed(rec), Mark: m})
+			want = append(want, store.Pending{Record: listed(rec), Mark: m})
 		}
 	}
 	want[0], want[1], want[2] = want[1], want[2], want[0] // by After
@@ -95,7 +96,7 @@ func testSettleDue(t *testing.T, s core.Settler, _ config) {
 	if got := mustDue(t, s, at(30*time.Second), 10); len(got) != 0 {
 		t.Errorf("Due before any mark is due: %v, want none", dueIDs(got))
 	}
-	for _, limit := range []int{0, -1, core.MaxListLimit + 1} {
+	for _, limit := range []int{0, -1, store.MaxListLimit + 1} {
 		if _, err := s.Due(ctx, at(time.Hour), limit); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("Due with limit %d: %v, want ErrConfig", limit, err)
 		}
@@ -104,35 +105,35 @@ func testSettleDue(t *testing.T, s core.Settler, _ config) {
 
 // sameRecord compares records as the cases do: times by instant, byte
 // slices by content.
-func sameRecord(a, b core.Record) bool {
+func sameRecord(a, b store.Record) bool {
 	return a.ID == b.ID && a.Caller == b.Caller && a.Scope == b.Scope && a.Key == b.Key &&
 		bytes.Equal(a.Fingerprint, b.Fingerprint) && a.State == b.State && a.Token == b.Token &&
 		a.Attempt == b.Attempt && a.LeaseUntil.Equal(b.LeaseUntil) && a.ExpiresAt.Equal(b.ExpiresAt) &&
 		a.CreatedAt.Equal(b.CreatedAt) && a.Status == b.Status && bytes.Equal(a.Response, b.Response)
 }
 
-func testSettleStale(t *testing.T, s core.Settler, _ config) {
+func testSettleStale(t *testing.T, s store.Settler, _ config) {
 	ctx := t.Context()
-	mark := func(i int, token int64) core.ID {
+	mark := func(i int, token int64) store.ID {
 		id := newID("SettleStale", i)
 		wantOK(t, "Mark", s.Mark(ctx, id, token, markOf(at(time.Minute), 8)))
 		return id
 	}
 	// 0: indeterminate, 1: in progress with a lapsed lease: live marks.
-	seedState(t, s, newID("SettleStale", 0), 10, at(0), core.StateIndeterminate)
+	seedState(t, s, newID("SettleStale", 0), 10, at(0), store.StateIndeterminate)
 	live0 := mark(0, 10)
-	seedState(t, s, newID("SettleStale", 1), 11, at(0), core.StateInProgress)
+	seedState(t, s, newID("SettleStale", 1), 11, at(0), store.StateInProgress)
 	live1 := mark(1, 11)
 	// 2: completed; 3: released; 4: never claimed; 5: claimed again under
 	// another token (the mark's token is older); 6: expired.
-	seedState(t, s, newID("SettleStale", 2), 12, at(0), core.StateInProgress)
+	seedState(t, s, newID("SettleStale", 2), 12, at(0), store.StateInProgress)
 	mark(2, 12)
 	wantOK(t, "Complete", s.Complete(ctx, newID("SettleStale", 2), 12, done(at(time.Second), 201, "{}")))
-	seedState(t, s, newID("SettleStale", 3), 13, at(0), core.StateInProgress)
+	seedState(t, s, newID("SettleStale", 3), 13, at(0), store.StateInProgress)
 	mark(3, 13)
 	wantOK(t, "Release", s.Release(ctx, newID("SettleStale", 3), 13))
 	mark(4, 14)
-	seedState(t, s, newID("SettleStale", 5), 15, at(0), core.StateInProgress)
+	seedState(t, s, newID("SettleStale", 5), 15, at(0), store.StateInProgress)
 	mark(5, 99)
 	req := claimAt(newID("SettleStale", 6), 16, at(0))
 	req.ExpiresAt = at(2 * time.Minute)
@@ -141,7 +142,7 @@ func testSettleStale(t *testing.T, s core.Settler, _ config) {
 
 	now := at(3 * time.Minute)
 	got := mustDue(t, s, now, 100)
-	ids := map[core.ID]bool{}
+	ids := map[store.ID]bool{}
 	for _, p := range got {
 		ids[p.Record.ID] = true
 	}
@@ -154,10 +155,10 @@ func testSettleStale(t *testing.T, s core.Settler, _ config) {
 	}
 }
 
-func testSettleVisit(t *testing.T, s core.Settler, cfg config) {
+func testSettleVisit(t *testing.T, s store.Settler, cfg config) {
 	ctx := t.Context()
 	id := newID("SettleVisit", 0)
-	seedState(t, s, id, 20, at(0), core.StateIndeterminate)
+	seedState(t, s, id, 20, at(0), store.StateIndeterminate)
 	m := markOf(at(time.Minute), 0)
 	wantOK(t, "Mark", s.Mark(ctx, id, 20, m))
 	visit := func(token int64, seen, next time.Time, tries int) bool {
@@ -194,7 +195,7 @@ func testSettleVisit(t *testing.T, s core.Settler, cfg config) {
 	racer := cfg.racer(t, s)
 	for i := range 8 {
 		wg.Go(func() {
-			st, ok := racer(i).(core.Settler)
+			st, ok := racer(i).(store.Settler)
 			if !ok {
 				st = s
 			}
@@ -212,7 +213,7 @@ func testSettleVisit(t *testing.T, s core.Settler, cfg config) {
 		t.Fatalf("%d concurrent visits won, want exactly 1", n)
 	}
 	// Mark replaces the mark (a takeover's, under a new token).
-	wantOK(t, "Mark", s.Mark(ctx, id, 20, core.Mark{Route: "refunds", After: at(time.Minute)}))
+	wantOK(t, "Mark", s.Mark(ctx, id, 20, store.Mark{Route: "refunds", After: at(time.Minute)}))
 	got = mustDue(t, s, at(time.Minute), 10)
 	if len(got) != 1 || got[0].Mark.Route != "refunds" || got[0].Mark.Tries != 0 || len(got[0].Mark.Request) != 0 {
 		t.Fatalf("Due after Mark replaced the mark: %+v, want the new mark", got)
@@ -220,17 +221,17 @@ func testSettleVisit(t *testing.T, s core.Settler, cfg config) {
 }
 
 // dueOf returns the mark that Due finds for id at now, if any.
-func dueOf(t *testing.T, s core.Settler, id core.ID, now time.Time) (core.Pending, bool) {
+func dueOf(t *testing.T, s store.Settler, id store.ID, now time.Time) (store.Pending, bool) {
 	t.Helper()
-	for _, p := range mustDue(t, s, now, core.MaxListLimit) {
+	for _, p := range mustDue(t, s, now, store.MaxListLimit) {
 		if p.Record.ID == id {
 			return p, true
 		}
 	}
-	return core.Pending{}, false
+	return store.Pending{}, false
 }
 
-func testSettleClaim(t *testing.T, s core.Settler, _ config) {
+func testSettleClaim(t *testing.T, s store.Settler, _ config) {
 	ctx := t.Context()
 	// A new record: its mark is due without any Mark call.
 	id := newID("SettleClaim", 0)
@@ -257,7 +258,7 @@ func testSettleClaim(t *testing.T, s core.Settler, _ config) {
 	}
 	// A duplicate that does not claim writes no mark: the holder's stays.
 	dup := claimAt(id, 41, at(10*time.Second))
-	dup.Mark = &core.Mark{Route: "refunds", After: at(20 * time.Second)}
+	dup.Mark = &store.Mark{Route: "refunds", After: at(20 * time.Second)}
 	if res, err := s.Claim(ctx, dup); err != nil || res.Claimed {
 		t.Fatalf("a duplicate's Claim under a live lease: claimed %v, %v; want not claimed", res.Claimed, err)
 	}
@@ -270,7 +271,7 @@ func testSettleClaim(t *testing.T, s core.Settler, _ config) {
 	// A takeover writes its mark under the new token, replacing the old.
 	took := claimAt(id, 42, at(lease+time.Second))
 	took.Takeover = true
-	took.Mark = &core.Mark{Route: "payments", After: at(lease + 3*time.Minute)}
+	took.Mark = &store.Mark{Route: "payments", After: at(lease + 3*time.Minute)}
 	mustClaim(t, ctx, s, took)
 	if _, ok := dueOf(t, s, id, at(lease+2*time.Minute)); ok {
 		t.Errorf("after a takeover: the old mark (due at 1m) is still due, want the takeover's (due at %v)", took.Mark.After)
@@ -282,10 +283,10 @@ func testSettleClaim(t *testing.T, s core.Settler, _ config) {
 	exp := newID("SettleClaim", 1)
 	old := claimAt(exp, 43, at(0))
 	old.ExpiresAt = at(2 * time.Minute)
-	old.Mark = &core.Mark{Route: "payments", After: at(time.Minute)}
+	old.Mark = &store.Mark{Route: "payments", After: at(time.Minute)}
 	mustClaim(t, ctx, s, old)
 	again := claimAt(exp, 44, at(3*time.Minute))
-	again.Mark = &core.Mark{Route: "refunds", After: at(4 * time.Minute)}
+	again.Mark = &store.Mark{Route: "refunds", After: at(4 * time.Minute)}
 	mustClaim(t, ctx, s, again)
 	if p, ok := dueOf(t, s, exp, at(5*time.Minute)); !ok || p.Record.Token != 44 || p.Mark.Route != "refunds" {
 		t.Errorf("after an expired record was claimed again: Due = %+v (listed %v), want the new claim's mark (refunds, token 44)", p, ok)
@@ -298,10 +299,10 @@ func testSettleClaim(t *testing.T, s core.Settler, _ config) {
 	}
 }
 
-func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
-	ts, ok := s.(core.TxStore)
+func testSettleAtomic(t *testing.T, s store.Settler, _ config) {
+	ts, ok := s.(store.TxStore)
 	if !ok {
-		t.Skipf("%T does not implement core.TxStore: atomic mode does not apply", s)
+		t.Skipf("%T does not implement store.TxStore: atomic mode does not apply", s)
 	}
 	for i, commit := range []bool{false, true, false, true} {
 		byClaim := i >= 2 // the claim's mark (ClaimRequest.Mark), else a Mark call
@@ -320,7 +321,7 @@ func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 		if !byClaim {
 			wantOK(t, "Mark", s.Mark(tctx, id, req.Token, m))
 		}
-		wantOK(t, "Complete", ts.Complete(tctx, id, req.Token, core.Completion{State: core.StateIndeterminate, Status: 500, ExpiresAt: at(retention)}))
+		wantOK(t, "Complete", ts.Complete(tctx, id, req.Token, store.Completion{State: store.StateIndeterminate, Status: 500, ExpiresAt: at(retention)}))
 		if commit {
 			wantOK(t, "Commit", tx.Commit())
 		} else {
@@ -351,7 +352,7 @@ func testSettleAtomic(t *testing.T, s core.Settler, _ config) {
 	}
 	took := claimAt(id, 49, at(lease+time.Second))
 	took.Takeover, took.LeaseUntil = true, time.Time{}
-	took.Mark = &core.Mark{Route: "refunds", After: at(lease + 2*time.Second)}
+	took.Mark = &store.Mark{Route: "refunds", After: at(lease + 2*time.Second)}
 	mustClaim(t, tctx, ts, took)
 	wantOK(t, "Rollback", tx.Rollback())
 	if p, ok := dueOf(t, s, id, at(lease+2*time.Minute)); !ok || p.Record.Token != 39 || p.Mark.Route != "payments" {

@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Run runs every conformance case as a subtest of t, each with a fresh
 // store from newStore. newStore must return an empty store; it may register
 // its own cleanup with t.Cleanup. opts declare what the store documents
 // about itself (SerialWriters).
-func Run(t *testing.T, newStore func(t *testing.T) core.Store, opts ...Option) {
+func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) {
 	var cfg config
 	for _, o := range opts {
 		if o != nil {
@@ -53,17 +54,17 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	serialWriters bool
-	peers         func(t *testing.T, s core.Store) []core.Store
+	peers         func(t *testing.T, s store.Store) []store.Store
 }
 
 // racer returns, for the race cases, the store racer i uses: s, or under
 // Peers s and its peers in turn.
-func (c config) racer(t *testing.T, s core.Store) func(i int) core.Store {
+func (c config) racer(t *testing.T, s store.Store) func(i int) store.Store {
 	if c.peers == nil {
-		return func(int) core.Store { return s }
+		return func(int) store.Store { return s }
 	}
-	all := append([]core.Store{s}, c.peers(t, s)...)
-	return func(i int) core.Store { return all[i%len(all)] }
+	all := append([]store.Store{s}, c.peers(t, s)...)
+	return func(i int) store.Store { return all[i%len(all)] }
 }
 
 // lostOK reports whether a racer may fail with core.ErrLostRace (Peers).
@@ -82,7 +83,7 @@ const serialRule = "a claim of another identity may wait for the open transactio
 	"the committed record, or a new claim after a rollback"
 
 // SerialWriters declares a store on a database that admits one writer at
-// a time (SQLite), as core.Store's documentation allows: while a
+// a time (SQLite), as store.Store's documentation allows: while a
 // transaction holds a claim, a claim of another identity may wait for that
 // transaction to end, and a duplicate claim of the held identity may,
 // instead of answering in progress at once, wait for it to end and then
@@ -108,7 +109,7 @@ const peersRule = "racers are spread over the nodes; a racer whose claim or comm
 // runs on s alone. The peers should read what other nodes committed
 // (Galera: wsrep_sync_wait=1), since the cases read back the winner's
 // record from s.
-func Peers(peers func(t *testing.T, s core.Store) []core.Store) Option {
+func Peers(peers func(t *testing.T, s store.Store) []store.Store) Option {
 	return optionFunc(func(c *config) { c.peers = peers })
 }
 
@@ -116,7 +117,7 @@ func Peers(peers func(t *testing.T, s core.Store) []core.Store) Option {
 type testCase struct {
 	name string // subtest name, CamelCase, names the behaviour
 	rule string // one sentence, printed when the case fails
-	fn   func(t *testing.T, s core.Store, cfg config)
+	fn   func(t *testing.T, s store.Store, cfg config)
 }
 
 // cases is the suite, in the order it runs.
@@ -162,17 +163,17 @@ var cases = []testCase{
 }
 
 // plain adapts a case that every store passes alike.
-func plain(fn func(t *testing.T, s core.Store)) func(t *testing.T, s core.Store, cfg config) {
-	return func(t *testing.T, s core.Store, _ config) { fn(t, s) }
+func plain(fn func(t *testing.T, s store.Store)) func(t *testing.T, s store.Store, cfg config) {
+	return func(t *testing.T, s store.Store, _ config) { fn(t, s) }
 }
 
 // atomicCase adapts a case of atomic mode; it is skipped for stores that
-// do not implement core.TxStore.
-func atomicCase(fn func(t *testing.T, s core.TxStore, cfg config)) func(t *testing.T, s core.Store, cfg config) {
-	return func(t *testing.T, s core.Store, cfg config) {
-		ts, ok := s.(core.TxStore)
+// do not implement store.TxStore.
+func atomicCase(fn func(t *testing.T, s store.TxStore, cfg config)) func(t *testing.T, s store.Store, cfg config) {
+	return func(t *testing.T, s store.Store, cfg config) {
+		ts, ok := s.(store.TxStore)
 		if !ok {
-			t.Skipf("%T does not implement core.TxStore: atomic mode does not apply", s)
+			t.Skipf("%T does not implement store.TxStore: atomic mode does not apply", s)
 		}
 		fn(t, ts, cfg)
 	}
@@ -193,7 +194,7 @@ const (
 func at(d time.Duration) time.Time { return base.Add(d) }
 
 // newID returns a deterministic ID, distinct per name and i.
-func newID(name string, i int) core.ID {
+func newID(name string, i int) store.ID {
 	return sha256.Sum256(fmt.Appendf(nil, "storetest %s %d", name, i))
 }
 
@@ -205,8 +206,8 @@ func fingerprint(n int) []byte {
 
 // claimAt returns a leased-mode claim of id by token at now, with the
 // default lease and retention.
-func claimAt(id core.ID, token int64, now time.Time) core.ClaimRequest {
-	return core.ClaimRequest{
+func claimAt(id store.ID, token int64, now time.Time) store.ClaimRequest {
+	return store.ClaimRequest{
 		ID:          id,
 		Caller:      "acct_1Nv0FGQ9RKHgCVdK",
 		Scope:       "POST /v1/orders/{id}/refunds",
@@ -220,14 +221,14 @@ func claimAt(id core.ID, token int64, now time.Time) core.ClaimRequest {
 }
 
 // fresh returns the record a successful claim of req creates.
-func fresh(req core.ClaimRequest) core.Record {
-	return core.Record{
+func fresh(req store.ClaimRequest) store.Record {
+	return store.Record{
 		ID:          req.ID,
 		Caller:      req.Caller,
 		Scope:       req.Scope,
 		Key:         req.Key,
 		Fingerprint: req.Fingerprint,
-		State:       core.StateInProgress,
+		State:       store.StateInProgress,
 		Token:       req.Token,
 		Attempt:     1,
 		LeaseUntil:  req.LeaseUntil,
@@ -237,7 +238,7 @@ func fresh(req core.ClaimRequest) core.Record {
 }
 
 // completed returns r after a completion c.
-func completed(r core.Record, c core.Completion) core.Record {
+func completed(r store.Record, c store.Completion) store.Record {
 	r.State = c.State
 	r.Status = c.Status
 	r.Response = c.Response
@@ -247,9 +248,9 @@ func completed(r core.Record, c core.Completion) core.Record {
 }
 
 // done returns a completion with StateCompleted recorded at now.
-func done(now time.Time, status int, body string) core.Completion {
-	return core.Completion{
-		State:     core.StateCompleted,
+func done(now time.Time, status int, body string) store.Completion {
+	return store.Completion{
+		State:     store.StateCompleted,
 		Status:    status,
 		Response:  []byte(body),
 		ExpiresAt: now.Add(retention),
@@ -257,7 +258,7 @@ func done(now time.Time, status int, body string) core.Completion {
 }
 
 // mustClaim claims req and fails t unless the claim succeeded.
-func mustClaim(t *testing.T, ctx context.Context, s core.Store, req core.ClaimRequest) core.Record {
+func mustClaim(t *testing.T, ctx context.Context, s store.Store, req store.ClaimRequest) store.Record {
 	t.Helper()
 	res, err := s.Claim(ctx, req)
 	if err != nil {
@@ -271,7 +272,7 @@ func mustClaim(t *testing.T, ctx context.Context, s core.Store, req core.ClaimRe
 }
 
 // mustNotClaim claims req and fails t unless an existing record blocked it.
-func mustNotClaim(t *testing.T, ctx context.Context, s core.Store, req core.ClaimRequest) core.Record {
+func mustNotClaim(t *testing.T, ctx context.Context, s store.Store, req store.ClaimRequest) store.Record {
 	t.Helper()
 	res, err := s.Claim(ctx, req)
 	if err != nil {
@@ -285,7 +286,7 @@ func mustNotClaim(t *testing.T, ctx context.Context, s core.Store, req core.Clai
 }
 
 // mustGet reads the live record id and fails t unless there is one.
-func mustGet(t *testing.T, ctx context.Context, s core.Store, id core.ID, now time.Time) core.Record {
+func mustGet(t *testing.T, ctx context.Context, s store.Store, id store.ID, now time.Time) store.Record {
 	t.Helper()
 	r, err := s.Get(ctx, id, now)
 	if err != nil {
@@ -295,7 +296,7 @@ func mustGet(t *testing.T, ctx context.Context, s core.Store, id core.ID, now ti
 }
 
 // wantAbsent fails t unless Get reports ErrNotFound for id at now.
-func wantAbsent(t *testing.T, ctx context.Context, s core.Store, id core.ID, now time.Time) {
+func wantAbsent(t *testing.T, ctx context.Context, s store.Store, id store.ID, now time.Time) {
 	t.Helper()
 	r, err := s.Get(ctx, id, now)
 	if !errors.Is(err, core.ErrNotFound) {
@@ -322,7 +323,7 @@ func wantFenced(t *testing.T, op string, err error) {
 // checkRecord fails t, listing every differing field, unless got equals
 // want. Byte slices of length 0 are equal whether nil or not; times are
 // equal within a millisecond, and a zero time only equals a zero time.
-func checkRecord(t *testing.T, what string, got, want core.Record) {
+func checkRecord(t *testing.T, what string, got, want store.Record) {
 	t.Helper()
 	var diffs []string
 	diff := func(field string, g, w any) {
@@ -403,13 +404,13 @@ func bytesDiff(got, want []byte) string {
 }
 
 // describe formats a record briefly for failure messages.
-func describe(r core.Record) string {
+func describe(r store.Record) string {
 	return fmt.Sprintf("{ID %s, State %v, Token %d, Attempt %d, LeaseUntil %s, ExpiresAt %s}",
 		short(r.ID), r.State, r.Token, r.Attempt, stamp(r.LeaseUntil), stamp(r.ExpiresAt))
 }
 
 // short abbreviates an ID for messages.
-func short(id core.ID) string { return id.String()[:12] }
+func short(id store.ID) string { return id.String()[:12] }
 
 // stamp formats t relative to the suite's base time, the way cases write it.
 func stamp(t time.Time) string {

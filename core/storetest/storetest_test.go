@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 )
 
@@ -26,64 +27,64 @@ import (
 type mutant struct {
 	name  string
 	fails []string // cases that must fail
-	build func() core.Store
+	build func() store.Store
 	opts  []storetest.Option // what the store declares about itself
 }
 
 var mutants = []mutant{
-	{"CompleteIgnoresToken", []string{"Fencing", "Takeover", "ClaimExpired"}, func() core.Store {
+	{"CompleteIgnoresToken", []string{"Fencing", "Takeover", "ClaimExpired"}, func() store.Store {
 		return &ignoreToken{Store: memstore.New()}
 	}, nil},
-	{"ClaimCheckThenAct", []string{"ClaimRace"}, func() core.Store {
+	{"ClaimCheckThenAct", []string{"ClaimRace"}, func() store.Store {
 		return &checkThenAct{Store: memstore.New()}
 	}, nil},
-	{"GetIgnoresExpiry", []string{"ExpiredIsAbsent"}, func() core.Store {
+	{"GetIgnoresExpiry", []string{"ExpiredIsAbsent"}, func() store.Store {
 		return &ignoreExpiry{Store: memstore.New()}
 	}, nil},
-	{"DeleteExpiredIgnoresLimit", []string{"DeleteExpiredBatches", "DeleteExpiredConcurrent"}, func() core.Store {
+	{"DeleteExpiredIgnoresLimit", []string{"DeleteExpiredBatches", "DeleteExpiredConcurrent"}, func() store.Store {
 		return &ignoreLimit{Store: memstore.New()}
 	}, nil},
-	{"SecondPrecision", []string{"ResponseBytes", "DeleteExpiredBatches"}, func() core.Store {
+	{"SecondPrecision", []string{"ResponseBytes", "DeleteExpiredBatches"}, func() store.Store {
 		return &seconds{Store: memstore.New()}
 	}, nil},
-	{"ResponseAliased", []string{"NoAliasing"}, func() core.Store {
-		return &aliasing{Store: memstore.New(), kept: make(map[core.ID][]byte)}
+	{"ResponseAliased", []string{"NoAliasing"}, func() store.Store {
+		return &aliasing{Store: memstore.New(), kept: make(map[store.ID][]byte)}
 	}, nil},
-	{"IgnoresCancellation", []string{"CancelledContext"}, func() core.Store {
+	{"IgnoresCancellation", []string{"CancelledContext"}, func() store.Store {
 		return &ignoreCancel{Store: memstore.New()}
 	}, nil},
-	{"RollbackCommits", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() core.Store {
+	{"RollbackCommits", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() store.Store {
 		return &rollbackCommits{AtomicStore: memstore.New().Atomic()}
 	}, nil},
 	// SerialWriters relaxes when an answer may come, not what it is.
-	{"RollbackCommitsSerial", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() core.Store {
+	{"RollbackCommitsSerial", []string{"AtomicRollback", "AtomicUncommittedInvisible"}, func() store.Store {
 		return &rollbackCommits{AtomicStore: memstore.New().Atomic()}
 	}, []storetest.Option{storetest.SerialWriters()}},
-	{"SerialClaimsAfterWait", []string{"AtomicConcurrentClaim"}, func() core.Store {
+	{"SerialClaimsAfterWait", []string{"AtomicConcurrentClaim"}, func() store.Store {
 		return newSerial(true)
 	}, []storetest.Option{storetest.SerialWriters()}},
-	{"ListSkipsTies", []string{"ListOrder"}, func() core.Store {
+	{"ListSkipsTies", []string{"ListOrder"}, func() store.Store {
 		return &listSkipsTies{Store: memstore.New()}
 	}, nil},
-	{"ListIgnoresExpiry", []string{"ListFilters"}, func() core.Store {
+	{"ListIgnoresExpiry", []string{"ListFilters"}, func() store.Store {
 		return &listIgnoresExpiry{Store: memstore.New()}
 	}, nil},
-	{"ListReadsResponses", []string{"ListOrder", "ListFilters"}, func() core.Store {
+	{"ListReadsResponses", []string{"ListOrder", "ListFilters"}, func() store.Store {
 		return &listReadsResponses{Store: memstore.New()}
 	}, nil},
-	{"ListUnchecked", []string{"ListInvalid"}, func() core.Store {
+	{"ListUnchecked", []string{"ListInvalid"}, func() store.Store {
 		return &listUnchecked{Store: memstore.New()}
 	}, nil},
-	{"VisitIgnoresSeen", []string{"SettleVisit"}, func() core.Store {
+	{"VisitIgnoresSeen", []string{"SettleVisit"}, func() store.Store {
 		return &visitIgnoresSeen{Store: memstore.New()}
 	}, nil},
-	{"DueIgnoresToken", []string{"SettleStale"}, func() core.Store {
+	{"DueIgnoresToken", []string{"SettleStale"}, func() store.Store {
 		return &dueIgnoresToken{Store: memstore.New()}
 	}, nil},
-	{"ClaimIgnoresMark", []string{"SettleClaim"}, func() core.Store {
+	{"ClaimIgnoresMark", []string{"SettleClaim"}, func() store.Store {
 		return &claimIgnoresMark{Store: memstore.New()}
 	}, nil},
-	{"ClaimMarksAlways", []string{"SettleClaim"}, func() core.Store {
+	{"ClaimMarksAlways", []string{"SettleClaim"}, func() store.Store {
 		return &claimMarksAlways{Store: memstore.New()}
 	}, nil},
 }
@@ -93,10 +94,10 @@ var mutants = []mutant{
 // answers at once.
 func TestSerialWriters(t *testing.T) {
 	t.Run("serial", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) core.Store { return newSerial(false) }, storetest.SerialWriters())
+		storetest.Run(t, func(t *testing.T) store.Store { return newSerial(false) }, storetest.SerialWriters())
 	})
 	t.Run("memstore", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) core.Store { return memstore.New().Atomic() }, storetest.SerialWriters())
+		storetest.Run(t, func(t *testing.T) store.Store { return memstore.New().Atomic() }, storetest.SerialWriters())
 	})
 }
 
@@ -140,7 +141,7 @@ func TestMutantProcess(t *testing.T) {
 	}
 	for _, m := range mutants {
 		if m.name == name {
-			storetest.Run(t, func(t *testing.T) core.Store { return m.build() }, m.opts...)
+			storetest.Run(t, func(t *testing.T) store.Store { return m.build() }, m.opts...)
 			return
 		}
 	}
@@ -150,7 +151,7 @@ func TestMutantProcess(t *testing.T) {
 // ignoreToken completes with whatever token holds the record.
 type ignoreToken struct{ *memstore.Store }
 
-func (s *ignoreToken) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *ignoreToken) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	if r, err := s.Store.Get(ctx, id, time.Time{}); err == nil {
 		token = r.Token
 	}
@@ -161,7 +162,7 @@ func (s *ignoreToken) Complete(ctx context.Context, id core.ID, token int64, c c
 // reported as claimed.
 type checkThenAct struct{ *memstore.Store }
 
-func (s *checkThenAct) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *checkThenAct) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	_, err := s.Store.Get(ctx, req.ID, req.Now)
 	absent := errors.Is(err, core.ErrNotFound)
 	runtime.Gosched()
@@ -175,7 +176,7 @@ func (s *checkThenAct) Claim(ctx context.Context, req core.ClaimRequest) (core.C
 // ignoreExpiry reads expired records.
 type ignoreExpiry struct{ *memstore.Store }
 
-func (s *ignoreExpiry) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s *ignoreExpiry) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	return s.Store.Get(ctx, id, time.Time{})
 }
 
@@ -190,14 +191,14 @@ func (s *ignoreLimit) DeleteExpired(ctx context.Context, now time.Time, limit in
 // fractional seconds does.
 type seconds struct{ *memstore.Store }
 
-func (s *seconds) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *seconds) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	req.Now = req.Now.Truncate(time.Second)
 	req.LeaseUntil = req.LeaseUntil.Truncate(time.Second)
 	req.ExpiresAt = req.ExpiresAt.Truncate(time.Second)
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *seconds) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *seconds) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	c.ExpiresAt = c.ExpiresAt.Truncate(time.Second)
 	return s.Store.Complete(ctx, id, token, c)
 }
@@ -206,10 +207,10 @@ func (s *seconds) Complete(ctx context.Context, id core.ID, token int64, c core.
 type aliasing struct {
 	*memstore.Store
 	mu   sync.Mutex
-	kept map[core.ID][]byte
+	kept map[store.ID][]byte
 }
 
-func (s *aliasing) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *aliasing) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	err := s.Store.Complete(ctx, id, token, c)
 	if err == nil {
 		s.mu.Lock()
@@ -219,7 +220,7 @@ func (s *aliasing) Complete(ctx context.Context, id core.ID, token int64, c core
 	return err
 }
 
-func (s *aliasing) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s *aliasing) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	r, err := s.Store.Get(ctx, id, now)
 	s.mu.Lock()
 	if b, ok := s.kept[id]; ok && err == nil {
@@ -232,18 +233,18 @@ func (s *aliasing) Get(ctx context.Context, id core.ID, now time.Time) (core.Rec
 // ignoreCancel never looks at its context.
 type ignoreCancel struct{ *memstore.Store }
 
-func (s *ignoreCancel) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *ignoreCancel) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	return s.Store.Claim(context.WithoutCancel(ctx), req)
 }
 
-func (s *ignoreCancel) Get(ctx context.Context, id core.ID, now time.Time) (core.Record, error) {
+func (s *ignoreCancel) Get(ctx context.Context, id store.ID, now time.Time) (store.Record, error) {
 	return s.Store.Get(context.WithoutCancel(ctx), id, now)
 }
 
 // rollbackCommits commits when asked to roll back.
 type rollbackCommits struct{ *memstore.AtomicStore }
 
-func (s *rollbackCommits) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s *rollbackCommits) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	tctx, tx, err := s.AtomicStore.Begin(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -251,7 +252,7 @@ func (s *rollbackCommits) Begin(ctx context.Context) (context.Context, core.Tx, 
 	return tctx, commitOnly{tx}, nil
 }
 
-type commitOnly struct{ core.Tx }
+type commitOnly struct{ store.Tx }
 
 func (tx commitOnly) Rollback() error {
 	if err := tx.Commit(); !errors.Is(err, memstore.ErrTxDone) {
@@ -306,7 +307,7 @@ func (s *serial) write(ctx context.Context, fn func() error) (waited bool, err e
 	return waited, fn()
 }
 
-func (s *serial) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s *serial) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	if _, err := s.acquire(ctx); err != nil {
 		return ctx, nil, err
 	}
@@ -319,7 +320,7 @@ func (s *serial) Begin(ctx context.Context) (context.Context, core.Tx, error) {
 }
 
 type serialTx struct {
-	core.Tx
+	store.Tx
 	release func()
 }
 
@@ -333,7 +334,7 @@ func (tx *serialTx) Rollback() error {
 	return tx.Tx.Rollback()
 }
 
-func (s *serial) Claim(ctx context.Context, req core.ClaimRequest) (res core.ClaimResult, err error) {
+func (s *serial) Claim(ctx context.Context, req store.ClaimRequest) (res store.ClaimResult, err error) {
 	waited, err := s.write(ctx, func() error {
 		res, err = s.AtomicStore.Claim(ctx, req)
 		return err
@@ -344,17 +345,17 @@ func (s *serial) Claim(ctx context.Context, req core.ClaimRequest) (res core.Cla
 	return res, err
 }
 
-func (s *serial) Complete(ctx context.Context, id core.ID, token int64, c core.Completion) error {
+func (s *serial) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
 	_, err := s.write(ctx, func() error { return s.AtomicStore.Complete(ctx, id, token, c) })
 	return err
 }
 
-func (s *serial) Extend(ctx context.Context, id core.ID, token int64, leaseUntil time.Time) error {
+func (s *serial) Extend(ctx context.Context, id store.ID, token int64, leaseUntil time.Time) error {
 	_, err := s.write(ctx, func() error { return s.AtomicStore.Extend(ctx, id, token, leaseUntil) })
 	return err
 }
 
-func (s *serial) Release(ctx context.Context, id core.ID, token int64) error {
+func (s *serial) Release(ctx context.Context, id store.ID, token int64) error {
 	_, err := s.write(ctx, func() error { return s.AtomicStore.Release(ctx, id, token) })
 	return err
 }
@@ -371,7 +372,7 @@ func (s *serial) DeleteExpired(ctx context.Context, now time.Time, limit int) (n
 // cursor is lost.
 type listSkipsTies struct{ *memstore.Store }
 
-func (s *listSkipsTies) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *listSkipsTies) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	if !q.After.IsZero() {
 		for i := range q.After.ID {
 			q.After.ID[i] = 0xff
@@ -383,7 +384,7 @@ func (s *listSkipsTies) List(ctx context.Context, q core.ListQuery) ([]core.Reco
 // listIgnoresExpiry lists expired records too.
 type listIgnoresExpiry struct{ *memstore.Store }
 
-func (s *listIgnoresExpiry) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *listIgnoresExpiry) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	q.Now = time.Time{}
 	return s.Store.List(ctx, q)
 }
@@ -391,7 +392,7 @@ func (s *listIgnoresExpiry) List(ctx context.Context, q core.ListQuery) ([]core.
 // listReadsResponses returns each record's response with it.
 type listReadsResponses struct{ *memstore.Store }
 
-func (s *listReadsResponses) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
+func (s *listReadsResponses) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	recs, err := s.Store.List(ctx, q)
 	for i := range recs {
 		if r, err := s.Store.Get(ctx, recs[i].ID, q.Now); err == nil {
@@ -405,9 +406,9 @@ func (s *listReadsResponses) List(ctx context.Context, q core.ListQuery) ([]core
 // limit is replaced.
 type listUnchecked struct{ *memstore.Store }
 
-func (s *listUnchecked) List(ctx context.Context, q core.ListQuery) ([]core.Record, error) {
-	if q.Limit < 1 || q.Limit > core.MaxListLimit {
-		q.Limit = core.MaxListLimit
+func (s *listUnchecked) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
+	if q.Limit < 1 || q.Limit > store.MaxListLimit {
+		q.Limit = store.MaxListLimit
 	}
 	if q.Check() != nil {
 		return nil, nil
@@ -419,8 +420,8 @@ func (s *listUnchecked) List(ctx context.Context, q core.ListQuery) ([]core.Reco
 // completers would both visit it.
 type visitIgnoresSeen struct{ *memstore.Store }
 
-func (s *visitIgnoresSeen) Visit(ctx context.Context, id core.ID, token int64, _, next time.Time, tries int) (bool, error) {
-	due, err := s.Store.Due(ctx, next.Add(100*365*24*time.Hour), core.MaxListLimit)
+func (s *visitIgnoresSeen) Visit(ctx context.Context, id store.ID, token int64, _, next time.Time, tries int) (bool, error) {
+	due, err := s.Store.Due(ctx, next.Add(100*365*24*time.Hour), store.MaxListLimit)
 	if err != nil {
 		return false, err
 	}
@@ -437,7 +438,7 @@ func (s *visitIgnoresSeen) Visit(ctx context.Context, id core.ID, token int64, _
 // mark. It remembers each mark's token and rewrites it to the record's.
 type dueIgnoresToken struct{ *memstore.Store }
 
-func (s *dueIgnoresToken) Mark(ctx context.Context, id core.ID, _ int64, m core.Mark) error {
+func (s *dueIgnoresToken) Mark(ctx context.Context, id store.ID, _ int64, m store.Mark) error {
 	rec, err := s.Store.Get(ctx, id, time.Time{})
 	if err != nil {
 		return s.Store.Mark(ctx, id, 0, m)
@@ -450,7 +451,7 @@ func (s *dueIgnoresToken) Mark(ctx context.Context, id core.ID, _ int64, m core.
 // two would leave a record that no completer finds.
 type claimIgnoresMark struct{ *memstore.Store }
 
-func (s *claimIgnoresMark) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *claimIgnoresMark) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	req.Mark = nil
 	return s.Store.Claim(ctx, req)
 }
@@ -459,7 +460,7 @@ func (s *claimIgnoresMark) Claim(ctx context.Context, req core.ClaimRequest) (co
 // claim: a duplicate would replace the holder's mark with its own.
 type claimMarksAlways struct{ *memstore.Store }
 
-func (s *claimMarksAlways) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *claimMarksAlways) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	res, err := s.Store.Claim(ctx, req)
 	if err == nil && !res.Claimed && req.Mark != nil {
 		err = s.Store.Mark(ctx, req.ID, req.Token, *req.Mark)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Order is the orders API's resource.
@@ -236,8 +237,8 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 // (the scope is empty), and a record that another request left under the
 // same key answers a payment with a 422 before any resolver is asked (the
 // fingerprint holds the method and the concrete path).
-func (a *app) settlePayment(ctx context.Context, rec core.Record) (core.Resolution, error) {
-	pr, err := a.provider.lookup(ctx, core.DownstreamKeyFor(rec.ID, "charge"))
+func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolution, error) {
+	pr, err := a.provider.lookup(ctx, rec.ID.DownstreamKey("charge"))
 	if errors.Is(err, errNotFound) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}

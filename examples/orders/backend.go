@@ -18,7 +18,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/pgxstore"
@@ -29,7 +29,7 @@ import (
 // repo and the simulated provider, built from the -store, -db and -dsn
 // flags.
 type backend struct {
-	store    core.Store
+	store    store.Store
 	repo     repo
 	provider *provider
 	rig      benchrig.Backend // the benchmark mode's (-unprotected-route)

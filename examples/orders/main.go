@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
 )
@@ -99,7 +101,7 @@ func run(o options, logger *slog.Logger) error {
 	defer clock.Stop()
 
 	a := &app{repo: b.repo, provider: b.provider, workDelay: o.workDelay, outside: func(ctx context.Context) context.Context { return ctx }}
-	if ts, ok := b.store.(core.TxStore); ok {
+	if ts, ok := b.store.(store.TxStore); ok {
 		a.outside = ts.WithoutTx
 	}
 	var bench []benchrig.Route
@@ -134,8 +136,8 @@ func run(o options, logger *slog.Logger) error {
 	// attempt died, without waiting for the client's retry (every
 	// replica runs one; each record is visited by one at a time).
 	// -complete-every 0 runs none (an operator settles them), and a
-	// store that keeps no marks (core.Settler) has none to run.
-	if _, marks := b.store.(core.Settler); marks && o.completeEvery > 0 {
+	// store that keeps no marks (store.Settler) has none to run.
+	if _, marks := b.store.(store.Settler); marks && o.completeEvery > 0 {
 		completer := e.Completer()
 		completer.Every = o.completeEvery
 		if err := completer.Start(ctx); err != nil {
@@ -175,12 +177,12 @@ type decisionKey struct{}
 
 type decisionSlot struct {
 	mu sync.Mutex
-	ev *core.Event
+	ev *observe.Event
 }
 
 // recordDecision is the engine's observer: it hands the decision to the
 // access log of the same request.
-func recordDecision(ctx context.Context, ev core.Event) {
+func recordDecision(ctx context.Context, ev observe.Event) {
 	if s, ok := ctx.Value(decisionKey{}).(*decisionSlot); ok {
 		s.mu.Lock()
 		s.ev = &ev

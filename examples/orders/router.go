@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/chiidem"
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/ginidem"
@@ -21,7 +22,7 @@ import (
 // the engine's caller function and the handlers read it. The benchmark
 // mode's routes (bench) are registered too, the protected ones behind
 // idem's middleware.
-func newRouter(framework string, store core.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
+func newRouter(framework string, store store.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
 		return accountFrom(r.Context()), nil
 	}))...)

@@ -40,6 +40,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
 	"github.com/idemkit/idem/otelidem"
 )
 
@@ -114,7 +115,7 @@ func run(addr, kind string, interval time.Duration, logger *slog.Logger) error {
 // orders is the orders example's POST /orders, protected by an engine
 // whose observer is obs (nil: none), the caller named by
 // "Authorization: Bearer <account>".
-func orders(obs core.Observer) (http.Handler, error) {
+func orders(obs observe.Observer) (http.Handler, error) {
 	opts := []core.Option{core.WithCaller(func(r *http.Request) (string, error) {
 		account, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		return strings.TrimSpace(account), nil
@@ -147,7 +148,7 @@ func orders(obs core.Observer) (http.Handler, error) {
 // the engine, otelhttp's span around every request (the span otelidem adds
 // its idem.decision event to), and the exporters.
 type telemetry struct {
-	observer core.Observer                   // otelidem's
+	observer observe.Observer                // otelidem's
 	wrap     func(http.Handler) http.Handler // otelhttp around the whole API
 	metrics  http.Handler                    // GET /metrics (-otel prometheus), or nil
 	shutdown func(ctx context.Context) error // flushes the exporters

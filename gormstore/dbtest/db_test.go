@@ -20,6 +20,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/sqlstore"
@@ -256,7 +257,7 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, session func(*gorm.DB) *gorm.
 		},
 		Counter: c,
 		DB:      sqlDB,
-		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
+		Twin:    func(t *testing.T) store.TxStore { return twin(t) },
 		Exec: func(ctx context.Context, stmt string) error {
 			tx := txDB(ctx)
 			if tx == nil {
@@ -320,7 +321,7 @@ func TestConformance(t *testing.T) {
 				// One writer at a time: see sqlstore's TestConformance.
 				opts = append(opts, storetest.SerialWriters())
 			}
-			storetest.Run(t, func(t *testing.T) core.Store {
+			storetest.Run(t, func(t *testing.T) store.Store {
 				s, _, _ := newStore(t, d)
 				return s
 			}, opts...)

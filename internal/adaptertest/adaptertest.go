@@ -20,6 +20,8 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/observe"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Body is the JSON body every request of Do carries.
@@ -28,11 +30,11 @@ const Body = `{"amount":10}`
 // Events records the decisions of an engine.
 type Events struct {
 	mu     sync.Mutex
-	events []core.Event
+	events []observe.Event
 }
 
 // Observe is the engine's observer (core.WithObserver).
-func (ev *Events) Observe(_ context.Context, e core.Event) {
+func (ev *Events) Observe(_ context.Context, e observe.Event) {
 	ev.mu.Lock()
 	ev.events = append(ev.events, e)
 	ev.mu.Unlock()
@@ -41,7 +43,7 @@ func (ev *Events) Observe(_ context.Context, e core.Event) {
 // Last returns the scope of the latest decision, "" if there was none.
 func (ev *Events) Last() string { return ev.last().Scope }
 
-// Route returns the route label (core.Event.Route) of the latest
+// Route returns the route label (observe.Event.Route) of the latest
 // decision, "" if there was none.
 func (ev *Events) Route() string { return ev.last().Route }
 
@@ -52,11 +54,11 @@ func (ev *Events) Len() int {
 	return len(ev.events)
 }
 
-func (ev *Events) last() core.Event {
+func (ev *Events) last() observe.Event {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	if len(ev.events) == 0 {
-		return core.Event{}
+		return observe.Event{}
 	}
 	return ev.events[len(ev.events)-1]
 }
@@ -64,7 +66,7 @@ func (ev *Events) last() core.Event {
 // NewEngine returns an engine over st (a leased memstore when nil) for a
 // single caller, that logs nothing and reports its decisions to the
 // returned Events; opts come after those defaults and may override them.
-func NewEngine(t *testing.T, st core.Store, opts ...core.Option) (*core.Engine, *Events) {
+func NewEngine(t *testing.T, st store.Store, opts ...core.Option) (*core.Engine, *Events) {
 	t.Helper()
 	if st == nil {
 		st = memstore.New()

@@ -1,5 +1,5 @@
 // Package debugtext cleans the debug copies of a record's caller, scope
-// and key (core.Record), for the engine and for the stores that are
+// and key (store.Record), for the engine and for the stores that are
 // called without it (the conformance suites call a store directly).
 package debugtext
 
@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 )
 
-// Max is the most bytes a debug copy keeps (core.MaxDebugLen).
+// Max is the most bytes a debug copy keeps (store.MaxDebugLen).
 const Max = 255
 
 // Clean returns s as valid UTF-8 without NUL bytes (which Postgres text

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // ClaimWait bounds how long a claim waits for another claim statement of
@@ -31,14 +31,14 @@ const ClaimWait = 50 * time.Millisecond
 // most ClaimWait when the pool is full. It returns the record when that record answers the
 // claim (live, and not one the claim may take over: completed,
 // indeterminate, or in progress under a live lease), else nil.
-type Peek func(ctx context.Context) (*core.Record, error)
+type Peek func(ctx context.Context) (*store.Record, error)
 
 // Registry holds the ids claimed by open transactions of one store; T
 // identifies a transaction (the store's own transaction type; its zero
 // value: outside any transaction, or in one the store does not track).
 type Registry[T comparable] struct {
 	mu sync.Mutex
-	m  map[core.ID]*Claimant[T]
+	m  map[store.ID]*Claimant[T]
 }
 
 // Claimant is a transaction claiming (held false) or holding (held true)
@@ -50,7 +50,7 @@ type Claimant[T comparable] struct {
 	// found is the completed record the claim statement found (and did
 	// not claim), for the claims of the same id that waited for it: a
 	// storm of retries of one completed request reads the row once.
-	found   *core.Record
+	found   *store.Record
 	waiters int // claims waiting for done (under registry.mu)
 }
 
@@ -76,7 +76,7 @@ type Claimant[T comparable] struct {
 // answer from a record that peek saw being replaced). Never held for a
 // record that peek found final: a slow claim statement must not turn a
 // replay into "in progress".
-func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, now time.Time, peek Peek) (c *Claimant[T], held bool, found *core.Record, err error) {
+func (r *Registry[T]) Enter(ctx context.Context, id store.ID, tx T, wait bool, now time.Time, peek Peek) (c *Claimant[T], held bool, found *store.Record, err error) {
 	var none T
 	for {
 		r.mu.Lock()
@@ -85,7 +85,7 @@ func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, no
 		case cur == nil:
 			if tx != none {
 				if r.m == nil {
-					r.m = make(map[core.ID]*Claimant[T])
+					r.m = make(map[store.ID]*Claimant[T])
 				}
 				c = &Claimant[T]{tx: tx, done: make(chan struct{})}
 				r.m[id] = c
@@ -131,7 +131,7 @@ func (r *Registry[T]) Enter(ctx context.Context, id core.ID, tx T, wait bool, no
 // progress. A peek that fails (no connection within ClaimWait: the pool is
 // as busy as the statement waited for) answers in progress too, the
 // answer that never runs a handler twice; only the end of ctx is an error.
-func (r *Registry[T]) peeked(ctx context.Context, peek Peek) (c *Claimant[T], held bool, found *core.Record, err error) {
+func (r *Registry[T]) peeked(ctx context.Context, peek Peek) (c *Claimant[T], held bool, found *store.Record, err error) {
 	rec, err := peek(ctx)
 	switch {
 	case ctx.Err() != nil:
@@ -147,7 +147,7 @@ func (r *Registry[T]) peeked(ctx context.Context, peek Peek) (c *Claimant[T], he
 // statement returned without claiming it, if any: a completed one is
 // handed to the claims that waited (it was committed, so it is what they
 // would read).
-func (r *Registry[T]) Settle(c *Claimant[T], id core.ID, held bool, found *core.Record) {
+func (r *Registry[T]) Settle(c *Claimant[T], id store.ID, held bool, found *store.Record) {
 	r.mu.Lock()
 	if r.m[id] == c { // not forgotten meanwhile (the transaction ended)
 		if held {
@@ -158,7 +158,7 @@ func (r *Registry[T]) Settle(c *Claimant[T], id core.ID, held bool, found *core.
 	}
 	waited := c.waiters > 0
 	r.mu.Unlock()
-	if waited && !held && found != nil && found.State == core.StateCompleted {
+	if waited && !held && found != nil && found.State == store.StateCompleted {
 		// Published by close(c.done). Claims that start waiting after the
 		// unlock above find c gone from the registry, or held.
 		c.found = copyRecord(found)
@@ -167,7 +167,7 @@ func (r *Registry[T]) Settle(c *Claimant[T], id core.ID, held bool, found *core.
 }
 
 // copyRecord returns a copy of r that shares no memory with it.
-func copyRecord(r *core.Record) *core.Record {
+func copyRecord(r *store.Record) *store.Record {
 	c := *r
 	c.Fingerprint = bytes.Clone(r.Fingerprint)
 	c.Response = bytes.Clone(r.Response)
@@ -175,7 +175,7 @@ func copyRecord(r *core.Record) *core.Record {
 }
 
 // Forget removes ids of tx from the registry.
-func (r *Registry[T]) Forget(tx T, ids []core.ID) {
+func (r *Registry[T]) Forget(tx T, ids []store.ID) {
 	r.mu.Lock()
 	for _, id := range ids {
 		if c := r.m[id]; c != nil && c.tx == tx {

@@ -45,7 +45,7 @@ func Schema(t string) []string {
 //	  $11 takeover; they return ok (the advisory lock was taken), inserted,
 //	  then Cols (all NULL when no row exists).
 //	InsertMarked, InsertLeasedMarked: Insert's parameters, then the
-//	  mark's (core.ClaimRequest.Mark): $11 route, $12 request, $13 due_at,
+//	  mark's (store.ClaimRequest.Mark): $11 route, $12 request, $13 due_at,
 //	  $14 tries; one row affected: claimed, and marked.
 //	ClaimMarked, ClaimLeasedMarked: Claim's parameters, then the mark's:
 //	  $12 route, $13 request, $14 due_at, $15 tries; they return what
@@ -146,7 +146,7 @@ SELECT lk.ok, FALSE, r.id, r.caller, r.scope, r.idem_key, r.fingerprint, r.state
   FROM lk LEFT JOIN %t r ON r.id = $2
  WHERE NOT EXISTS (SELECT FROM ins)`
 
-// A marked claim (a route named for the completer, core.ClaimRequest.Mark)
+// A marked claim (a route named for the completer, store.ClaimRequest.Mark)
 // writes the record's mark in the claim's own statement: a data-modifying
 // CTE upserts the mark from the row the claim inserted or took over, so
 // the mark exists exactly when the claim claimed, and commits with it

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // Flavor is the SQL dialect of a marks statement.
@@ -18,7 +18,7 @@ const (
 	SQLite
 )
 
-// MarksTable is the name of the marks table (core.Settler) of records
+// MarksTable is the name of the marks table (store.Settler) of records
 // table t: "<t>_marks", its index "<t>_marks_due_idx" (62 bytes at most
 // with a table of MaxTableLen).
 func MarksTable(t string) string { return t + "_marks" }
@@ -62,7 +62,7 @@ func MarksSchema(t string, f Flavor) []string {
 )`, `CREATE INDEX IF NOT EXISTS ` + m + `_due_idx ON ` + m + ` (due_at)`}
 }
 
-// MarkStatements are the statements of core.Settler on one table.
+// MarkStatements are the statements of store.Settler on one table.
 // Their parameters:
 //
 //	Mark: id, token, route, request, due_at, tries.
@@ -140,9 +140,9 @@ func (s MarkStatements) Delete(n int) string {
 // its record (found, rec) is gone, carries another token, has expired at
 // now, or is neither in progress nor indeterminate. Due deletes such marks
 // (DeleteStale) instead of returning them.
-func StaleMark(found bool, rec core.Record, token int64, now time.Time) bool {
+func StaleMark(found bool, rec store.Record, token int64, now time.Time) bool {
 	return !found || rec.Token != token || !rec.ExpiresAt.After(now) ||
-		(rec.State != core.StateInProgress && rec.State != core.StateIndeterminate)
+		(rec.State != store.StateInProgress && rec.State != store.StateIndeterminate)
 }
 
 // DeleteStale deletes the stale marks that Due met, given as the

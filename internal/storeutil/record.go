@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // NullBytes is b as a column value: NULL when b is nil.
@@ -25,24 +25,24 @@ func ColTime(t time.Time) time.Time {
 
 // NewRecord is the record a claim writes, with times as the columns keep
 // them.
-func NewRecord(req core.ClaimRequest) core.Record {
-	return core.Record{
+func NewRecord(req store.ClaimRequest) store.Record {
+	return store.Record{
 		ID: req.ID, Caller: req.Caller, Scope: req.Scope, Key: req.Key, Fingerprint: bytes.Clone(req.Fingerprint),
-		State: core.StateInProgress, Token: req.Token, Attempt: 1,
+		State: store.StateInProgress, Token: req.Token, Attempt: 1,
 		LeaseUntil: ColTime(req.LeaseUntil), ExpiresAt: ColTime(req.ExpiresAt), CreatedAt: ColTime(req.Now),
 	}
 }
 
 // Live reports whether rec is live at now.
-func Live(rec core.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
+func Live(rec store.Record, now time.Time) bool { return rec.ExpiresAt.After(now) }
 
 // Takeable reports whether req may take rec over (lapsed lease, Takeover).
-func Takeable(rec core.Record, req core.ClaimRequest) bool {
-	return req.Takeover && rec.State == core.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
+func Takeable(rec store.Record, req store.ClaimRequest) bool {
+	return req.Takeover && rec.State == store.StateInProgress && !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(req.Now)
 }
 
 // InProgressElsewhere is the answer when another transaction holds the
 // identity and its row is not visible.
-func InProgressElsewhere(id core.ID) core.ClaimResult {
-	return core.ClaimResult{Record: core.Record{ID: id, State: core.StateInProgress}}
+func InProgressElsewhere(id store.ID) store.ClaimResult {
+	return store.ClaimResult{Record: store.Record{ID: id, State: store.StateInProgress}}
 }

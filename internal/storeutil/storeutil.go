@@ -1,6 +1,6 @@
 // Package storeutil holds what the SQL stores (sqlstore, pgxstore) check
 // and write the same way: table names, the statements of an operator's
-// listing (core.Inspector) and of the completer's marks, and the claim's
+// listing (store.Inspector) and of the completer's marks, and the claim's
 // helpers (the record a claim writes, whether a row is live or may be
 // taken over, column values). The record's debug strings are cleaned by
 // internal/debugtext, which the engine uses too.
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // MaxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
@@ -38,7 +39,7 @@ func ValidTable(pkg, name string) error {
 	return nil
 }
 
-// ListCols is the column list of core.Inspector's List, in the stores'
+// ListCols is the column list of store.Inspector's List, in the stores'
 // scan order: every column but the response, which List does not read
 // (NULL in its place).
 const ListCols = `id, caller, scope, idem_key, fingerprint, state, token, attempt, lease_until, expires_at, created_at, status, NULL`
@@ -72,7 +73,7 @@ func ListStatements(t string, ph func(n int) string) [4]string {
 
 // ListArgs returns the statement index of ListStatements for q and its
 // arguments, with times converted by timeArg.
-func ListArgs(q core.ListQuery, timeArg func(time.Time) any) (int, []any) {
+func ListArgs(q store.ListQuery, timeArg func(time.Time) any) (int, []any) {
 	i := 0
 	args := []any{int16(q.State), timeArg(q.Now)}
 	if !q.CreatedBefore.IsZero() {

@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/scenario"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/redisstore/internal/redisenv"
 )
@@ -31,14 +31,14 @@ func cluster(t testing.TB) *redis.ClusterClient {
 // primary.
 func TestClusterConformance(t *testing.T) {
 	c := cluster(t)
-	storetest.Run(t, func(t *testing.T) core.Store { return newStore(t, c) })
+	storetest.Run(t, func(t *testing.T) store.Store { return newStore(t, c) })
 }
 
 // TestClusterScenarios runs the scenario suite on the cluster through
 // one adapter (chi; the others differ only above the store).
 func TestClusterScenarios(t *testing.T) {
 	c := cluster(t)
-	scenario.Run(t, adapters[3].route, scenario.OnStore(func(t *testing.T) core.Store { return newStore(t, c) }))
+	scenario.Run(t, adapters[3].route, scenario.OnStore(func(t *testing.T) store.Store { return newStore(t, c) }))
 }
 
 // TestClusterSpreads: the records of one store land on every primary
@@ -48,7 +48,7 @@ func TestClusterSpreads(t *testing.T) {
 	s := newStore(t, c)
 	ctx := t.Context()
 	for i := range 64 {
-		req := core.ClaimRequest{ID: core.Identity{Key: string(rune('a' + i))}.ID(), Token: int64(i + 1), Now: epochNow, LeaseUntil: epochNow.Add(lease), ExpiresAt: epochNow.Add(lease)}
+		req := store.ClaimRequest{ID: store.Identity{Key: string(rune('a' + i))}.ID(), Token: int64(i + 1), Now: epochNow, LeaseUntil: epochNow.Add(lease), ExpiresAt: epochNow.Add(lease)}
 		if _, err := s.Claim(ctx, req); err != nil {
 			t.Fatal(err)
 		}

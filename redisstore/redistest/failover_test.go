@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/redisstore/internal/redisenv"
 )
@@ -128,8 +129,8 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 	if replicas > 0 {
 		opts = append(opts, redisstore.WithReplicas(replicas, 300*time.Millisecond))
 	}
-	store := newStore(t, c, opts...)
-	if err := store.Check(t.Context()); err != nil {
+	st := newStore(t, c, opts...)
+	if err := st.Check(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -154,7 +155,7 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"charge":%q}`, key)
 	})
-	e, err := core.New(store, core.WithSingleCaller(), core.WithLease(2*time.Second), core.WithoutTakeover(),
+	e, err := core.New(st, core.WithSingleCaller(), core.WithLease(2*time.Second), core.WithoutTakeover(),
 		core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +264,7 @@ func storm(t *testing.T, sentinels []string, master string, replicas int) stormR
 		if charges[key] > 1 {
 			res.doubles++
 		}
-		rec, err := store.Get(context.Background(), core.Identity{Scope: "POST /payments", Key: key}.ID(), time.Now())
+		rec, err := st.Get(context.Background(), store.Identity{Scope: "POST /payments", Key: key}.ID(), time.Now())
 		if err != nil {
 			res.states["absent"]++
 		} else {

@@ -4,7 +4,7 @@ import (
 	"database/sql"
 	"testing"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/internal/testhook"
@@ -43,7 +43,7 @@ func TestConformance(t *testing.T) {
 				{"probe", []sqlstore.Option{withoutRegistry()}},
 			} {
 				t.Run(v.name, func(t *testing.T) {
-					storetest.Run(t, func(t *testing.T) core.Store {
+					storetest.Run(t, func(t *testing.T) store.Store {
 						s, _, _ := newStore(t, d, v.opts...)
 						return s
 					}, conformanceOptions(d)...)
@@ -74,7 +74,7 @@ func TestConformanceIsolation(t *testing.T) {
 			}
 			for _, level := range levels {
 				t.Run(level.String(), func(t *testing.T) {
-					storetest.Run(t, func(t *testing.T) core.Store {
+					storetest.Run(t, func(t *testing.T) store.Store {
 						s, _, _ := newStore(t, d, withoutRegistry(), sqlstore.WithTxOptions(&sql.TxOptions{Isolation: level}))
 						return s
 					}, conformanceOptions(d)...)
@@ -89,7 +89,7 @@ func TestConformanceIsolation(t *testing.T) {
 func BenchmarkStore(b *testing.B) {
 	for _, d := range dialects {
 		b.Run(d.String(), func(b *testing.B) {
-			storetest.Bench(b, func(b *testing.B) core.Store {
+			storetest.Bench(b, func(b *testing.B) store.Store {
 				s, _, _ := newStore(b, d)
 				return s
 			})

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
@@ -184,7 +184,7 @@ func fixtureWith(t *testing.T, d sqlstore.Dialect, opts ...sqlstore.Option) sqls
 		},
 		Counter: c,
 		DB:      db,
-		Twin:    func(t *testing.T) core.TxStore { return twin(t) },
+		Twin:    func(t *testing.T) store.TxStore { return twin(t) },
 		Exec: func(ctx context.Context, stmt string) error {
 			tx, err := sqlstore.Tx(ctx)
 			if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/core/storetest"
 	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
@@ -278,11 +279,11 @@ func postKey(c *http.Client, url, key string) (int, error) {
 func TestGaleraConformance(t *testing.T) {
 	var (
 		mu    sync.Mutex
-		peers = map[core.Store][]core.Store{}
+		peers = map[store.Store][]store.Store{}
 	)
-	storetest.Run(t, func(t *testing.T) core.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		fs := galeraFixtures(t, galeraLayout{syncWait: true})
-		var others []core.Store
+		var others []store.Store
 		for _, f := range fs[1:] {
 			others = append(others, f.Store)
 		}
@@ -290,7 +291,7 @@ func TestGaleraConformance(t *testing.T) {
 		defer mu.Unlock()
 		peers[fs[0].Store] = others
 		return fs[0].Store
-	}, storetest.Peers(func(t *testing.T, s core.Store) []core.Store {
+	}, storetest.Peers(func(t *testing.T, s store.Store) []store.Store {
 		mu.Lock()
 		defer mu.Unlock()
 		return peers[s]
@@ -434,7 +435,7 @@ func TestGaleraFinisher(t *testing.T) {
 }
 
 // TestGaleraFinisherAtomicRefused: a store on a Galera node says it is
-// on a multi-primary cluster (core.MultiPrimary, @@wsrep_on), and a
+// on a multi-primary cluster (store.MultiPrimary, @@wsrep_on), and a
 // completer over it refuses to run an atomic route's finisher, at Start
 // and at every pass, with an error wrapping core.ErrConfig that names
 // the fixes (core.Leased, or one writer node: sqlstore.WithOneWriterNode);
@@ -442,14 +443,14 @@ func TestGaleraFinisher(t *testing.T) {
 // multi-primary and the completer starts.
 func TestGaleraFinisherAtomicRefused(t *testing.T) {
 	ctx := context.Background()
-	start := func(t *testing.T, s core.TxStore) error {
+	start := func(t *testing.T, s store.TxStore) error {
 		t.Helper()
 		e, err := core.New(s, core.WithSingleCaller())
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.Route(core.Name("payments"), core.RecordRequest(nil),
-			core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil }),
+			core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) { return core.Resolution{}, nil }),
 			core.Finish(func(context.Context, core.RecordedRequest) *core.Response { return &core.Response{Status: 201} }))
 		c := e.Completer()
 		c.Every = time.Hour
@@ -460,11 +461,11 @@ func TestGaleraFinisherAtomicRefused(t *testing.T) {
 		}
 		return err
 	}
-	multi := func(t *testing.T, s core.TxStore) bool {
+	multi := func(t *testing.T, s store.TxStore) bool {
 		t.Helper()
-		mp, ok := s.(core.MultiPrimary)
+		mp, ok := s.(store.MultiPrimary)
 		if !ok {
-			t.Fatalf("%T does not implement core.MultiPrimary", s)
+			t.Fatalf("%T does not implement store.MultiPrimary", s)
 		}
 		m, err := mp.MultiPrimary(ctx)
 		if err != nil {

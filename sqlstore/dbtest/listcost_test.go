@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// TestListCost measures what an operator's listing (core.Inspector.List)
+// TestListCost measures what an operator's listing (store.Inspector.List)
 // costs on a table of many completed records, which no index on state
 // helps (docs/decisions.md, "An operator's view"): the first page of the
 // few indeterminate records, and pages of completed ones at the start of
@@ -68,15 +68,15 @@ func TestListCost(t *testing.T) {
 			t.Logf("%v: loaded %d completed records in %v", d, n, time.Since(start).Round(time.Second))
 			now := time.Now()
 			for i := range 20 {
-				id := core.Identity{Key: fmt.Sprintf("stuck-%d", i)}.ID()
-				if _, err := st.Claim(ctx, core.ClaimRequest{ID: id, Token: int64(i + 1), Now: now, LeaseUntil: now.Add(time.Second), ExpiresAt: now.Add(time.Hour)}); err != nil {
+				id := store.Identity{Key: fmt.Sprintf("stuck-%d", i)}.ID()
+				if _, err := st.Claim(ctx, store.ClaimRequest{ID: id, Token: int64(i + 1), Now: now, LeaseUntil: now.Add(time.Second), ExpiresAt: now.Add(time.Hour)}); err != nil {
 					t.Fatal(err)
 				}
-				if err := st.Complete(ctx, id, int64(i+1), core.Completion{State: core.StateIndeterminate, Status: 502, ExpiresAt: now.Add(time.Hour)}); err != nil {
+				if err := st.Complete(ctx, id, int64(i+1), store.Completion{State: store.StateIndeterminate, Status: 502, ExpiresAt: now.Add(time.Hour)}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			measure := func(what string, q core.ListQuery, want int) {
+			measure := func(what string, q store.ListQuery, want int) {
 				var times []time.Duration
 				for range 7 {
 					began := time.Now()
@@ -91,13 +91,13 @@ func TestListCost(t *testing.T) {
 					times[len(times)/2].Round(100*time.Microsecond), times[0].Round(100*time.Microsecond), times[len(times)-1].Round(100*time.Microsecond))
 			}
 			now = time.Now()
-			measure("indeterminate, limit 100 (20 of them)", core.ListQuery{State: core.StateIndeterminate, Now: now, Limit: 100}, 20)
-			first, err := st.List(ctx, core.ListQuery{State: core.StateCompleted, Now: now, Limit: 100})
+			measure("indeterminate, limit 100 (20 of them)", store.ListQuery{State: store.StateIndeterminate, Now: now, Limit: 100}, 20)
+			first, err := st.List(ctx, store.ListQuery{State: store.StateCompleted, Now: now, Limit: 100})
 			if err != nil {
 				t.Fatal(err)
 			}
-			measure("completed, first page of 100", core.ListQuery{State: core.StateCompleted, Now: now, Limit: 100}, 100)
-			measure("completed, the page after the first", core.ListQuery{State: core.StateCompleted, Now: now, Limit: 100, After: core.CursorOf(first[len(first)-1])}, 100)
+			measure("completed, first page of 100", store.ListQuery{State: store.StateCompleted, Now: now, Limit: 100}, 100)
+			measure("completed, the page after the first", store.ListQuery{State: store.StateCompleted, Now: now, Limit: 100, After: store.CursorOf(first[len(first)-1])}, 100)
 		})
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -21,9 +21,9 @@ import (
 // failsafe bounds a wait that must end.
 const failsafe = 5 * time.Second
 
-func regClaim(key string, token int64) core.ClaimRequest {
+func regClaim(key string, token int64) store.ClaimRequest {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	return core.ClaimRequest{ID: core.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
+	return store.ClaimRequest{ID: store.Identity{Caller: "c", Scope: "POST /x", Key: key}.ID(), Caller: "c", Scope: "POST /x", Key: key,
 		Token: token, Now: now, ExpiresAt: now.Add(time.Hour)}
 }
 
@@ -121,7 +121,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 			claimed  int
 			inFlight int
 			slow     int64 // claims that may have peeked (see peekBound)
-			txs      []core.Tx
+			txs      []store.Tx
 		)
 		start := make(chan struct{})
 		for i := range n {
@@ -147,7 +147,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 					claimed++
 					txs = append(txs, tx) // held open until every claim returned
 					return
-				case res.Record.State == core.StateInProgress:
+				case res.Record.State == store.StateInProgress:
 					inFlight++
 				default:
 					t.Errorf("claim %d: %+v", i, res)
@@ -178,7 +178,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
 		body := []byte(`{"id":"or_1"}`)
-		if err := s.Complete(ctx, first.ID, 1, core.Completion{State: core.StateCompleted, Status: 201, Response: body, ExpiresAt: first.ExpiresAt}); err != nil {
+		if err := s.Complete(ctx, first.ID, 1, store.Completion{State: store.StateCompleted, Status: 201, Response: body, ExpiresAt: first.ExpiresAt}); err != nil {
 			t.Fatal(err)
 		}
 		const n = 40
@@ -208,7 +208,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 				if took >= inflight.ClaimWait {
 					slow++
 				}
-				if err != nil || res.Claimed || res.Record.State != core.StateCompleted || !bytes.Equal(res.Record.Response, body) {
+				if err != nil || res.Claimed || res.Record.State != store.StateCompleted || !bytes.Equal(res.Record.Response, body) {
 					bad++
 					t.Errorf("claim %d: %+v, %v; want the completed record", i, res, err)
 					return
@@ -245,7 +245,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 		if res, err := s.Claim(tctx, regClaim("cancelled", 1)); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
-		if res, err := s.Claim(ctx, regClaim("cancelled", 2)); err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+		if res, err := s.Claim(ctx, regClaim("cancelled", 2)); err != nil || res.Claimed || res.Record.State != store.StateInProgress {
 			t.Fatalf("duplicate while the transaction is open: %+v, %v", res, err)
 		}
 		cancel() // database/sql rolls the transaction back, the registry forgets (both asynchronously)
@@ -255,7 +255,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 			if err == nil && res.Claimed {
 				break
 			}
-			if err != nil || res.Record.State != core.StateInProgress || time.Now().After(deadline) {
+			if err != nil || res.Record.State != store.StateInProgress || time.Now().After(deadline) {
 				t.Fatalf("claim after the context ended: %+v, %v", res, err)
 			}
 			time.Sleep(time.Millisecond)
@@ -271,7 +271,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 		if res, err := b.Claim(actx, regClaim("across", 1)); err != nil || !res.Claimed {
 			t.Fatalf("claim through the other store: %+v, %v", res, err)
 		}
-		if err := b.Complete(actx, regClaim("across", 1).ID, 1, core.Completion{State: core.StateCompleted, Status: 201, ExpiresAt: regClaim("", 0).ExpiresAt}); err != nil {
+		if err := b.Complete(actx, regClaim("across", 1).ID, 1, store.Completion{State: store.StateCompleted, Status: 201, ExpiresAt: regClaim("", 0).ExpiresAt}); err != nil {
 			t.Fatal(err)
 		}
 		if err := atx.Commit(); err != nil {
@@ -279,7 +279,7 @@ func testRegistry(t *testing.T, d sqlstore.Dialect) {
 		}
 		for _, s := range []*sqlstore.Store{a, b} {
 			res, err := s.Claim(ctx, regClaim("across", 2))
-			if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+			if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 				t.Fatalf("duplicate after the commit: %+v, %v; want the completed record", res, err)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -162,7 +163,7 @@ var scaleResponse = []byte("\x01\x01\x00\xc9\x02\x0cContent-Type\x10application/
 	"\x36{\"id\":123,\"account\":\"acct_1\",\"item\":\"coffee\",\"quantity\":2}")
 
 // loadedID is the ID of the g-th loaded record (see scaleTable).
-func loadedID(d sqlstore.Dialect, g int64) core.ID {
+func loadedID(d sqlstore.Dialect, g int64) store.ID {
 	if d == sqlstore.MySQL {
 		return sha256.Sum256([]byte(strconv.FormatInt(g, 10)))
 	}
@@ -197,7 +198,7 @@ func (l *scaleLatency) add(t *testing.T, st *sqlstore.Store, d sqlstore.Dialect,
 	now := time.Now()
 	for range n {
 		id := sha256.Sum256(fmt.Appendf(nil, "scale-%d-%d", time.Now().UnixNano(), scaleSeq.Add(1)))
-		req := core.ClaimRequest{ID: id, Caller: "acct_1", Scope: "POST /orders", Key: "k", Token: rand.Int64N(1<<62) + 1,
+		req := store.ClaimRequest{ID: id, Caller: "acct_1", Scope: "POST /orders", Key: "k", Token: rand.Int64N(1<<62) + 1,
 			Now: now, ExpiresAt: now.Add(24 * time.Hour)}
 		t0 := time.Now()
 		tctx, tx, err := st.Begin(ctx)
@@ -210,7 +211,7 @@ func (l *scaleLatency) add(t *testing.T, st *sqlstore.Store, d sqlstore.Dialect,
 			t.Fatalf("claim: %+v %v", res, err)
 		}
 		t2 := time.Now()
-		if err := st.Complete(tctx, id, req.Token, core.Completion{State: core.StateCompleted, Status: 201, Response: scaleResponse, ExpiresAt: now.Add(24 * time.Hour)}); err != nil {
+		if err := st.Complete(tctx, id, req.Token, store.Completion{State: store.StateCompleted, Status: 201, Response: scaleResponse, ExpiresAt: now.Add(24 * time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -229,7 +230,7 @@ func (l *scaleLatency) add(t *testing.T, st *sqlstore.Store, d sqlstore.Dialect,
 		res, err = st.Claim(tctx, req)
 		l.replay = append(l.replay, time.Since(t1))
 		_ = tx.Rollback()
-		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+		if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 			t.Fatalf("replay claim of record %d: %+v %v", g, res, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/sqlmeasure"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -32,9 +33,9 @@ func TestSweepNeverFailsWriters(t *testing.T) {
 			ctx := context.Background()
 			base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 			const keys = 64
-			ids := make([]core.ID, keys)
+			ids := make([]store.ID, keys)
 			for i := range ids {
-				ids[i] = core.Identity{Caller: "sweep", Scope: "s", Key: fmt.Sprint(i)}.ID()
+				ids[i] = store.Identity{Caller: "sweep", Scope: "s", Key: fmt.Sprint(i)}.ID()
 			}
 			var (
 				clock                     atomic.Int64 // ms after base
@@ -55,14 +56,14 @@ func TestSweepNeverFailsWriters(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(w), 11))
 					for time.Now().Before(stop) {
 						k, n, tok := rng.IntN(keys), now(), int64(rng.Uint64()>>2)+1
-						res, err := s.Claim(ctx, core.ClaimRequest{ID: ids[k], Caller: "sweep", Scope: "s", Key: fmt.Sprint(k),
+						res, err := s.Claim(ctx, store.ClaimRequest{ID: ids[k], Caller: "sweep", Scope: "s", Key: fmt.Sprint(k),
 							Token: tok, Now: n, LeaseUntil: n.Add(50 * time.Millisecond), ExpiresAt: n.Add(100 * time.Millisecond), Takeover: true})
 						writes.Add(1)
 						switch {
 						case err != nil:
 							fail("claim", err)
 						case res.Claimed:
-							err := s.Complete(ctx, ids[k], tok, core.Completion{State: core.StateCompleted, Status: 201,
+							err := s.Complete(ctx, ids[k], tok, store.Completion{State: store.StateCompleted, Status: 201,
 								Response: []byte("ok"), ExpiresAt: n.Add(time.Duration(50+rng.IntN(100)) * time.Millisecond)})
 							writes.Add(1)
 							if err != nil && err != core.ErrFenced {
@@ -131,7 +132,7 @@ const (
 
 // sweepID is the id of expired record n: SHA-256 of n in decimal, as the
 // bulk inserts compute it in SQL.
-func sweepID(n int) core.ID { return sha256.Sum256([]byte(strconv.Itoa(n))) }
+func sweepID(n int) store.ID { return sha256.Sum256([]byte(strconv.Itoa(n))) }
 
 func sweepMillion(t *testing.T, d sqlstore.Dialect) {
 	s, db, _ := newStore(t, d)
@@ -165,7 +166,7 @@ func sweepMillion(t *testing.T, d sqlstore.Dialect) {
 						return
 					default:
 					}
-					var id core.ID
+					var id store.ID
 					if rng.IntN(10) == 0 {
 						id = sweepID(1 + rng.IntN(sweepRows)) // a key used again after its record expired
 					} else {
@@ -176,13 +177,13 @@ func sweepMillion(t *testing.T, d sqlstore.Dialect) {
 					n := time.Now().UTC()
 					t0 := time.Now()
 					tctx, tx, err := s.Begin(ctx)
-					var res core.ClaimResult
+					var res store.ClaimResult
 					if err == nil {
-						res, err = s.Claim(tctx, core.ClaimRequest{ID: id, Caller: "load", Scope: "POST /orders", Key: "k",
+						res, err = s.Claim(tctx, store.ClaimRequest{ID: id, Caller: "load", Scope: "POST /orders", Key: "k",
 							Token: tok, Now: n, ExpiresAt: n.Add(24 * time.Hour)})
 					}
 					if err == nil && res.Claimed {
-						err = s.Complete(tctx, id, tok, core.Completion{State: core.StateCompleted, Status: 201,
+						err = s.Complete(tctx, id, tok, store.Completion{State: store.StateCompleted, Status: 201,
 							Response: []byte(`{"id":"or_1"}`), ExpiresAt: n.Add(24 * time.Hour)})
 						if err == nil {
 							err = tx.Commit()
@@ -353,8 +354,8 @@ func TestSweepFillsBatchPastLockedRows(t *testing.T) {
 			ctx := t.Context()
 			base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 			const records, held, limit = 30, 5, 10
-			req := func(i int, token int64, now time.Time, expires time.Time) core.ClaimRequest {
-				return core.ClaimRequest{ID: core.Identity{Caller: "fill", Scope: "s", Key: fmt.Sprint(i)}.ID(), Caller: "fill", Scope: "s",
+			req := func(i int, token int64, now time.Time, expires time.Time) store.ClaimRequest {
+				return store.ClaimRequest{ID: store.Identity{Caller: "fill", Scope: "s", Key: fmt.Sprint(i)}.ID(), Caller: "fill", Scope: "s",
 					Key: fmt.Sprint(i), Token: token, Now: now, ExpiresAt: expires}
 			}
 			for i := range records {

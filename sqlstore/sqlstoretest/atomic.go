@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
 // Fixture is one store on a fresh table, with a business table beside it
 // in the same database.
 type Fixture struct {
-	Store core.TxStore
+	Store store.TxStore
 	// Insert writes one business row named name in the transaction that
 	// ctx carries, fetched with the store's handler accessor
 	// (sqlstore.Tx, gormstore.DB). It fails when ctx carries none.
@@ -62,7 +63,7 @@ type Fixture struct {
 	HoldTx func(t *testing.T, stmt string) (release func())
 	// Twin returns another store on the same table through a pool of its
 	// own, as another process would see the database.
-	Twin func(t *testing.T) core.TxStore
+	Twin func(t *testing.T) store.TxStore
 	// Exec runs stmt in the transaction that ctx carries, through the
 	// store's handler accessor (like Insert).
 	Exec func(ctx context.Context, stmt string) error
@@ -152,17 +153,17 @@ func RunAtomic(t *testing.T, cfg Config) {
 	}
 }
 
-func (h *harness) req(name string, token int64) core.ClaimRequest {
-	return core.ClaimRequest{
-		ID:     core.Identity{Caller: "caller", Scope: "POST /orders", Key: name}.ID(),
+func (h *harness) req(name string, token int64) store.ClaimRequest {
+	return store.ClaimRequest{
+		ID:     store.Identity{Caller: "caller", Scope: "POST /orders", Key: name}.ID(),
 		Caller: "caller", Scope: "POST /orders", Key: name,
 		Fingerprint: []byte("fp-" + name), Token: token,
 		Now: h.now, ExpiresAt: h.now.Add(24 * time.Hour),
 	}
 }
 
-func (h *harness) completion(name string) core.Completion {
-	return core.Completion{State: core.StateCompleted, Status: 201, Response: []byte(`{"order":"` + name + `"}`), ExpiresAt: h.now.Add(24 * time.Hour)}
+func (h *harness) completion(name string) store.Completion {
+	return store.Completion{State: store.StateCompleted, Status: 201, Response: []byte(`{"order":"` + name + `"}`), ExpiresAt: h.now.Add(24 * time.Hour)}
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -173,10 +174,10 @@ func ctxT(t *testing.T) context.Context {
 
 // execute runs a first execution in middleware-managed mode: Begin, Claim,
 // business insert, Complete, Commit.
-func execute(ctx context.Context, f Fixture, req core.ClaimRequest, c core.Completion) (core.ClaimResult, error) {
+func execute(ctx context.Context, f Fixture, req store.ClaimRequest, c store.Completion) (store.ClaimResult, error) {
 	tctx, tx, err := f.Store.Begin(ctx)
 	if err != nil {
-		return core.ClaimResult{}, err
+		return store.ClaimResult{}, err
 	}
 	res, err := f.Store.Claim(tctx, req)
 	if err != nil || !res.Claimed {
@@ -208,7 +209,7 @@ func (h *harness) middlewareCommit(t *testing.T) {
 		t.Fatalf("business rows after commit: %d, want 1", n)
 	}
 	rec, err := f.Store.Get(ctx, req.ID, h.now)
-	if err != nil || rec.State != core.StateCompleted || rec.Status != 201 || string(rec.Response) != `{"order":"commit"}` {
+	if err != nil || rec.State != store.StateCompleted || rec.Status != 201 || string(rec.Response) != `{"order":"commit"}` {
 		t.Fatalf("record after commit: %+v, %v", rec, err)
 	}
 }
@@ -270,7 +271,7 @@ func (h *harness) callerCommit(t *testing.T) {
 	req.Token = 22
 	err = f.CallerManaged(ctx, func(ctx context.Context) error {
 		res, err := f.Store.Claim(ctx, req)
-		if err != nil || res.Claimed || res.Record.State != core.StateCompleted || res.Record.Status != 201 {
+		if err != nil || res.Claimed || res.Record.State != store.StateCompleted || res.Record.Status != 201 {
 			return fmt.Errorf("duplicate claim: %+v, %v", res, err)
 		}
 		return nil
@@ -342,13 +343,13 @@ func (h *harness) inFlight(t *testing.T) {
 		res, err := f.Store.Claim(bctx, dup)
 		_ = btx.Rollback()
 		atomicLat = append(atomicLat, time.Since(start))
-		if err != nil || res.Claimed || res.Record.State != core.StateInProgress || res.Record.ID != req.ID {
+		if err != nil || res.Claimed || res.Record.State != store.StateInProgress || res.Record.ID != req.ID {
 			t.Fatalf("atomic duplicate while A is open: %+v, %v", res, err)
 		}
 		start = time.Now()
 		res, err = f.Store.Claim(ctx, dup) // leased mode: no transaction in ctx
 		leasedLat = append(leasedLat, time.Since(start))
-		if err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+		if err != nil || res.Claimed || res.Record.State != store.StateInProgress {
 			t.Fatalf("leased duplicate while A is open: %+v, %v", res, err)
 		}
 	}
@@ -370,7 +371,7 @@ func (h *harness) inFlight(t *testing.T) {
 	}
 	res, err := f.Store.Claim(bctx, dup)
 	_ = btx.Rollback()
-	if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+	if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 		t.Fatalf("duplicate after A committed: %+v, %v", res, err)
 	}
 
@@ -431,13 +432,13 @@ func (h *harness) twin(t *testing.T) {
 			res, err := other.Claim(bctx, dup)
 			_ = btx.Rollback()
 			atomicLat = append(atomicLat, time.Since(start))
-			if err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+			if err != nil || res.Claimed || res.Record.State != store.StateInProgress {
 				t.Fatalf("the other store's atomic duplicate while A is open: %+v, %v", res, err)
 			}
 			start = time.Now()
 			res, err = other.Claim(ctx, dup)
 			leasedLat = append(leasedLat, time.Since(start))
-			if err != nil || res.Claimed || res.Record.State != core.StateInProgress {
+			if err != nil || res.Claimed || res.Record.State != store.StateInProgress {
 				t.Fatalf("the other store's leased duplicate while A is open: %+v, %v", res, err)
 			}
 		}
@@ -446,7 +447,7 @@ func (h *harness) twin(t *testing.T) {
 		return
 	}
 	type out struct {
-		res core.ClaimResult
+		res store.ClaimResult
 		err error
 		d   time.Duration
 	}
@@ -476,7 +477,7 @@ func (h *harness) twin(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := <-done
-	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+	if o.err != nil || o.res.Claimed || o.res.Record.State != store.StateCompleted {
 		t.Fatalf("the other store's duplicate after A committed: %+v, %v", o.res, o.err)
 	}
 	t.Logf("sqlite: the other store's duplicate waited %v for A's transaction (held open %v), then replayed", o.d.Round(time.Millisecond), hold)
@@ -527,7 +528,7 @@ func (h *harness) statementCounts(t *testing.T) {
 	res, err = f.Store.Claim(tctx, req)
 	rep, repPrep := f.Counter.Statements()-before, f.Counter.Prepares()-prepBefore
 	_ = tx.Rollback()
-	if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+	if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 		t.Fatalf("replay claim: %+v, %v", res, err)
 	}
 	t.Logf("%v: first execution %d statements (claim + complete), replay %d, besides BEGIN and COMMIT/ROLLBACK; the driver also prepared %d and %d statements",
@@ -572,7 +573,7 @@ func (h *harness) statementCounts(t *testing.T) {
 		before := f.Counter.Statements()
 		res, err := f.Store.Claim(ctx, req)
 		cmRep = f.Counter.Statements() - before
-		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+		if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 			return fmt.Errorf("replay claim: %+v, %v", res, err)
 		}
 		return nil
@@ -683,7 +684,7 @@ func (h *harness) vanishedRow(t *testing.T) {
 				}
 			})
 			defer after(nil)
-			cctx, tx := ctx, core.Tx(nil)
+			cctx, tx := ctx, store.Tx(nil)
 			if !tc.leased {
 				var err error
 				if cctx, tx, err = f.Store.Begin(ctx); err != nil {
@@ -710,7 +711,7 @@ func (h *harness) vanishedRow(t *testing.T) {
 				t.Fatalf("claim after the row vanished: %+v, %v; want claimed (the record is gone, nothing is in progress)", res, err)
 			}
 			rec, err := f.Store.Get(ctx, req.ID, later)
-			if err != nil || rec.Token != req.Token || rec.State != core.StateInProgress {
+			if err != nil || rec.Token != req.Token || rec.State != store.StateInProgress {
 				t.Fatalf("record after the claim: %+v, %v; want the claim's", rec, err)
 			}
 		})
@@ -744,9 +745,9 @@ func (h *harness) concurrent(t *testing.T) {
 				errs = append(errs, err)
 			case res.Claimed:
 				claimed++
-			case res.Record.State == core.StateInProgress:
+			case res.Record.State == store.StateInProgress:
 				busy++
-			case res.Record.State == core.StateCompleted:
+			case res.Record.State == store.StateCompleted:
 				replayed++
 			default:
 				errs = append(errs, fmt.Errorf("unexpected record %+v", res.Record))
@@ -764,7 +765,7 @@ func (h *harness) concurrent(t *testing.T) {
 	t.Logf("%v: %d concurrent duplicates: 1 executed, %d in progress, %d replayed", h.cfg.Dialect, n, busy, replayed)
 	for i := range 5 {
 		res, err := execute(ctx, f, h.req("race", int64(200+i)), h.completion("race"))
-		if err != nil || res.Claimed || res.Record.State != core.StateCompleted {
+		if err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 			t.Fatalf("sequential duplicate %d: %+v, %v", i, res, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // RunCompleter runs the completer's race on cfg's stores: an indeterminate
@@ -32,7 +33,7 @@ func RunCompleter(t *testing.T, cfg ClusterConfig) {
 	for _, leased := range []bool{true, false} {
 		t.Run(map[bool]string{true: "leased", false: "atomic"}[leased], func(t *testing.T) {
 			fs := cfg.New(t)
-			stores := make([]core.TxStore, 0, 2)
+			stores := make([]store.TxStore, 0, 2)
 			fixtures := make([]Fixture, 0, 2)
 			for _, f := range fs {
 				stores, fixtures = append(stores, f.Store), append(fixtures, f)
@@ -53,15 +54,15 @@ func RunCompleter(t *testing.T, cfg ClusterConfig) {
 // the engine records the indeterminate outcome in a transaction of its
 // own. That record must carry the route's mark too, or the completer,
 // which exists for exactly such records, never finds it.
-func abortedMark(t *testing.T, s core.TxStore) {
+func abortedMark(t *testing.T, s store.TxStore) {
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	quiet := core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	e, err := core.New(s, core.WithSingleCaller(), quiet, core.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
-	resolver := core.WithResolver(func(context.Context, core.Record) (core.Resolution, error) { return core.Resolution{}, nil })
-	var id core.ID
+	resolver := core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) { return core.Resolution{}, nil })
+	var id store.ID
 	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a, ok := core.AttemptFrom(r.Context())
 		if !ok || !a.Atomic {
@@ -81,11 +82,11 @@ func abortedMark(t *testing.T, s core.TxStore) {
 		h.ServeHTTP(httptest.NewRecorder(), r)
 	}()
 	rec, err := s.Get(t.Context(), id, clock.Now())
-	if err != nil || rec.State != core.StateIndeterminate {
+	if err != nil || rec.State != store.StateIndeterminate {
 		t.Fatalf("after a panic past MarkEffect: %+v, %v; want an indeterminate record", rec, err)
 	}
 	clock.add(time.Hour)
-	due, err := s.(core.Settler).Due(t.Context(), clock.Now(), core.MaxListLimit)
+	due, err := s.(store.Settler).Due(t.Context(), clock.Now(), store.MaxListLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ type replica struct {
 	c   *core.Completer
 }
 
-func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leased bool) {
+func completerRace(t *testing.T, stores []store.TxStore, fixtures []Fixture, leased bool) {
 	const rounds = 6
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
 	var ran atomic.Int32
@@ -140,13 +141,13 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 		if err != nil {
 			t.Fatal(err)
 		}
-		resolver := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+		resolver := core.WithResolver(func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 			req, ok := core.ResolvingRequest(ctx)
 			if !ok {
 				return core.Resolution{}, fmt.Errorf("no recorded request")
 			}
 			mu.Lock()
-			ok = charged[core.DownstreamKeyFor(rec.ID, "charge")]
+			ok = charged[rec.ID.DownstreamKey("charge")]
 			mu.Unlock()
 			if !ok {
 				return core.Resolution{}, nil
@@ -222,7 +223,7 @@ func completerRace(t *testing.T, stores []core.TxStore, fixtures []Fixture, leas
 // commits, and nothing else of that attempt reaches the database: no
 // completion, no heartbeat) and shows that the replicas' completers,
 // with no client, finish it once: the claim wrote the record's mark
-// itself (core.ClaimRequest.Mark); every other such round, a client's
+// itself (store.ClaimRequest.Mark); every other such round, a client's
 // retry races them.
 func RunFinisher(t *testing.T, cfg ClusterConfig) {
 	runFinisher(t, cfg, finisherLeased, finisherAtomic, finisherWithoutTakeover)
@@ -253,7 +254,7 @@ func runFinisher(t *testing.T, cfg ClusterConfig, modes ...finisherMode) {
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
 			fs := cfg.New(t)
-			stores := make([]core.TxStore, 0, 2)
+			stores := make([]store.TxStore, 0, 2)
 			for _, f := range fs {
 				stores = append(stores, f.Store)
 			}
@@ -278,28 +279,28 @@ var errCrashed = errors.New("sqlstoretest: the process died right after its clai
 // nothing more for it (no mark of its own, no completion, no
 // heartbeat), as if its process had died right after the claim.
 type crashAfterClaim struct {
-	core.TxStore
-	set   core.Settler
+	store.TxStore
+	set   store.Settler
 	crash atomic.Bool
 }
 
-func (s *crashAfterClaim) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (s *crashAfterClaim) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	res, err := s.TxStore.Claim(ctx, req)
 	if err == nil && res.Claimed && s.crash.CompareAndSwap(true, false) {
-		return core.ClaimResult{}, errCrashed
+		return store.ClaimResult{}, errCrashed
 	}
 	return res, err
 }
 
-func (s *crashAfterClaim) Mark(ctx context.Context, id core.ID, token int64, m core.Mark) error {
+func (s *crashAfterClaim) Mark(ctx context.Context, id store.ID, token int64, m store.Mark) error {
 	return s.set.Mark(ctx, id, token, m)
 }
 
-func (s *crashAfterClaim) Due(ctx context.Context, now time.Time, limit int) ([]core.Pending, error) {
+func (s *crashAfterClaim) Due(ctx context.Context, now time.Time, limit int) ([]store.Pending, error) {
 	return s.set.Due(ctx, now, limit)
 }
 
-func (s *crashAfterClaim) Visit(ctx context.Context, id core.ID, token int64, seen, next time.Time, tries int) (bool, error) {
+func (s *crashAfterClaim) Visit(ctx context.Context, id store.ID, token int64, seen, next time.Time, tries int) (bool, error) {
 	return s.set.Visit(ctx, id, token, seen, next, tries)
 }
 
@@ -318,7 +319,7 @@ type finisherRun struct {
 
 // finisherRace runs the rounds of the finisher's race in mode, as run
 // says.
-func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run finisherRun) {
+func finisherRace(t *testing.T, stores []store.TxStore, mode finisherMode, run finisherRun) {
 	crash := run.crash
 	const rounds = 6
 	clock := &completerClock{now: time.Now().UTC().Truncate(time.Millisecond)}
@@ -355,22 +356,22 @@ func finisherRace(t *testing.T, stores []core.TxStore, mode finisherMode, run fi
 		if mode.withoutTakeover {
 			opts = append(opts, core.WithoutTakeover())
 		}
-		var store core.Store = s
+		var st store.Store = s
 		if crash && i == 0 {
-			set, ok := s.(core.Settler)
+			set, ok := s.(store.Settler)
 			if !ok {
-				t.Fatalf("%T keeps no marks (core.Settler)", s)
+				t.Fatalf("%T keeps no marks (store.Settler)", s)
 			}
 			crasher = &crashAfterClaim{TxStore: s, set: set}
-			store = crasher
+			st = crasher
 		}
-		e, err := core.New(store, opts...)
+		e, err := core.New(st, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		resolver := core.WithResolver(func(ctx context.Context, rec core.Record) (core.Resolution, error) {
+		resolver := core.WithResolver(func(ctx context.Context, rec store.Record) (core.Resolution, error) {
 			mu.Lock()
-			n := charges[core.DownstreamKeyFor(rec.ID, "charge")]
+			n := charges[rec.ID.DownstreamKey("charge")]
 			mu.Unlock()
 			if n == 0 {
 				return core.Resolution{Outcome: core.OutcomeNotApplied}, nil

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -270,7 +271,7 @@ func (h *harness) slowReplay(t *testing.T) {
 
 	const n = 8
 	type timed struct {
-		res core.ClaimResult
+		res store.ClaimResult
 		err error
 		at  time.Time
 	}
@@ -311,7 +312,7 @@ wait:
 		switch {
 		case a.err != nil:
 			t.Errorf("claim %d: %v", i, a.err)
-		case a.res.Claimed || a.res.Record.State != core.StateCompleted || string(a.res.Record.Response) != string(done.Response):
+		case a.res.Claimed || a.res.Record.State != store.StateCompleted || string(a.res.Record.Response) != string(done.Response):
 			t.Errorf("claim %d: %+v; want the completed record", i, a.res)
 		}
 		if a.at.Before(released) {
@@ -461,7 +462,7 @@ func (h *harness) callerInFlight(t *testing.T) {
 	}()
 	<-claimed
 	type out struct {
-		res     core.ClaimResult
+		res     store.ClaimResult
 		err     error
 		latency time.Duration
 	}
@@ -495,7 +496,7 @@ func (h *harness) callerInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := <-outB
-		if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateCompleted {
+		if o.err != nil || o.res.Claimed || o.res.Record.State != store.StateCompleted {
 			t.Fatalf("B after A committed: %+v, %v; want the completed record", o.res, o.err)
 		}
 		return
@@ -508,7 +509,7 @@ func (h *harness) callerInFlight(t *testing.T) {
 		t.Fatalf("%v: B did not answer while A is open", h.cfg.Dialect)
 	}
 	close(finish)
-	if o.err != nil || o.res.Claimed || o.res.Record.State != core.StateInProgress {
+	if o.err != nil || o.res.Claimed || o.res.Record.State != store.StateInProgress {
 		t.Errorf("%v: B while A is open: %+v, %v; want in progress", h.cfg.Dialect, o.res, o.err)
 	}
 	if o.latency > inFlightBound {
@@ -517,7 +518,7 @@ func (h *harness) callerInFlight(t *testing.T) {
 	if err := <-errA; err != nil {
 		t.Fatal(err)
 	}
-	if c := <-claimIn(73); c.err != nil || c.res.Claimed || c.res.Record.State != core.StateCompleted {
+	if c := <-claimIn(73); c.err != nil || c.res.Claimed || c.res.Record.State != store.StateCompleted {
 		t.Errorf("C after A committed: %+v, %v; want the completed record", c.res, c.err)
 	}
 }

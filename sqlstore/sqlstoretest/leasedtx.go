@@ -13,17 +13,18 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // partitioned is a TxStore whose lease extensions fail while cut is set,
 // as across a network partition: the attempt lives on, its lease lapses,
 // and a retry takes it over.
 type partitioned struct {
-	core.TxStore
+	store.TxStore
 	cut atomic.Bool
 }
 
-func (p *partitioned) Extend(ctx context.Context, id core.ID, token int64, until time.Time) error {
+func (p *partitioned) Extend(ctx context.Context, id store.ID, token int64, until time.Time) error {
 	if p.cut.Load() {
 		return fmt.Errorf("%w: sqlstoretest: partitioned", core.ErrStoreUnavailable)
 	}

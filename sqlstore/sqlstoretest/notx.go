@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 )
 
 // RunTxAccess checks a store's accessor of the request's transaction
@@ -23,7 +24,7 @@ import (
 // own transaction, whose writes commit with its completion. check, when
 // not nil, runs after both requests, to look at what they committed (one
 // write each).
-func RunTxAccess(t *testing.T, s core.TxStore, use func(ctx context.Context) error, notRequestHint string, check func(t *testing.T)) {
+func RunTxAccess(t *testing.T, s store.TxStore, use func(ctx context.Context) error, notRequestHint string, check func(t *testing.T)) {
 	wantNoTx := func(t *testing.T, what string, err error, hint string) {
 		t.Helper()
 		if !errors.Is(err, core.ErrNoTx) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -332,13 +333,13 @@ func (h *harness) transactionEnds(t *testing.T) {
 // liarStore wraps a TxStore whose transactions commit and then report a
 // failure, as a COMMIT whose answer was lost on the wire does: the
 // outcome is unknown to the engine, and committed.
-type liarStore struct{ core.TxStore }
+type liarStore struct{ store.TxStore }
 
-type liarTx struct{ core.Tx }
+type liarTx struct{ store.Tx }
 
 var errCommitLost = errors.New("sqlstoretest: the connection was lost during COMMIT")
 
-func (s liarStore) Begin(ctx context.Context) (context.Context, core.Tx, error) {
+func (s liarStore) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	ctx, tx, err := s.TxStore.Begin(ctx)
 	if err != nil {
 		return ctx, tx, err

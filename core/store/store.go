@@ -1,4 +1,4 @@
-package core
+package store
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 )
 
 // ID is the fixed-size identity of a record: SHA-256 over the length-prefixed
-// caller, scope and key (see NewIdentity). Stores use it as the primary key,
+// caller, scope and key (Identity.ID). Stores use it as the primary key,
 // so neither the length nor the content of a key can break a store.
 type ID [32]byte
 
@@ -27,7 +27,7 @@ const (
 	// StateCompleted: the response is recorded; duplicates replay it.
 	StateCompleted State = 2
 	// StateIndeterminate: an attempt may have had an effect and failed; the
-	// recorded response (a 5xx) is replayed until a Resolver settles it.
+	// recorded response (a 5xx) is replayed until a core.Resolver settles it.
 	StateIndeterminate State = 3
 )
 
@@ -73,9 +73,8 @@ type Record struct {
 
 // Limits of a record's fields and of a listing.
 const (
-	MaxKeyLen    = 255           // the longest accepted key, in bytes, after trimming
 	MaxDebugLen  = debugtext.Max // the debug copies of caller, scope and key in a Record
-	MaxRouteName = 100           // a route's name (Name, Mark.Route)
+	MaxRouteName = 100           // a route's name (core.Name, Mark.Route)
 	MaxListLimit = 1000          // the most records one Inspector.List call returns
 )
 
@@ -93,7 +92,7 @@ type ClaimRequest struct {
 	// returned as it is, and the engine decides.
 	Takeover bool
 	// Mark, when not nil, is the mark of the record the claim creates
-	// (a route named with Name, on a Settler): a Settler writes it with
+	// (a route named with core.Name, on a Settler): a Settler writes it with
 	// the claim, atomically (in the claim's statement or transaction),
 	// under Token, when and only when the claim claims. So a claimed
 	// record is never without its mark, even if the process dies right
@@ -139,13 +138,13 @@ type Completion struct {
 // caller's slice after the method returns; the slices of a returned
 // Record belong to the caller (storetest's NoAliasing checks both).
 //
-// Errors: stores return ErrNotFound and ErrFenced as documented, and wrap
-// any other failure (network, driver, decoding) with ErrStoreUnavailable,
+// Errors: stores return core.ErrNotFound and core.ErrFenced as documented, and wrap
+// any other failure (network, driver, decoding) with core.ErrStoreUnavailable,
 // except two:
 //   - a method that runs in a transaction (TxStore) and finds that the
 //     database has aborted it (Postgres refuses every statement after a
 //     failed one; MySQL/MariaDB rolled a deadlock victim back) wraps the
-//     driver's error with ErrTxAborted instead. The engine then records the
+//     driver's error with core.ErrTxAborted instead. The engine then records the
 //     outcome in a transaction of its own (middleware-managed atomic mode)
 //     or returns the error to the owner of the transaction
 //     (caller-managed).
@@ -153,7 +152,7 @@ type Completion struct {
 //     transaction back in favour of a concurrent one (a MySQL/MariaDB
 //     deadlock victim; on a multi-primary cluster such as MariaDB Galera, a
 //     failed certification or a brute-force abort by another node's write)
-//     is wrapped with ErrLostRace (and, inside a transaction, ErrTxAborted
+//     is wrapped with core.ErrLostRace (and, inside a transaction, core.ErrTxAborted
 //     as well). The transaction's writes are then gone, so the engine
 //     answers as it does for a duplicate of an in-flight or completed
 //     attempt, not as an outage. A store retries such a failure itself
@@ -186,29 +185,29 @@ type Store interface {
 	//
 	// Extend moves the lease of the in-progress record id to leaseUntil
 	// (and its ExpiresAt to at least leaseUntil).
-	//   - missing, not in progress, or token differs: ErrFenced.
+	//   - missing, not in progress, or token differs: core.ErrFenced.
 	Extend(ctx context.Context, id ID, token int64, leaseUntil time.Time) error
 
 	// Complete records the outcome of the attempt that holds token.
 	//   - existing with State in progress or indeterminate and the same
 	//     token: State, Status, Response and ExpiresAt are set from c;
 	//     LeaseUntil is cleared.
-	//   - missing, completed, or a different token: ErrFenced.
+	//   - missing, completed, or a different token: core.ErrFenced.
 	Complete(ctx context.Context, id ID, token int64, c Completion) error
 
 	// Release deletes the record held by token, so the identity is absent.
 	//   - existing (in progress or indeterminate) with the same token: deleted.
 	//   - missing: no-op, nil.
-	//   - different token, or completed: ErrFenced (nothing deleted).
+	//   - different token, or completed: core.ErrFenced (nothing deleted).
 	Release(ctx context.Context, id ID, token int64) error
 
 	// Get returns the live record id.
-	//   - missing or expired (ExpiresAt <= now): ErrNotFound.
+	//   - missing or expired (ExpiresAt <= now): core.ErrNotFound.
 	Get(ctx context.Context, id ID, now time.Time) (Record, error)
 
 	// DeleteExpired deletes at most limit records with ExpiresAt <= now and
 	// returns how many it deleted. It must not hold locks for long: callers
-	// (see Sweeper) call it repeatedly until it returns fewer than limit.
+	// (see core.Sweeper) call it repeatedly until it returns fewer than limit.
 	DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error)
 }
 
@@ -264,7 +263,7 @@ type ListQuery struct {
 
 // Cursor is a position in Inspector.List's order (CreatedAt, then ID):
 // the Cursor of a record lists what comes after it. Its text form (String,
-// parsed back by Engine.Records) is what idemctl and Engine.AdminHandler
+// parsed back by ParseCursor) is what idemctl and core.Engine.AdminHandler
 // hand out as "next".
 type Cursor struct {
 	CreatedAt time.Time
@@ -279,8 +278,8 @@ func (c Cursor) IsZero() bool { return c.CreatedAt.IsZero() && c.ID == ID{} }
 
 // Inspector is a Store whose records an operator can list: the records
 // stuck in a state for longer than they should be (indeterminate, or in
-// progress with a lapsed lease), which Engine.Records, idemctl and
-// Engine.AdminHandler show. memstore, sqlstore, gormstore, pgxstore and redisstore
+// progress with a lapsed lease), which core.Engine.Records, idemctl and
+// core.Engine.AdminHandler show. memstore, sqlstore, gormstore, pgxstore and redisstore
 // implement it; storetest checks it for every store that does. Reading one
 // record by its ID (the record_id of a problem document, ParseID) is
 // Store.Get.
@@ -296,7 +295,7 @@ type Inspector interface {
 	//     recorded; Get reads one record with its response.
 	//   - none: an empty slice (or nil) and no error. Fewer than q.Limit
 	//     records: the end of the list.
-	//   - q invalid (see ListQuery.Check): an error wrapping ErrConfig,
+	//   - q invalid (see ListQuery.Check): an error wrapping core.ErrConfig,
 	//     nothing read.
 	// List reads without locking and never waits for a transaction: a
 	// record that another open transaction wrote (an atomic attempt's
@@ -308,13 +307,13 @@ type Inspector interface {
 }
 
 // Mark says that a record is to be settled without a client: a route
-// named with Name writes it with its claim (ClaimRequest.Mark), and a
-// Completer reads it back (Settler.Due).
+// named with core.Name writes it with its claim (ClaimRequest.Mark), and a
+// core.Completer reads it back (Settler.Due).
 type Mark struct {
-	// Route is the name of the route that claimed the record (Name): the
+	// Route is the name of the route that claimed the record (core.Name): the
 	// completer settles the record with that route's resolver.
 	Route string
-	// Request is the recorded request (RecordRequest), encoded and sealed
+	// Request is the recorded request (core.RecordRequest), encoded and sealed
 	// by the engine; nil when the route records none. The store keeps it
 	// byte for byte.
 	Request []byte
@@ -333,12 +332,12 @@ type Pending struct {
 	Mark   Mark
 }
 
-// Settler is a Store that keeps marks, so a Completer can find the
+// Settler is a Store that keeps marks, so a core.Completer can find the
 // records that need settling without a client. memstore, sqlstore,
 // gormstore and pgxstore implement it (the SQL stores in a table of its
 // own, <table>_marks, which Migrate creates); storetest checks it for
 // every store that does. Marks are written only for routes that opt in
-// (Name): nothing of this interface runs for other routes.
+// (core.Name): nothing of this interface runs for other routes.
 //
 // Claim writes the marks: a Settler's Claim given a ClaimRequest.Mark
 // writes it, replacing any earlier mark of the id (whatever its token),
@@ -366,7 +365,7 @@ type Settler interface {
 	// by After (earliest first), each with its record. Stale marks met
 	// on the way are deleted (not returned), so they cost one visit at
 	// most. limit is 1 to MaxListLimit (else an error wrapping
-	// ErrConfig). Due reads without waiting for a transaction: a mark
+	// core.ErrConfig). Due reads without waiting for a transaction: a mark
 	// written in an open transaction is returned once it commits.
 	Due(ctx context.Context, now time.Time, limit int) ([]Pending, error)
 
@@ -386,10 +385,10 @@ type Settler interface {
 // claim on one node does not exclude an atomic claim of the same record
 // on another until one of them commits, so two attempts may both run
 // before certification rolls one back, and an effect outside the
-// database (a provider's charge) is not rolled back with it. A Completer
+// database (a provider's charge) is not rolled back with it. A core.Completer
 // refuses to run a finisher (Finish) on an atomic route over such a
-// store (Completer.Start, Completer.Complete: an error wrapping
-// ErrConfig). sqlstore and gormstore implement it.
+// store (core.Completer.Start, core.Completer.Complete: an error wrapping
+// core.ErrConfig). sqlstore and gormstore implement it.
 type MultiPrimary interface {
 	Store
 
