@@ -39,7 +39,11 @@ import (
 //	}
 //
 // A service whose layer already has such a function (s.InTx(ctx, fn))
-// passes it as it is.
+// passes it as it is, unless it runs fn again after a failed commit (a
+// serialization failure's retry loop): body's second call is refused (500
+// not-protected), and the first call's attempt is settled from the record
+// as after any failed commit (after MarkEffect: indeterminate), so no
+// retry repeats its effect.
 type TxFunc func(ctx context.Context, body func(ctx context.Context) error) error
 
 // errReplayed is body's error for a request answered from its record:
@@ -123,8 +127,8 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	defer c.rec.free()
 	ev, j := &c.ev, &job{c: c, owned: true, allow: rt.e.cfg.recorded}
 	t := transport{handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }, panicked: c.panicked, reply: c.reply}
-	var res result
-	calls := 0 // of body
+	var res, first result // first: the first body's, when a second call is refused
+	calls := 0            // of body
 	// refuse refuses the request of a TxFunc that did not use body as it
 	// must (whatever ran before, a second body's first call, is the
 	// client's no more: its answer is withheld; exit writes the problem)
@@ -141,6 +145,9 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		calls++
 		switch {
 		case calls > 1:
+			if calls == 2 {
+				first = res
+			}
 			return refuse("the TxFunc called body twice; call it once, in the transaction")
 		case tctx == nil || !rt.e.tx.InTx(tctx):
 			return refuse("body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)")
@@ -154,6 +161,18 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		}
 		return res.err
 	})
+	if first.ran && !first.nested {
+		// The first body ran the handler (a TxFunc retrying body after a
+		// failed commit): its transaction ended as the TxFunc chose, so its
+		// attempt is settled from the record as after any failed commit
+		// (afterEnd: after MarkEffect recorded indeterminate), or a retry
+		// would repeat its effect.
+		resp := first.resp
+		if resp == nil {
+			resp = &Response{Status: http.StatusInternalServerError}
+		}
+		_, _ = c.att.afterEnd(c.att.verdict, resp, ev.Err)
+	}
 	switch {
 	case calls == 0 && res.txErr == nil:
 		refuse("the TxFunc returned without calling body; call it in the transaction")

@@ -147,3 +147,62 @@ func TestWithinUnprotected(t *testing.T) {
 		t.Errorf("%d commits and %d rollbacks, want 2 and 1", commits, rollbacks)
 	}
 }
+
+// TestWithinRetriedBody: a TxFunc that retries body after a failed commit
+// (a serialization failure's retry loop) misuses it, and the second call
+// is refused; but the first call's handler ran past MarkEffect (the card
+// was charged) and its transaction rolled back, so the record must be
+// settled as after any failed commit: indeterminate, and the client's
+// retry answered 500 outcome-unknown, never run again.
+func TestWithinRetriedBody(t *testing.T) {
+	store := memstore.New().Atomic()
+	e, err := core.New(store, core.WithSingleCaller(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := e.Route()
+	retrying := func(ctx context.Context, body func(context.Context) error) error {
+		for try := 0; ; try++ {
+			tctx, tx, err := store.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			err = body(tctx)
+			_ = tx.Rollback() // the commit fails (40001): rolled back, and retried once
+			if err != nil || try == 1 {
+				return err
+			}
+		}
+	}
+	once := func(ctx context.Context, body func(context.Context) error) error {
+		tctx, tx, err := store.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := body(tctx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	charges := 0
+	charge := func(w http.ResponseWriter, r *http.Request) {
+		if err := core.MarkEffect(r.Context()); err != nil {
+			t.Error(err)
+		}
+		charges++
+		w.WriteHeader(http.StatusCreated)
+	}
+	for i, inTx := range []core.TxFunc{retrying, once} {
+		r := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":100}`))
+		r.Header.Set(core.HeaderKey, "pay-1")
+		w := httptest.NewRecorder()
+		route.Within(w, r, inTx, charge)
+		if w.Code != http.StatusInternalServerError {
+			t.Errorf("request %d: %d %q, want a 500", i, w.Code, w.Body)
+		}
+	}
+	if charges != 1 {
+		t.Errorf("the card was charged %d times, want 1: the retry ran the handler again", charges)
+	}
+}
