@@ -142,15 +142,11 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
 	res.txErr = inTx(bctx, func(tctx context.Context) error {
-		calls++
-		switch {
-		case calls > 1:
-			if calls == 2 {
-				first = res
-			}
-			return refuse("the TxFunc called body twice; call it once, in the transaction")
-		case tctx == nil || !rt.e.tx.InTx(tctx):
-			return refuse("body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)")
+		if calls++; calls == 2 {
+			first = res
+		}
+		if why := rt.misused(calls, tctx); why != "" {
+			return refuse(why)
 		}
 		j.ctx = context.WithValue(tctx, attemptKey{}, c)
 		if res = rt.enter(j, t); !res.ran {
@@ -175,13 +171,27 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	}
 	switch {
 	case calls == 0 && res.txErr == nil:
-		refuse("the TxFunc returned without calling body; call it in the transaction")
+		refuse(misusedNotCalled)
 	case calls == 0: // the transaction could not begin
 		ev.Decision, ev.Err = observe.DecisionStoreError, res.txErr
 		res = result{ans: answer{err: storeErr(res.txErr)}}
 	}
 	rt.exit(j, &res, t)
 }
+
+// misused says how the TxFunc misuses body at its call number calls with
+// ctx ("": it does not), protected request or not.
+func (rt *Route) misused(calls int, ctx context.Context) string {
+	switch {
+	case calls > 1:
+		return "the TxFunc called body twice; call it once, in the transaction"
+	case ctx == nil || !rt.e.tx.InTx(ctx):
+		return "body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)"
+	}
+	return ""
+}
+
+const misusedNotCalled = "the TxFunc returned without calling body; call it in the transaction"
 
 // withinUnprotected runs handler for a request Within does not protect
 // (method not covered, KeyOptional without a key): in inTx too, its
@@ -190,13 +200,25 @@ func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx 
 	var rec recorder
 	rec.init(w, true, rt.e.cfg.maxResponse)
 	defer rec.free()
+	calls, misuse := 0, ""
 	err := inTx(r.Context(), func(ctx context.Context) error {
+		calls++
+		if misuse = rt.misused(calls, ctx); misuse != "" {
+			return fmt.Errorf("%w: Route.Within: %s", ErrConfig, misuse)
+		}
 		handler(&rec, r.WithContext(ctx))
 		if err := rec.settle(); err != nil || rec.status < 500 {
 			return err
 		}
 		return errReleased
 	})
+	if calls == 0 && err == nil {
+		misuse = misusedNotCalled
+	}
+	if misuse != "" { // the first body's answer, if it ran, is withheld
+		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within: %s", ErrConfig, misuse))
+		return
+	}
 	if err == nil || (rec.failed == nil && rec.status >= 500) {
 		rec.deliver() // committed, or rolled back for the handler's whole 5xx
 		return
