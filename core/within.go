@@ -157,18 +157,7 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		}
 		return res.err
 	})
-	if first.ran && !first.nested {
-		// The first body ran the handler (a TxFunc retrying body after a
-		// failed commit): its transaction ended as the TxFunc chose, so its
-		// attempt is settled from the record as after any failed commit
-		// (afterEnd: after MarkEffect recorded indeterminate), or a retry
-		// would repeat its effect.
-		resp := first.resp
-		if resp == nil {
-			resp = &Response{Status: http.StatusInternalServerError}
-		}
-		_, _ = c.att.afterEnd(c.att.verdict, resp, ev.Err)
-	}
+	c.discarded(first)
 	switch {
 	case calls == 0 && res.txErr == nil:
 		refuse(misusedNotCalled)
