@@ -172,6 +172,23 @@ type result struct {
 	ans     answer // the decision for a request that did not run
 }
 
+// discarded settles the attempt of a result whose answer the driver
+// discards: a TxFunc ran the handler in a first body call and then called
+// body again (a retry after a failed commit). That transaction ended as
+// the TxFunc chose, so the attempt is settled from the record as after
+// any failed commit (afterEnd: after MarkEffect recorded indeterminate),
+// or the client's retry would repeat its effect.
+func (c *call) discarded(res result) {
+	if !res.ran || res.nested {
+		return
+	}
+	resp := res.resp
+	if resp == nil {
+		resp = &Response{Status: 500}
+	}
+	_, _ = c.att.afterEnd(c.att.verdict, resp, c.ev.Err)
+}
+
 // step takes j through the machine with the driver's transport t:
 // enter, then exit.
 func (rt *Route) step(j *job, t transport) {

@@ -39,7 +39,11 @@ import (
 //	}
 //
 // A service whose layer already has such a function (s.InTx(ctx, fn))
-// passes it as it is.
+// passes it as it is, unless it runs fn again after a failed commit (a
+// serialization failure's retry loop): body's second call is refused (500
+// not-protected), and the first call's attempt is settled from the record
+// as after any failed commit (after MarkEffect: indeterminate), so no
+// retry repeats its effect.
 type TxFunc func(ctx context.Context, body func(ctx context.Context) error) error
 
 // errReplayed is body's error for a request answered from its record:
@@ -123,8 +127,8 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	defer c.rec.free()
 	ev, j := &c.ev, &job{c: c, owned: true, allow: rt.e.cfg.recorded}
 	t := transport{handle: func(ctx context.Context) (*Response, bool, error) { return c.handle(ctx, handler) }, panicked: c.panicked, reply: c.reply}
-	var res result
-	calls := 0 // of body
+	var res, first result // first: the first body's, when a second call is refused
+	calls := 0            // of body
 	// refuse refuses the request of a TxFunc that did not use body as it
 	// must (whatever ran before, a second body's first call, is the
 	// client's no more: its answer is withheld; exit writes the problem)
@@ -138,12 +142,11 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 	bctx, stop := rt.bounded(context.WithoutCancel(c.ctx))
 	defer stop()
 	res.txErr = inTx(bctx, func(tctx context.Context) error {
-		calls++
-		switch {
-		case calls > 1:
-			return refuse("the TxFunc called body twice; call it once, in the transaction")
-		case tctx == nil || !rt.e.tx.InTx(tctx):
-			return refuse("body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)")
+		if calls++; calls == 2 {
+			first = res
+		}
+		if why := rt.misused(calls, tctx); why != "" {
+			return refuse(why)
 		}
 		j.ctx = context.WithValue(tctx, attemptKey{}, c)
 		if res = rt.enter(j, t); !res.ran {
@@ -154,15 +157,30 @@ func (rt *Route) ServeWithin(w http.ResponseWriter, r *http.Request, pattern str
 		}
 		return res.err
 	})
+	c.discarded(first)
 	switch {
 	case calls == 0 && res.txErr == nil:
-		refuse("the TxFunc returned without calling body; call it in the transaction")
+		refuse(misusedNotCalled)
 	case calls == 0: // the transaction could not begin
 		ev.Decision, ev.Err = observe.DecisionStoreError, res.txErr
 		res = result{ans: answer{err: storeErr(res.txErr)}}
 	}
 	rt.exit(j, &res, t)
 }
+
+// misused says how the TxFunc misuses body at its call number calls with
+// ctx ("": it does not), protected request or not.
+func (rt *Route) misused(calls int, ctx context.Context) string {
+	switch {
+	case calls > 1:
+		return "the TxFunc called body twice; call it once, in the transaction"
+	case ctx == nil || !rt.e.tx.InTx(ctx):
+		return "body's context carries no transaction of the route's store; pass it sqlstore.WithTx(ctx, tx) or gormstore.WithTx(ctx, tx)"
+	}
+	return ""
+}
+
+const misusedNotCalled = "the TxFunc returned without calling body; call it in the transaction"
 
 // withinUnprotected runs handler for a request Within does not protect
 // (method not covered, KeyOptional without a key): in inTx too, its
@@ -171,13 +189,25 @@ func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx 
 	var rec recorder
 	rec.init(w, true, rt.e.cfg.maxResponse)
 	defer rec.free()
+	calls, misuse := 0, ""
 	err := inTx(r.Context(), func(ctx context.Context) error {
+		calls++
+		if misuse = rt.misused(calls, ctx); misuse != "" {
+			return fmt.Errorf("%w: Route.Within: %s", ErrConfig, misuse)
+		}
 		handler(&rec, r.WithContext(ctx))
 		if err := rec.settle(); err != nil || rec.status < 500 {
 			return err
 		}
 		return errReleased
 	})
+	if calls == 0 && err == nil {
+		misuse = misusedNotCalled
+	}
+	if misuse != "" { // the first body's answer, if it ran, is withheld
+		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within: %s", ErrConfig, misuse))
+		return
+	}
 	if err == nil || (rec.failed == nil && rec.status >= 500) {
 		rec.deliver() // committed, or rolled back for the handler's whole 5xx
 		return

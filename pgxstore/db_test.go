@@ -276,6 +276,13 @@ func TestAtomic(t *testing.T) {
 	sqlstoretest.RunAtomic(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
 }
 
+// TestWithin runs sqlstoretest's Route.Within scenarios (a service that
+// owns its pgx transaction: exactly once, the answer after the commit, a
+// failed commit, a TxFunc that runs body again) on pgx.
+func TestWithin(t *testing.T) {
+	sqlstoretest.RunWithin(t, sqlstoretest.Config{Dialect: sqlstore.Postgres, New: func(t *testing.T) sqlstoretest.Fixture { return fixture(t) }})
+}
+
 // TestExactlyOnce runs sqlstoretest's HTTP storms (50 concurrent and 50
 // sequential requests of one key; reject, wait, nested) on pgx.
 func TestExactlyOnce(t *testing.T) {

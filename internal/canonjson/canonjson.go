@@ -124,12 +124,12 @@ type Hasher struct{ c canonicaliser }
 // Hash is [Hash] in h's working memory.
 func (x *Hasher) Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
 	c := &x.c
+	defer func() { c.src, c.sel = nil, nil }()
 	if c.parse(src, fields) != nil || (fields != nil && !c.topObject) {
 		return false
 	}
 	h.Write(tag)
 	c.emitDocument(c.buf[:0], h)
-	c.src, c.sel = nil, nil
 	return true
 }
 

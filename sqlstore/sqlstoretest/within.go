@@ -35,6 +35,10 @@ type withinServer struct {
 	// handler and the commit, so the commit fails (database/sql returns
 	// the context's error and rolls back).
 	cancelCommit atomic.Bool
+	// retryCommit: a TxFunc that runs its transaction again, body
+	// included, when the commit fails (a serialization failure's retry
+	// loop): a misuse that Within refuses.
+	retryCommit atomic.Bool
 	// beforeAnswer is called when the first byte of an answer is written
 	// to the client (the status), when set.
 	beforeAnswer func(item string)
@@ -62,7 +66,7 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 	}
 	s := &withinServer{}
 	route := e.Route()
-	inTx := func(ctx context.Context, body func(context.Context) error) error {
+	once := func(ctx context.Context, body func(context.Context) error) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		return f.CallerManaged(ctx, func(ctx context.Context) error {
@@ -74,6 +78,13 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 			}
 			return nil
 		})
+	}
+	inTx := func(ctx context.Context, body func(context.Context) error) error {
+		err := once(ctx, body)
+		if err != nil && s.retryCommit.Load() {
+			err = once(ctx, body)
+		}
+		return err
 	}
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		s.runs.Add(1)
@@ -161,6 +172,7 @@ func RunWithin(t *testing.T, cfg Config) {
 	t.Run("AnswerAfterCommit", func(t *testing.T) { withinAfterCommit(t, cfg) })
 	t.Run("CommitFailsRecordsNothing", func(t *testing.T) { withinCommitFails(t, cfg) })
 	t.Run("CommitFailsAfterEffect", func(t *testing.T) { withinCommitFailsAfterEffect(t, cfg) })
+	t.Run("BodyRetriedAfterEffect", func(t *testing.T) { withinBodyRetriedAfterEffect(t, cfg) })
 	t.Run("FailedStatement", func(t *testing.T) { withinFailedStatement(t, cfg) })
 	t.Run("ServerErrorRollsBack", func(t *testing.T) { withinServerError(t, cfg) })
 	t.Run("Problems", func(t *testing.T) { withinProblems(t, cfg) })
@@ -344,6 +356,34 @@ func withinCommitFailsAfterEffect(t *testing.T, cfg Config) {
 	}
 	if n := srv.runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1", n)
+	}
+}
+
+// withinBodyRetriedAfterEffect: the service's TxFunc runs body again when
+// the commit fails (a retry loop), after the handler's MarkEffect (the
+// card was charged). The second call is refused (500 not-protected), and
+// the first attempt is settled from the record as any failed commit after
+// MarkEffect is: indeterminate, so the retry gets the 500 outcome-unknown
+// replay and the handler runs once.
+func withinBodyRetriedAfterEffect(t *testing.T, cfg Config) {
+	f := cfg.New(t)
+	srv := newWithinServer(t, f)
+	ctx := ctxT(t)
+	body := withinBody(withinRequest{Item: "retried-body", Effect: true})
+	srv.cancelCommit.Store(true)
+	srv.retryCommit.Store(true)
+	a := post(ctx, srv.client, srv.URL+"/orders", "retried-body", body)
+	if a.err != nil || a.status != http.StatusInternalServerError || !strings.Contains(string(a.body), "not-protected") {
+		t.Fatalf("body called again after the failed commit: %v, want the 500 not-protected problem", a)
+	}
+	srv.cancelCommit.Store(false)
+	srv.retryCommit.Store(false)
+	retry := post(ctx, srv.client, srv.URL+"/orders", "retried-body", body)
+	if retry.err != nil || retry.status != http.StatusInternalServerError || !retry.replayed || !strings.Contains(string(retry.body), "outcome-unknown") {
+		t.Errorf("retry: %v, want the 500 outcome-unknown replay", retry)
+	}
+	if n := srv.runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1 (the card charged twice)", n)
 	}
 }
 
