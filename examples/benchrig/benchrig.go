@@ -1,8 +1,11 @@
-// Package benchrig is the benchmark mode of the example service
-// (examples/orders, its hidden -unprotected-route and -pprof-addr flags),
-// kept out of the example itself: the baselines of the end-to-end
-// benchmark (scripts/bench-e2e.sh, scripts/profile-e2e.sh) and the
-// realistic payment transaction of issue 15.
+// Package benchrig is what the end-to-end tests (examples/e2e) and the
+// end-to-end benchmarks (scripts/bench-e2e.sh, scripts/profile-e2e.sh)
+// add to the example service (examples/orders), kept out of the example
+// itself behind one call, Start: GET /healthz, the access log the tests
+// read (one line per request with its idempotency decision), and the
+// benchmark mode (the hidden -unprotected-route and -pprof-addr flags):
+// the baselines of the end-to-end benchmark and the realistic payment
+// transaction of issue 15.
 //
 //   - POST /orders-unprotected: the example's POST /orders handler in a
 //     transaction of its own, without the idempotency middleware;

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/examples/internal/fakepay"
 )
 
 // Order is the orders API's resource.
@@ -40,8 +41,7 @@ type repo interface {
 	insertOrder(ctx context.Context, o *Order) error
 	listOrders(ctx context.Context, account string) ([]Order, error)
 	findOrder(ctx context.Context, account string, id int64) (*Order, error)
-	// insertCharge records c once per ProviderChargeID and returns the
-	// stored charge (the first one when it already exists).
+	// insertCharge records c once per ProviderChargeID; it returns the first.
 	insertCharge(ctx context.Context, c *Charge) (*Charge, error)
 }
 
@@ -50,39 +50,23 @@ var errNotFound = errors.New("not found")
 // app holds the HTTP handlers; they are plain net/http handlers that every
 // framework wraps.
 type app struct {
-	repo     repo
-	provider *provider
-	// outside is ctx without the attempt's transaction (the store's
-	// WithoutTx): for the payment route's read before the provider call.
-	outside   func(ctx context.Context) context.Context
+	repo      repo
+	provider  *fakepay.Provider
+	outside   func(ctx context.Context) context.Context // ctx without the attempt's transaction (the store's WithoutTx)
 	workDelay time.Duration
 }
 
 type accountKey struct{}
 
-func withAccount(ctx context.Context, account string) context.Context {
-	return context.WithValue(ctx, accountKey{}, account)
-}
-
+// accountFrom is the caller that authorize put in ctx.
 func accountFrom(ctx context.Context) string {
 	s, _ := ctx.Value(accountKey{}).(string)
 	return s
 }
 
-// bearer returns the account named by "Authorization: Bearer <account>".
-func bearer(r *http.Request) string {
-	a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		return ""
-	}
-	return strings.TrimSpace(a)
-}
-
 func problem(w http.ResponseWriter, status int, slug, detail string) {
-	core.WriteProblem(w, nil, &core.Problem{
-		Type: "https://github.com/idemkit/idem/blob/main/examples/orders/README.md#" + slug, Title: http.StatusText(status),
-		Status: status, Detail: detail,
-	})
+	const docs = "https://github.com/idemkit/idem/blob/main/examples/orders/README.md#"
+	core.WriteProblem(w, nil, &core.Problem{Type: docs + slug, Title: http.StatusText(status), Status: status, Detail: detail})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -96,12 +80,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(d):
 		return nil
 	}
 }
@@ -116,8 +98,7 @@ func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil || strings.TrimSpace(in.Item) == "" || in.Quantity < 1 {
-		// Nothing happened: release the key so the corrected request can
-		// use it (the transaction rolls back).
+		// Nothing happened (it rolls back): the corrected request may use the key.
 		core.Release(ctx)
 		detail := `want {"item": non-empty string, "quantity": integer >= 1}`
 		if err != nil {
@@ -146,31 +127,18 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusInternalServerError, "internal", "could not list orders")
 		return
 	}
-	if orders == nil {
-		orders = []Order{}
-	}
 	writeJSON(w, http.StatusOK, orders)
 }
 
-// pay is POST /orders/{id}/payments (leased mode): the effect lives at an
-// external payment provider, so the key is claimed and committed first, and
-// the provider call carries a downstream key derived from the request's
-// identity. If this process dies after the provider charged, the lease runs
-// out, a retry takes over and repeats the provider call with the same
-// downstream key: the provider answers with the first charge instead of
-// charging again. A client that times out does not cancel the payment (its
-// context outlives the client in leased mode): the retry gets the 201. A
-// failure after the provider was called leaves the payment indeterminate;
-// settlePayment settles it on the retry.
-//
-// The charge row is written after the provider call through the repo on
-// the request's context: on a SQL store that is the attempt's own
-// transaction, which commits with the completed record (a takeover after
-// that commit replays the 201; before it, the row was rolled back and the
-// takeover repeats only the provider call, with its downstream key). The
-// order is read before the provider call outside that transaction
-// (a.outside), so the transaction holds no connection, nor SQLite's write
-// lock, while the provider works.
+// pay is POST /orders/{id}/payments (leased mode): the charge happens at
+// an external provider, so the key is claimed and committed first, and the
+// provider is called with a downstream key derived from the request's
+// identity: a retry that takes over after a crash repeats the call with
+// the same key, and the provider answers with the first charge. A failure
+// after the call leaves the payment indeterminate (settlePayment settles
+// it). The order is read outside the attempt's transaction (a.outside), so
+// that it holds no connection, nor SQLite's write lock, while the provider
+// works; the charge row is written in it and commits with the record.
 func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	account := accountFrom(ctx)
@@ -203,7 +171,7 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	core.MarkEffect(ctx) // from here on a failure may have charged the card
-	chargeID, err := a.provider.charge(ctx, chargeKey, providerRecord{Account: account, OrderID: id, AmountCents: in.AmountCents})
+	chargeID, err := a.provider.Charge(ctx, chargeKey, fakepay.Charge{Account: account, OrderID: id, AmountCents: in.AmountCents})
 	if err != nil {
 		problem(w, http.StatusBadGateway, "provider", "the payment provider failed")
 		return
@@ -221,31 +189,22 @@ func (a *app) pay(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, c)
 }
 
-// settlePayment is the payment route's core.Resolver: a payment left
-// indeterminate (the provider was called, then the attempt failed, for
-// example recording the charge) is settled from the provider's own record
-// of the downstream key, when a retry meets it or, without any client,
-// when the completer (main.go) finds it. Charged: the missing payment is
-// recorded from the recorded request (core.RecordRequest: the order in
-// its path, the account that sent it, the amount in its body), in the
-// resolver's transaction, which commits with the answer (on a SQL store:
-// one commit, so a payment is never recorded twice nor without its
-// answer), and every retry gets the 201 the handler would have sent. Not
-// charged: nothing happened, the key is released and the next retry
-// runs. It is the payment route's own (paymentRoute), so it only meets
-// the records of payment requests: a key is unique within its caller
-// (the scope is empty), and a record that another request left under the
-// same key answers a payment with a 422 before any resolver is asked (the
-// fingerprint holds the method and the concrete path).
+// settlePayment is the payment route's core.Resolver, which a retry or
+// the completer (main.go) asks about a payment left indeterminate: it asks
+// the provider about the downstream key. Charged: it records the charge
+// from the recorded request (core.RecordRequest: the order in its path,
+// the caller, the amount in its body) in the resolver's transaction, which
+// commits with the answer, the 201 the handler would have sent. Not
+// charged: nothing happened, the key is released and the retry runs.
 func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolution, error) {
-	pr, err := a.provider.lookup(ctx, rec.ID.DownstreamKey("charge"))
-	if errors.Is(err, errNotFound) {
+	pr, err := a.provider.Lookup(ctx, rec.ID.DownstreamKey("charge"))
+	if errors.Is(err, fakepay.ErrNoCharge) {
 		return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 	}
 	if err != nil {
 		return core.Resolution{}, fmt.Errorf("asking the provider: %w", err)
 	}
-	ch := &Charge{ProviderChargeID: pr.ChargeID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	ch := &Charge{ProviderChargeID: pr.ID, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
 	req, ok := core.ResolvingRequest(ctx)
 	if !ok {
 		return core.Resolution{}, errors.New("the payment's request was not recorded (core.RecordRequest on the payment route)")
@@ -262,7 +221,7 @@ func (a *app) settlePayment(ctx context.Context, rec store.Record) (core.Resolut
 	ch.Account, ch.AmountCents = req.Caller, in.AmountCents
 	if ch.Account != pr.Account || ch.OrderID != pr.OrderID || ch.AmountCents != pr.AmountCents {
 		return core.Resolution{}, fmt.Errorf("the provider's charge %s (%s, order %d, %d cents) is not the recorded request's (%s, order %d, %d cents): settle it by hand",
-			pr.ChargeID, pr.Account, pr.OrderID, pr.AmountCents, ch.Account, ch.OrderID, ch.AmountCents)
+			pr.ID, pr.Account, pr.OrderID, pr.AmountCents, ch.Account, ch.OrderID, ch.AmountCents)
 	}
 	c, err := a.repo.insertCharge(ctx, ch)
 	if err != nil {
@@ -289,9 +248,4 @@ func orderIDFromPath(p string) (int64, error) {
 		return 0, fmt.Errorf("%w: order id %q", errNotFound, idText)
 	}
 	return id, nil
-}
-
-func healthz(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain")
-	_, _ = w.Write([]byte("ok\n"))
 }

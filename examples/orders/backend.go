@@ -5,12 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	_ "github.com/glebarez/go-sqlite" // database/sql driver "sqlite" (pure Go; the one GORM's glebarez/sqlite uses)
 	"github.com/glebarez/sqlite"
-	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib" // also database/sql's driver "pgx"
 	"gorm.io/driver/mysql"
@@ -19,31 +18,105 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/core/syncclock"
 	"github.com/idemkit/idem/examples/benchrig"
+	"github.com/idemkit/idem/examples/internal/fakepay"
 	"github.com/idemkit/idem/gormstore"
 	"github.com/idemkit/idem/pgxstore"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// backend is the database, the idempotency store on it, the business
-// repo and the simulated provider, built from the -store, -db and -dsn
-// flags.
+// backend is the database, the idempotency store on it, the business repo
+// and the simulated provider, built from the -store, -db and -dsn flags.
 type backend struct {
-	store    store.Store
+	store    idemStore
 	repo     repo
-	provider *provider
-	rig      benchrig.Backend // the benchmark mode's (-unprotected-route)
+	db       *sql.DB // the business tables' (migrate)
+	provider *fakepay.Provider
+	rig      benchrig.Backend // the benchmark rig's (-unprotected-route)
 	close    func()
 }
 
-// schemaStore is what every store offers to create and check its table.
-type schemaStore interface {
+// idemStore is what the service uses of its store (sqlstore, gormstore
+// and pgxstore have all of it).
+type idemStore interface {
+	store.Settler        // the completer settles its marked records
+	store.TxStore        // WithoutTx: the payment's read outside the transaction
+	syncclock.TimeSource // the database's clock
 	Migrate(ctx context.Context) error
 	Check(ctx context.Context) error
 }
 
-// dsnFor completes the DSN with the settings the stores rely on.
-func dsnFor(db, dsn string) (string, error) {
+func openBackend(ctx context.Context, o options) (*backend, error) {
+	var b *backend
+	var err error
+	switch o.store {
+	case "sql", "gorm":
+		b, err = openSQL(o.store, o.db, o.dsn)
+	case "pgx":
+		b, err = openPGX(ctx, o.db, o.dsn)
+	default:
+		return nil, fmt.Errorf("-store %q: want gorm, sql or pgx (pgx: -db postgres only)", o.store)
+	}
+	if err != nil {
+		return nil, err
+	}
+	err = b.store.Migrate(ctx)
+	if err == nil {
+		// The dialect matches the server, the table has the store's shape:
+		// a misconfiguration stops the start, naming the fix, instead of
+		// answering 503 at the first request.
+		err = b.store.Check(ctx)
+	}
+	if err == nil {
+		err = migrate(ctx, b.db, o.db)
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// openSQL is the database/sql backend: sqlstore on the pool, or (-store
+// gorm) GORM on the same pool with gormstore.
+func openSQL(storeName, db, dsn string) (*backend, error) {
+	sdb, err := openDB(db, dsn)
+	if err != nil {
+		return nil, err
+	}
+	b := &backend{db: sdb, provider: fakepay.New(sdb, db), close: func() { sdb.Close() }}
+	if storeName == "sql" {
+		dialect := map[string]sqlstore.Dialect{"sqlite": sqlstore.SQLite, "postgres": sqlstore.Postgres, "mysql": sqlstore.MySQL}[db]
+		b.store, err = sqlstore.New(sdb, dialect)
+		b.repo, b.rig = &sqlRepo{db: sdb, dialect: db}, benchrig.SQL(sdb, db)
+	} else {
+		d := map[string]gorm.Dialector{"sqlite": &sqlite.Dialector{Conn: sdb}, "postgres": postgres.New(postgres.Config{Conn: sdb}),
+			// GORM on MariaDB adds RETURNING to inserts; the plain MySQL
+			// dialect keeps inserts portable to MySQL 8.
+			"mysql": mysql.New(mysql.Config{Conn: sdb, DisableWithReturning: true})}[db]
+		var gdb *gorm.DB
+		gdb, err = gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+		if err == nil {
+			err = gdb.Use(gormstore.Plugin()) // gormRepo's statements join the request's transaction
+		}
+		if err == nil {
+			b.store, err = gormstore.New(gdb)
+			b.repo, b.rig = &gormRepo{db: gdb}, benchrig.GORM(gdb, db)
+		}
+	}
+	if err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// openDB opens the database/sql pool, with the DSN settings the stores
+// rely on.
+func openDB(db, dsn string) (*sql.DB, error) {
+	var sdb *sql.DB
+	var err error
 	switch db {
 	case "sqlite":
 		if dsn == "" {
@@ -56,137 +129,44 @@ func dsnFor(db, dsn string) (string, error) {
 			}
 			dsn += sep + "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
 		}
-		return dsn, nil
+		sdb, err = sql.Open("sqlite", dsn)
 	case "postgres":
 		if dsn == "" {
-			return "", fmt.Errorf("-db postgres needs -dsn (postgres://user@host:port/db)")
+			return nil, errors.New("-db postgres needs -dsn (postgres://user@host:port/db)")
 		}
-		return dsn, nil
+		sdb, err = sql.Open("pgx", dsn)
 	case "mysql":
-		if dsn == "" {
-			return "", fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db)")
+		cfg, perr := mysqldriver.ParseDSN(dsn)
+		if dsn == "" || perr != nil {
+			return nil, fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db): %v", perr)
 		}
-		base, query, _ := strings.Cut(dsn, "?")
-		v, err := url.ParseQuery(query)
-		if err != nil {
-			return "", fmt.Errorf("-dsn: %w", err)
-		}
-		v.Set("parseTime", "true")
-		if v.Get("loc") == "" {
-			v.Set("loc", "UTC")
-		}
-		if v.Get("interpolateParams") == "" {
-			// One round trip per statement instead of prepare, execute
-			// and close (see sqlstore's README, "Connection settings").
-			v.Set("interpolateParams", "true")
-		}
-		return base + "?" + v.Encode(), nil
-	}
-	return "", fmt.Errorf("-db %q: want sqlite, postgres or mysql", db)
-}
-
-func openBackend(ctx context.Context, o options) (*backend, error) {
-	dsn, err := dsnFor(o.db, o.dsn)
-	if err != nil {
-		return nil, err
-	}
-	var b *backend
-	switch o.store {
-	case "sql":
-		b, err = openSQL(o.db, dsn)
-	case "gorm":
-		b, err = openGORM(o.db, dsn)
-	case "pgx":
-		b, err = openPGX(ctx, o.db, dsn)
+		// Times scanned as time.Time (in UTC unless the DSN says loc=),
+		// and one round trip per statement instead of prepare, execute
+		// and close (see sqlstore's README, "Connection settings").
+		cfg.ParseTime, cfg.InterpolateParams = true, true
+		sdb, err = sql.Open("mysql", cfg.FormatDSN())
 	default:
-		return nil, fmt.Errorf("-store %q: want gorm, sql or pgx (pgx: -db postgres only)", o.store)
+		return nil, fmt.Errorf("-db %q: want sqlite, postgres or mysql", db)
 	}
 	if err != nil {
 		return nil, err
 	}
-	st := b.store.(schemaStore)
-	err = st.Migrate(ctx)
-	if err == nil {
-		// The dialect matches the server, the table has the store's shape:
-		// a misconfiguration stops the start, naming the fix, instead of
-		// answering 503 at the first request.
-		err = st.Check(ctx)
-	}
-	if err == nil {
-		err = migrate(ctx, b.provider.db, b.provider.dialect)
-	}
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	return b, nil
-}
-
-func openSQL(db, dsn string) (*backend, error) {
-	driver, dialect := map[string]string{"sqlite": "sqlite", "postgres": "pgx", "mysql": "mysql"}[db],
-		map[string]sqlstore.Dialect{"sqlite": sqlstore.SQLite, "postgres": sqlstore.Postgres, "mysql": sqlstore.MySQL}[db]
-	sdb, err := sql.Open(driver, dsn)
-	if err != nil {
-		return nil, err
-	}
-	tunePool(sdb)
-	st, err := sqlstore.New(sdb, dialect)
-	if err != nil {
-		sdb.Close()
-		return nil, err
-	}
-	return &backend{store: st, repo: &sqlRepo{db: sdb, dialect: db}, provider: &provider{db: sdb, dialect: db},
-		rig: benchrig.SQL(sdb, db), close: func() { sdb.Close() }}, nil
-}
-
-func openGORM(db, dsn string) (*backend, error) {
-	var d gorm.Dialector
-	switch db {
-	case "sqlite":
-		d = sqlite.Open(dsn)
-	case "postgres":
-		d = postgres.Open(dsn)
-	case "mysql":
-		// GORM on MariaDB adds RETURNING to inserts; the plain MySQL
-		// dialect keeps inserts portable to MySQL 8.
-		d = mysql.New(mysql.Config{DSN: dsn, DisableWithReturning: true})
-	}
-	gdb, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return nil, err
-	}
-	sdb, err := gdb.DB()
-	if err != nil {
-		return nil, err
-	}
-	tunePool(sdb)
-	// The repository writes through gdb.WithContext(ctx); the plugin runs
-	// those statements in the request's transaction in atomic mode.
-	err = gdb.Use(gormstore.Plugin())
-	var st *gormstore.Store
-	if err == nil {
-		st, err = gormstore.New(gdb)
-	}
-	if err != nil {
-		sdb.Close()
-		return nil, err
-	}
-	return &backend{store: st, repo: &gormRepo{db: gdb}, provider: &provider{db: sdb, dialect: db},
-		rig: benchrig.GORM(gdb, db), close: func() { sdb.Close() }}, nil
+	sdb.SetMaxOpenConns(maxConns)
+	sdb.SetMaxIdleConns(maxConns)
+	return sdb, nil
 }
 
 // openPGX is the pgx backend: a pgxpool of maxConns connections, pgxstore
 // on it, and the business repo and the provider on the same pool.
 func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
-	if db != "postgres" {
-		return nil, errors.New("-store pgx needs -db postgres")
+	if db != "postgres" || dsn == "" {
+		return nil, errors.New("-store pgx needs -db postgres and -dsn (postgres://user@host:port/db)")
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = maxConns
-	cfg.MinConns = maxConns
+	cfg.MaxConns, cfg.MinConns = maxConns, maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -197,17 +177,11 @@ func openPGX(ctx context.Context, db, dsn string) (*backend, error) {
 		return nil, err
 	}
 	sdb := stdlib.OpenDBFromPool(pool)
-	return &backend{store: st, repo: &pgxRepo{sqlRepo: &sqlRepo{db: sdb, dialect: db}, pool: pool}, provider: &provider{db: sdb, dialect: db},
+	return &backend{store: st, repo: pgxRepo{&sqlRepo{db: sdb, dialect: db}}, db: sdb, provider: fakepay.New(sdb, db),
 		rig: benchrig.PGX(pool), close: pool.Close}, nil
 }
 
-// maxConns bounds the service's database connections; all of them stay
-// open when idle. database/sql keeps only 2 idle connections by default,
-// so under concurrent load every request beyond the second would open a
-// new connection (on Postgres, a new server process) and close it again.
+// maxConns bounds the service's database connections, all kept open when
+// idle: database/sql keeps 2 by default, so under load every request beyond
+// the second would open a connection (on Postgres, a server process).
 const maxConns = 16
-
-func tunePool(db *sql.DB) {
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
@@ -16,12 +18,10 @@ import (
 	"github.com/idemkit/idem/ginidem"
 )
 
-// newRouter builds the orders API on one framework. Each framework runs
-// auth as its own middleware on the API's routes (so its own 404 and 405
-// stay its own), which puts the account in the request's context, where
-// the engine's caller function and the handlers read it. The benchmark
-// mode's routes (bench) are registered too, the protected ones behind
-// idem's middleware.
+// newRouter builds the orders API, and the benchmark's routes (bench), on
+// one framework. Each framework runs auth on the API's routes only (its own
+// 404 and 405 stay its own); auth puts the account in the request's
+// context, where the engine's caller function and the handlers read it.
 func newRouter(framework string, store store.Store, a *app, bench []benchrig.Route, opts []core.Option) (http.Handler, *core.Engine, error) {
 	e, err := core.New(store, append(opts, core.WithCaller(func(r *http.Request) (string, error) {
 		return accountFrom(r.Context()), nil
@@ -44,38 +44,42 @@ func newRouter(framework string, store store.Store, a *app, bench []benchrig.Rou
 // stand-in for real authentication) into r's context; without one it
 // answers 401 and reports false.
 func authorize(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
-	account := bearer(r)
-	if account == "" {
+	account, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if account = strings.TrimSpace(account); !ok || account == "" {
 		problem(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <account>")
 		return nil, false
 	}
-	return r.WithContext(withAccount(r.Context(), account)), true
+	return r.WithContext(context.WithValue(r.Context(), accountKey{}, account)), true
+}
+
+// auth is authorize as net/http middleware (chi's, and Echo's through
+// echo.WrapMiddleware).
+func auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r, ok := authorize(w, r); ok {
+			next.ServeHTTP(w, r)
+		}
+	})
 }
 
 // paymentRoute is the options of POST /orders/{id}/payments: leased (the
-// charge is an external call, outside the database transaction), with its
-// own resolver, which settles a payment left indeterminate from the
-// provider's record.
+// charge is an external call, outside the database transaction), with a
+// resolver that settles a payment left indeterminate from the provider's
+// record; named for the completer, with the request recorded for the resolver.
 func (a *app) paymentRoute() []core.RouteOption {
-	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment),
-		// Named for the completer, which settles a payment left
-		// indeterminate without a client; the request is recorded for
-		// the resolver, which records the missing payment from it.
-		core.Name("payments"), core.RecordRequest(nil)}
+	return []core.RouteOption{core.Leased(), core.WithResolver(a.settlePayment), core.Name("payments"), core.RecordRequest(nil)}
 }
 
 func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery())
-	r.GET("/healthz", gin.WrapF(healthz))
 	api := r.Group("", func(c *gin.Context) {
-		req, ok := authorize(c.Writer, c.Request)
-		if !ok {
+		if req, ok := authorize(c.Writer, c.Request); ok {
+			c.Request = req
+		} else {
 			c.Abort()
-			return
 		}
-		c.Request = req
 	})
 	api.POST("/orders", ginidem.New(e), gin.WrapF(a.createOrder))
 	api.GET("/orders", gin.WrapF(a.listOrders))
@@ -93,27 +97,17 @@ func ginRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := echo.New()
 	r.HideBanner, r.HidePort = true, true
-	r.GET("/healthz", echo.WrapHandler(http.HandlerFunc(healthz)))
 	// Route by route, not on a group: a group with middleware makes Echo
 	// answer its unknown paths through that middleware (a 401, not a 404).
-	auth := func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			req, ok := authorize(c.Response(), c.Request())
-			if !ok {
-				return nil
-			}
-			c.SetRequest(req)
-			return next(c)
-		}
-	}
-	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), auth, echoidem.New(e))
-	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)), auth)
-	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), auth, echoidem.New(e, a.paymentRoute()...))
+	authMW := echo.WrapMiddleware(auth)
+	r.POST("/orders", echo.WrapHandler(http.HandlerFunc(a.createOrder)), authMW, echoidem.New(e))
+	r.GET("/orders", echo.WrapHandler(http.HandlerFunc(a.listOrders)), authMW)
+	r.POST("/orders/:id/payments", echo.WrapHandler(http.HandlerFunc(a.pay)), authMW, echoidem.New(e, a.paymentRoute()...))
 	for _, b := range bench {
 		if b.Protected {
-			r.POST(b.Path, echo.WrapHandler(b.Handler), auth, echoidem.New(e))
+			r.POST(b.Path, echo.WrapHandler(b.Handler), authMW, echoidem.New(e))
 		} else {
-			r.POST(b.Path, echo.WrapHandler(b.Handler), auth)
+			r.POST(b.Path, echo.WrapHandler(b.Handler), authMW)
 		}
 	}
 	return r
@@ -121,15 +115,8 @@ func echoRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 
 func chiRouter(e *core.Engine, a *app, bench []benchrig.Route) http.Handler {
 	r := chi.NewRouter()
-	r.Get("/healthz", healthz)
 	r.Group(func(api chi.Router) {
-		api.Use(func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-				if req, ok := authorize(w, req); ok {
-					next.ServeHTTP(w, req)
-				}
-			})
-		})
+		api.Use(auth)
 		api.With(chiidem.New(e)).Post("/orders", a.createOrder)
 		api.Get("/orders", a.listOrders)
 		api.With(chiidem.New(e, a.paymentRoute()...)).Post("/orders/{id}/payments", a.pay)
