@@ -204,7 +204,8 @@ func (rt *Route) withinUnprotected(w http.ResponseWriter, r *http.Request, inTx 
 	if calls == 0 && err == nil {
 		misuse = misusedNotCalled
 	}
-	if misuse != "" { // the first body's answer, if it ran, is withheld
+	if misuse != "" { // the first body's answer, if it ran, is withheld, its header too
+		rec.resetHeader()
 		rt.Refuse(w, r, fmt.Errorf("%w: Route.Within: %s", ErrConfig, misuse))
 		return
 	}

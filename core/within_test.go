@@ -96,6 +96,8 @@ func checkRefused(t *testing.T, st store.Store, opts []core.RouteOption, key str
 	w := httptest.NewRecorder()
 	e.Route(opts...).Within(w, r, inTx, func(w http.ResponseWriter, r *http.Request) {
 		ran++
+		w.Header().Set("Location", "/orders/1")
+		w.Header().Set("Content-Encoding", "gzip")
 		w.WriteHeader(http.StatusCreated)
 	})
 	if want := map[bool]int{true: 1}[firstRuns]; ran != want {
@@ -108,6 +110,13 @@ func checkRefused(t *testing.T, st store.Store, opts []core.RouteOption, key str
 	}
 	if !strings.Contains(log.String(), fix) && !strings.Contains(w.Body.String(), fix) {
 		t.Errorf("neither the log nor the answer names the fix %q:\n%s", fix, log.String())
+	}
+	// The withheld answer's header goes with it: the problem document is
+	// not sent as gzip, nor with the withheld order's Location.
+	for _, h := range []string{"Location", "Content-Encoding"} {
+		if v := w.Header().Get(h); v != "" {
+			t.Errorf("the refusal carries the withheld answer's %s: %q", h, v)
+		}
 	}
 }
 

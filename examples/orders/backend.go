@@ -136,9 +136,12 @@ func openDB(db, dsn string) (*sql.DB, error) {
 		}
 		sdb, err = sql.Open("pgx", dsn)
 	case "mysql":
+		if dsn == "" {
+			return nil, errors.New("-db mysql needs -dsn (user:pass@tcp(host:port)/db)")
+		}
 		cfg, perr := mysqldriver.ParseDSN(dsn)
-		if dsn == "" || perr != nil {
-			return nil, fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db): %v", perr)
+		if perr != nil {
+			return nil, fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db): %w", perr)
 		}
 		// Times scanned as time.Time (in UTC unless the DSN says loc=),
 		// and one round trip per statement instead of prepare, execute

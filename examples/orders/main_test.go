@@ -39,3 +39,25 @@ func TestRunOnAPortInUse(t *testing.T) {
 		})
 	}
 }
+
+// TestRunWithoutDSN: -db postgres or mysql without -dsn, or with a MySQL
+// DSN the driver cannot parse, stops the start with a message that names
+// the fix (and no "<nil>" where a cause would be).
+func TestRunWithoutDSN(t *testing.T) {
+	for _, c := range []struct{ store, db, dsn, want string }{
+		{"sql", "postgres", "", "-db postgres needs -dsn"},
+		{"sql", "mysql", "", "-db mysql needs -dsn"},
+		{"gorm", "mysql", "", "-db mysql needs -dsn"},
+		{"sql", "mysql", "no-slash", "-db mysql needs -dsn"},
+		{"pgx", "postgres", "", "-store pgx needs -db postgres and -dsn"},
+	} {
+		t.Run(c.store+"/"+c.db+"/"+c.dsn, func(t *testing.T) {
+			o := options{addr: "127.0.0.1:0", framework: "chi", store: c.store, db: c.db, dsn: c.dsn,
+				sweepEvery: time.Minute, lease: 30 * time.Second, retention: time.Hour}
+			err := run(o, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "<nil>") {
+				t.Fatalf("run: error %v, want one that says %q (and no <nil>)", err, c.want)
+			}
+		})
+	}
+}
