@@ -144,9 +144,13 @@ func openDB(db, dsn string) (*sql.DB, error) {
 			return nil, fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db): %w", perr)
 		}
 		// Times scanned as time.Time (in UTC unless the DSN says loc=),
-		// and one round trip per statement instead of prepare, execute
-		// and close (see sqlstore's README, "Connection settings").
-		cfg.ParseTime, cfg.InterpolateParams = true, true
+		// and, unless the DSN says otherwise, one round trip per statement
+		// instead of prepare, execute and close (see sqlstore's README,
+		// "Connection settings").
+		cfg.ParseTime = true
+		if !strings.Contains(dsn, "interpolateParams=") {
+			cfg.InterpolateParams = true
+		}
 		sdb, err = sql.Open("mysql", cfg.FormatDSN())
 	default:
 		return nil, fmt.Errorf("-db %q: want sqlite, postgres or mysql", db)
