@@ -136,21 +136,18 @@ func openDB(db, dsn string) (*sql.DB, error) {
 		}
 		sdb, err = sql.Open("pgx", dsn)
 	case "mysql":
-		if dsn == "" {
-			return nil, errors.New("-db mysql needs -dsn (user:pass@tcp(host:port)/db)")
-		}
 		cfg, perr := mysqldriver.ParseDSN(dsn)
+		if dsn == "" {
+			perr = errors.New("none given")
+		}
 		if perr != nil {
 			return nil, fmt.Errorf("-db mysql needs -dsn (user:pass@tcp(host:port)/db): %w", perr)
 		}
-		// Times scanned as time.Time (in UTC unless the DSN says loc=),
-		// and, unless the DSN says otherwise, one round trip per statement
-		// instead of prepare, execute and close (see sqlstore's README,
-		// "Connection settings").
+		// Times scanned as time.Time (in UTC unless the DSN says loc=), and
+		// unless the DSN says otherwise one round trip per statement instead
+		// of prepare, execute and close (sqlstore's README, "Connection settings").
 		cfg.ParseTime = true
-		if !strings.Contains(dsn, "interpolateParams=") {
-			cfg.InterpolateParams = true
-		}
+		cfg.InterpolateParams = cfg.InterpolateParams || !strings.Contains(dsn, "interpolateParams=")
 		sdb, err = sql.Open("mysql", cfg.FormatDSN())
 	default:
 		return nil, fmt.Errorf("-db %q: want sqlite, postgres or mysql", db)
