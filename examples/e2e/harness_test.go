@@ -30,6 +30,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
+	"github.com/idemkit/idem/examples/benchrig"
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
@@ -419,29 +420,12 @@ func openDB(t testing.TB, driver, dsn string) *sql.DB {
 // count runs a SELECT COUNT(*) on the database.
 func (d *database) count(t testing.TB, query string, args ...any) int {
 	t.Helper()
-	if d.kind == "postgres" {
-		query = dollar(query)
-	}
+	query = benchrig.Rebind(d.kind, query)
 	var n int
 	if err := d.db.QueryRow(query, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %s: %v", d.kind, query, err)
 	}
 	return n
-}
-
-// dollar rewrites ? placeholders as $1, $2, ... for Postgres.
-func dollar(q string) string {
-	var b strings.Builder
-	n := 0
-	for _, c := range q {
-		if c == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
 }
 
 // writerBusy reports whether a SQLite write transaction is open on the
