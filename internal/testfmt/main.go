@@ -49,6 +49,7 @@ type report struct {
 	verbose bool
 	running map[string]time.Time // package → when it started
 	output  map[string][]string  // package or package+test → its output lines, until it passes
+	order   []string             // the keys of output, in the order first seen
 	failed  bool
 }
 
@@ -93,6 +94,9 @@ func (r *report) line(s string) {
 		if r.verbose {
 			fmt.Fprint(r.out, ev.Output)
 		}
+		if _, seen := r.output[key]; !seen {
+			r.order = append(r.order, key)
+		}
 		r.output[key] = append(r.output[key], ev.Output)
 	case "pass", "skip":
 		if ev.Test != "" {
@@ -119,6 +123,17 @@ func (r *report) line(s string) {
 		}
 		delete(r.running, ev.Package)
 		if !r.verbose {
+			// Tests that neither passed nor failed were still running
+			// when the package ended: a timeout or a panic, whose dump
+			// test2json files under the last test it saw start.
+			for _, k := range r.order {
+				if k != key && strings.HasPrefix(k, ev.Package+" ") && r.output[k] != nil {
+					fmt.Fprintf(r.out, "      --- unfinished: %s\n", strings.TrimPrefix(k, ev.Package+" "))
+					for _, o := range dump(r.output[k]) {
+						fmt.Fprint(r.out, "      "+o)
+					}
+				}
+			}
 			for _, o := range r.output[key] {
 				fmt.Fprint(r.out, "      "+o)
 			}
@@ -135,6 +150,54 @@ func (r *report) forget(pkg string) {
 			delete(r.output, k)
 		}
 	}
+	r.order = slices.DeleteFunc(r.order, func(k string) bool { return strings.HasPrefix(k, pkg+" ") })
+}
+
+// maxDump bounds the lines dump keeps of one unfinished test.
+const maxDump = 1500
+
+// dump is what is printed of an unfinished test's output: every line
+// before the goroutine dump, and of the dump the goroutines whose stacks
+// pass through the project's code (github.com/idemkit) or the test
+// runner's alarm, which name what was stuck; the runtime's and the
+// drivers' idle goroutines are counted, not printed. At most maxDump
+// lines, the rest counted.
+func dump(lines []string) []string {
+	var out []string
+	var block []string
+	dropped := 0
+	flush := func() {
+		if len(block) == 0 {
+			return
+		}
+		keep := !strings.HasPrefix(block[0], "goroutine ")
+		for _, l := range block {
+			if strings.Contains(l, "github.com/idemkit/") || strings.Contains(l, "startAlarm") {
+				keep = true
+			}
+		}
+		if keep {
+			out = append(out, block...)
+		} else {
+			dropped++
+		}
+		block = block[:0]
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "goroutine ") {
+			flush()
+		}
+		block = append(block, l)
+	}
+	flush()
+	if dropped > 0 {
+		out = append(out, fmt.Sprintf("(%d goroutines outside github.com/idemkit left out)\n", dropped))
+	}
+	if len(out) > maxDump {
+		n := len(out) - maxDump
+		out = append(out[:maxDump:maxDump], fmt.Sprintf("(%d more lines left out)\n", n))
+	}
+	return out
 }
 
 // tick names the packages still running, every d.

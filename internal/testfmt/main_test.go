@@ -39,3 +39,40 @@ func TestRun(t *testing.T) {
 		t.Errorf("exit %d for a passing stream, want 0:\n%s", code, out.String())
 	}
 }
+
+// A timeout's dump is filed under the last test that started, which never
+// ends; the package's failure must still print it, and of its goroutines
+// those in the project's code.
+const timeout = `{"Action":"start","Package":"example.com/a"}
+{"Action":"run","Package":"example.com/a","Test":"TestQuick"}
+{"Action":"pass","Package":"example.com/a","Test":"TestQuick","Elapsed":0.1}
+{"Action":"run","Package":"example.com/a","Test":"TestHang"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"panic: test timed out after 10m0s\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"\trunning tests:\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"\t\tTestHang (10m0s)\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"goroutine 7 [select]:\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"github.com/idemkit/idem/core.(*call).wait(...)\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"goroutine 9 [IO wait]:\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"internal/poll.runtime_pollWait(...)\n"}
+{"Action":"output","Package":"example.com/a","Test":"TestHang","Output":"\n"}
+{"Action":"output","Package":"example.com/a","Output":"FAIL\texample.com/a\t600.0s\n"}
+{"Action":"fail","Package":"example.com/a","Elapsed":600}
+`
+
+func TestRunTimeout(t *testing.T) {
+	var out strings.Builder
+	if code := run(strings.NewReader(timeout), &out, false, 0); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	got := out.String()
+	for _, want := range []string{"--- unfinished: TestHang\n", "panic: test timed out after 10m0s\n", "\t\tTestHang (10m0s)\n", "core.(*call).wait", "(1 goroutines outside github.com/idemkit left out)\n", "FAIL  example.com/a 600.0s\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "runtime_pollWait") || strings.Contains(got, "TestQuick") {
+		t.Errorf("an idle goroutine or a passed test was printed:\n%s", got)
+	}
+}
