@@ -16,16 +16,34 @@ import (
 	"github.com/idemkit/idem/core/store"
 )
 
-// partitioned is a TxStore whose lease extensions fail while cut is set,
-// as across a network partition: the attempt lives on, its lease lapses,
-// and a retry takes it over.
+// partitioned is a TxStore behind which the attempts claimed while cut is
+// set are cut off from the store for good, as a process across a network
+// partition: the attempt lives on, its lease extensions fail, its lease
+// lapses, and a retry from elsewhere takes it over. Claims made after cut
+// is cleared are not partitioned, so the takeover's own lease holds and
+// the old attempt's heartbeat cannot renew its lease before the takeover
+// claims (a partition healed at that moment would race the two).
 type partitioned struct {
 	store.TxStore
-	cut atomic.Bool
+	cut  atomic.Bool
+	mu   sync.Mutex
+	lost map[int64]bool // tokens of the attempts cut off
+}
+
+func (p *partitioned) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if p.cut.Load() {
+		p.mu.Lock()
+		p.lost[req.Token] = true
+		p.mu.Unlock()
+	}
+	return p.TxStore.Claim(ctx, req)
 }
 
 func (p *partitioned) Extend(ctx context.Context, id store.ID, token int64, until time.Time) error {
-	if p.cut.Load() {
+	p.mu.Lock()
+	lost := p.lost[token]
+	p.mu.Unlock()
+	if lost {
 		return fmt.Errorf("%w: sqlstoretest: partitioned", core.ErrStoreUnavailable)
 	}
 	return p.TxStore.Extend(ctx, id, token, until)
@@ -43,7 +61,7 @@ func (p *partitioned) Extend(ctx context.Context, id store.ID, token int64, unti
 // once. (Issue 21, item 5: a takeover ran the local writes twice.)
 func leasedLocalWrites(t *testing.T, cfg Config) {
 	f := cfg.New(t)
-	st := &partitioned{TxStore: f.Store}
+	st := &partitioned{TxStore: f.Store, lost: map[int64]bool{}}
 	f.Store = st
 	e, err := core.New(st, core.WithSingleCaller(), core.WithLease(200*time.Millisecond), core.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))))
 	if err != nil {
@@ -85,6 +103,8 @@ func leasedLocalWrites(t *testing.T, cfg Config) {
 	}), core.Leased()))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // before srv.Close, which waits for the held handler
 	ctx := ctxT(t)
 
 	// A plain run: the row commits with the record, the retry replays.
@@ -108,14 +128,18 @@ func leasedLocalWrites(t *testing.T, cfg Config) {
 	st.cut.Store(true)
 	old := make(chan answer, 1)
 	go func() { old <- post(ctx, srv.Client(), url, item, `{}`) }()
-	<-entered
-	time.Sleep(500 * time.Millisecond) // the lease (200 ms) lapses: nothing extends it
+	select {
+	case <-entered:
+	case a := <-old:
+		t.Fatalf("the first attempt answered before it waited on the provider: %v", a)
+	}
 	st.cut.Store(false)
+	time.Sleep(500 * time.Millisecond) // the lease (200 ms) lapses: nothing extends it
 	takeover := post(ctx, srv.Client(), url, item, `{}`)
 	if takeover.err != nil || takeover.status != http.StatusCreated || takeover.replayed {
 		t.Fatalf("the takeover: %v, want its own 201", takeover)
 	}
-	close(release)
+	unblock()
 	a := <-old
 	if a.err != nil || a.status == http.StatusCreated {
 		t.Fatalf("the attempt that lost its lease: %v, want no 201 of its own (its completion is fenced)", a)
