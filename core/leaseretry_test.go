@@ -1,15 +1,20 @@
 package core_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/memstore"
+	"github.com/idemkit/idem/core/store"
 )
 
 // busy checks that w is a 409 in-progress with Retry-After want (seconds).
@@ -148,4 +153,70 @@ func TestRetryAfterInAtomicModeIsTheDefault(t *testing.T) {
 		}
 		<-done
 	})
+}
+
+// unsettleable is a store on which a lapsed record can be neither taken
+// over (a claim's Takeover is not honoured, as when the database cannot
+// lock the row) nor marked indeterminate (Complete fails). It counts the
+// claims, and fails them past 50 so that a test of a spinning engine ends.
+type unsettleable struct {
+	store.Store
+	claims atomic.Int64
+}
+
+func (u *unsettleable) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if u.claims.Add(1) > 50 {
+		return store.ClaimResult{}, errors.New("unsettleable: the engine keeps claiming")
+	}
+	req.Takeover = false
+	return u.Store.Claim(ctx, req)
+}
+
+func (u *unsettleable) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
+	return fmt.Errorf("%w: unsettleable", core.ErrStoreUnavailable)
+}
+
+// A retry that meets a lapsed lease it cannot settle (the takeover is not
+// honoured, or marking the record indeterminate fails) answers 409 after
+// a few claims instead of claiming again without end, a hot loop against
+// the database for as long as the record stays so.
+func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		opts []core.Option
+	}{{"takeover", nil}, {"without-takeover", []core.Option{core.WithoutTakeover()}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := memstore.New()
+				dead, err := core.New(&flaky{Store: st}, core.WithSingleCaller(), quiet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				u := &unsettleable{Store: st}
+				alive, err := core.New(u, append([]core.Option{core.WithSingleCaller(), quiet}, mode.opts...)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gone := make(chan struct{})
+				defer close(gone)
+				hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					dead.Store().(*flaky).paused.Store(true)
+					<-gone
+				}), core.Scope("pay"))
+				ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					t.Error("the handler ran while the lapsed attempt's record stands")
+				}), core.Scope("pay"))
+				go post(hd, "k")
+				synctest.Wait()
+				time.Sleep(time.Minute) // the lease lapsed
+				w := post(ha, "k")
+				if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "in-progress") {
+					t.Errorf("retry: %d %s, want 409 in-progress", w.Code, w.Body)
+				}
+				if n := u.claims.Load(); n > 10 {
+					t.Errorf("the retry claimed %d times, want a few", n)
+				}
+			})
+		})
+	}
 }

@@ -393,6 +393,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 	// fingerprints: the first claim never takes over; a second one does,
 	// when the lapsed record's request matches this one.
 	takeover := false
+	settles := 0 // of lapsed records, each followed by a claim again
 	for {
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
@@ -465,25 +466,31 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 			}
 			continue // resolved as not applied: the record is gone, claim again
 		}
-		// In progress.
-		if !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now) {
-			if e.cfg.takeover {
-				takeover = true // the same request: take the lapsed lease over
-				continue
+		// In progress. A lapsed lease: the attempt died (or lost its
+		// store) and may have had an effect. An abandoned claim: a
+		// committed atomic claim that no attempt can still hold (a handler
+		// committed the shared transaction itself and its process died
+		// before the engine recorded the answer, or a caller committed its
+		// transaction after Once failed); its writes are durable and may
+		// include an effect. Either is settled, then claimed again: the
+		// same request takes a lapsed lease over; otherwise the record
+		// turns indeterminate (never run again blindly, never locked until
+		// expiry) and is resolved.
+		lapsed := !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now)
+		if lapsed || rt.abandonedClaim(rec, now) {
+			settles++
+			if settles > maxSettles {
+				// The takeover was not honoured or the record could not be
+				// marked (the store failed, or the row stayed locked):
+				// busy, rather than claiming again without end.
+				e.cfg.logger.WarnContext(sctx, "idempotency: a lapsed record could not be settled; answering in progress", slog.String("id", id.String()))
+				return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: observe.DecisionRejectedBusy}
 			}
-			// A lapsed lease without takeover: the attempt died and may have
-			// had an effect. Settle it as indeterminate, then resolve.
-			e.markIndeterminate(sctx, rec)
-			continue
-		}
-		if rt.abandonedClaim(rec, now) {
-			// A committed atomic claim that no attempt can still hold: a
-			// handler committed the shared transaction itself and its
-			// process died before the engine recorded the answer (or a
-			// caller committed its transaction after Once failed). Its
-			// writes are durable and may include an effect: indeterminate,
-			// never run again blindly, never locked until expiry.
-			e.markIndeterminate(sctx, rec)
+			if lapsed && e.cfg.takeover {
+				takeover = true
+			} else {
+				e.markIndeterminate(sctx, rec)
+			}
 			continue
 		}
 		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
@@ -500,6 +507,10 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		}
 	}
 }
+
+// maxSettles bounds how often one request settles a lapsed record (takes
+// it over, or marks it indeterminate) and claims again.
+const maxSettles = 3
 
 // mark is the mark that a claim of the route made at now writes with its
 // record (ClaimRequest.Mark): the route's name and the recorded request

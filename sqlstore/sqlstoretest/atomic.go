@@ -677,10 +677,10 @@ func (h *harness) vanishedRow(t *testing.T) {
 				}
 				fired = true
 				if tc.release {
-					delErr = f.Store.Release(context.Background(), held.ID, held.Token)
+					delErr = f.Store.Release(ctx, held.ID, held.Token)
 					deleted = 1
 				} else {
-					deleted, delErr = f.Store.DeleteExpired(context.Background(), later, 10)
+					deleted, delErr = f.Store.DeleteExpired(ctx, later, 10)
 				}
 			})
 			defer after(nil)

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -550,6 +552,13 @@ func raceSettlers(t *testing.T, round int, reps []*replica, key, body string) ([
 		})
 	}
 	close(gate)
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * failsafe):
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+		t.Fatalf("round %d: the completers and the retry did not end within %v (goroutines above)", round, 3*failsafe)
+	}
 	return results, retry
 }

@@ -446,21 +446,26 @@ func (h *harness) callerConcurrent(t *testing.T) {
 func (h *harness) callerInFlight(t *testing.T) {
 	f, ctx := h.cfg.New(t), ctxT(t)
 	req := h.req("caller-inflight", 71)
-	claimed, finish := make(chan struct{}), make(chan struct{})
+	claimed, finish := make(chan struct{}, 1), make(chan struct{})
 	errA := make(chan error, 1)
+	endA := sync.OnceFunc(func() { close(finish) })
+	t.Cleanup(endA) // before the fixture's cleanups, whose DROP would wait for A
 	go func() {
 		errA <- f.CallerManaged(ctx, func(ctx context.Context) error {
 			res, err := f.Store.Claim(ctx, req)
 			if err != nil || !res.Claimed {
-				close(claimed)
 				return fmt.Errorf("claim A: %+v, %v", res, err)
 			}
-			close(claimed)
+			claimed <- struct{}{}
 			<-finish
 			return f.Store.Complete(ctx, req.ID, req.Token, h.completion("caller-inflight"))
 		})
 	}()
-	<-claimed
+	select {
+	case <-claimed:
+	case err := <-errA: // A's transaction did not begin, or its claim failed
+		t.Fatalf("%v: A: %v", h.cfg.Dialect, err)
+	}
 	type out struct {
 		res     store.ClaimResult
 		err     error
@@ -491,7 +496,7 @@ func (h *harness) callerInFlight(t *testing.T) {
 			t.Fatalf("%v: B answered while A is open (%+v, %v): it should wait for A", h.cfg.Dialect, o.res, o.err)
 		default:
 		}
-		close(finish)
+		endA()
 		if err := <-errA; err != nil {
 			t.Fatal(err)
 		}
@@ -505,10 +510,10 @@ func (h *harness) callerInFlight(t *testing.T) {
 	select {
 	case o = <-outB:
 	case <-time.After(failsafe):
-		close(finish)
+		endA()
 		t.Fatalf("%v: B did not answer while A is open", h.cfg.Dialect)
 	}
-	close(finish)
+	endA()
 	if o.err != nil || o.res.Claimed || o.res.Record.State != store.StateInProgress {
 		t.Errorf("%v: B while A is open: %+v, %v; want in progress", h.cfg.Dialect, o.res, o.err)
 	}

@@ -287,7 +287,9 @@ func warm(t testing.TB, db *sql.DB, n int) {
 	var wg sync.WaitGroup
 	for i := range conns {
 		wg.Go(func() {
-			c, err := db.Conn(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), failsafe)
+			defer cancel()
+			c, err := db.Conn(ctx)
 			if err != nil {
 				t.Error(err)
 				return

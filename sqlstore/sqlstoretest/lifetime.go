@@ -73,13 +73,6 @@ func newPayService(t *testing.T, f Fixture, hold bool) *payService {
 	s := &payService{entered: make(chan struct{}, 8)}
 	if hold {
 		s.hold = make(chan struct{})
-		t.Cleanup(func() {
-			select {
-			case <-s.hold:
-			default:
-				close(s.hold)
-			}
-		})
 	}
 	pay := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.runs.Add(1)
@@ -115,6 +108,17 @@ func newPayService(t *testing.T, f Fixture, hold bool) *payService {
 	})
 	s.Server = httptest.NewServer(app)
 	t.Cleanup(s.Close)
+	if hold {
+		// Registered after s.Close, so it runs first: a test that ends
+		// early frees the handler it holds, which Close waits for.
+		t.Cleanup(func() {
+			select {
+			case <-s.hold:
+			default:
+				close(s.hold)
+			}
+		})
+	}
 	return s
 }
 

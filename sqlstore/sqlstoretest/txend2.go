@@ -287,8 +287,13 @@ func atomicHandlerCommitThenCrash(t *testing.T, cfg Config) {
 	t.Cleanup(func() { close(crashed) }) // before the servers close
 	ctx := ctxT(t)
 	item := "commit-crash-" + Table()[len("idem_t_"):]
-	go func() { _ = post(ctx, srv.Client(), srv.URL+"/pay?item="+item, item, `{}`) }()
-	<-entered
+	first := make(chan answer, 1)
+	go func() { first <- post(ctx, srv.Client(), srv.URL+"/pay?item="+item, item, `{}`) }()
+	select {
+	case <-entered:
+	case a := <-first:
+		t.Fatalf("the first request answered before its handler committed: %v", a)
+	}
 	if refused.Load() {
 		t.Log("the store refused the handler's Commit")
 		return
