@@ -71,10 +71,10 @@ func exactlyOnceAcross(t *testing.T, cfg ClusterConfig, leased, waits bool, opts
 		srvs[i] = newOrderServerRunning(t, f, leased, &runs, opts...)
 		warm(t, f.DB, concurrent/len(fs)+2)
 	}
-	ctx := ctxT(t)
 	lost := int64(0)
 	defer func() { t.Logf("%d rounds: %d first executions lost certification", rounds, lost) }()
 	for round := range rounds {
+		ctx := ctxT(t) // each round its own failsafe: one for all of them runs out on a loaded machine
 		runs.Store(0)
 		key := fmt.Sprintf("across-%d-%s", round, Table())
 		item := key

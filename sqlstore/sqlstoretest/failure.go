@@ -477,8 +477,8 @@ func (h *harness) callerInFlight(t *testing.T) {
 			dup := req
 			dup.Token = token
 			var o out
-			start := time.Now()
 			_ = f.CallerManaged(ctx, func(ctx context.Context) error {
+				start := time.Now() // the claim's own time: BEGIN and the pool's connection are not the claim's
 				o.res, o.err = f.Store.Claim(ctx, dup)
 				o.latency = time.Since(start)
 				return errRollback

@@ -238,7 +238,6 @@ func (h *harness) transactionEnds(t *testing.T) {
 	}
 	f := h.cfg.New(t)
 	s := newTxEndServer(t, f, d)
-	ctx := ctxT(t)
 	client := s.Client()
 	for _, end := range ends {
 		for _, effect := range []bool{true, false} {
@@ -247,6 +246,7 @@ func (h *harness) transactionEnds(t *testing.T) {
 				name += "/effect"
 			}
 			t.Run(name, func(t *testing.T) {
+				ctx := ctxT(t) // each case its own failsafe
 				item := strings.ReplaceAll(name, "/", "-") + "-" + Table()[len("idem_t_"):]
 				key := "txend-" + item
 				url := s.URL + "/pay?end=" + string(end) + "&item=" + item

@@ -42,6 +42,20 @@ type withinServer struct {
 	// beforeAnswer is called when the first byte of an answer is written
 	// to the client (the status), when set.
 	beforeAnswer func(item string)
+	// hold, when set, keeps the handler's transaction open after the
+	// insert until it is closed (see holdOpen).
+	hold chan struct{}
+}
+
+// holdOpen makes s's handlers keep their transaction open after the
+// insert until the returned release is called (once, or again: it is
+// idempotent). The test's cleanup releases them before the server's
+// Close, which waits for them.
+func (s *withinServer) holdOpen(t *testing.T) (release func()) {
+	s.hold = make(chan struct{})
+	release = sync.OnceFunc(func() { close(s.hold) })
+	t.Cleanup(release)
+	return release
 }
 
 type withinRequest struct {
@@ -117,6 +131,9 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 		}
 		if in.HoldMS > 0 {
 			time.Sleep(time.Duration(in.HoldMS) * time.Millisecond)
+		}
+		if s.hold != nil {
+			<-s.hold
 		}
 		status := in.Status
 		if status == 0 {
@@ -244,37 +261,61 @@ func withinExactlyOnce(t *testing.T, cfg Config) {
 const inFlightBound = 500 * time.Millisecond
 
 // withinInFlight: a duplicate of a request whose service transaction is
-// still open (its handler holds it 2 s) is answered 409 in progress with
-// Retry-After at once, never after waiting for the first's transaction
-// (on MySQL/MariaDB an INSERT of an id another open transaction inserted
-// waits for it, holding a pooled connection); the first then commits and
-// a retry replays it. SQLite, whose transactions take its one write lock
-// at BEGIN, cannot tell a duplicate before the first commits: there the
-// duplicate waits, then replays.
+// still open (its handler holds it until the duplicate has answered) is
+// answered 409 in progress with Retry-After at once, never after waiting
+// for the first's transaction (on MySQL/MariaDB an INSERT of an id another
+// open transaction inserted waits for it, holding a pooled connection);
+// the first then commits and a retry replays it. SQLite, whose
+// transactions take its one write lock at BEGIN, cannot tell a duplicate
+// before the first commits: there the duplicate waits, then replays.
 func withinInFlight(t *testing.T, cfg Config) {
 	f := cfg.New(t)
+	warm(t, f.DB, 2) // the duplicate's connection is not the one the first holds
 	srv := newWithinServer(t, f)
+	release := srv.holdOpen(t)
 	ctx := ctxT(t)
-	key, body := "within-inflight-"+Table(), withinBody(withinRequest{Item: "within-inflight", HoldMS: 2000})
+	key, body := "within-inflight-"+Table(), withinBody(withinRequest{Item: "within-inflight"})
 	firstCh := make(chan answer, 1)
 	go func() { firstCh <- post(ctx, srv.client, srv.URL+"/orders", key, body) }()
 	deadline := time.Now().Add(failsafe)
 	for srv.runs.Load() == 0 { // the handler runs once the claim is made
+		select {
+		case a := <-firstCh:
+			t.Fatalf("the first request answered before its handler ran: %v", a)
+		default:
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("the first request's handler did not run")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	dup := post(ctx, srv.client, srv.URL+"/orders", key, body)
-	switch {
-	case cfg.Dialect == sqlstore.SQLite:
-		if dup.err != nil || dup.status != http.StatusCreated || !dup.replayed {
+	dupCh := make(chan answer, 1)
+	go func() { dupCh <- post(ctx, srv.client, srv.URL+"/orders", key, body) }()
+	var dup answer
+	if cfg.Dialect == sqlstore.SQLite {
+		select {
+		case dup = <-dupCh:
+			t.Fatalf("SQLite: the duplicate answered while the first holds the write lock: %v", dup)
+		case <-time.After(300 * time.Millisecond):
+		}
+		release()
+		if dup = <-dupCh; dup.err != nil || dup.status != http.StatusCreated || !dup.replayed {
 			t.Errorf("SQLite: the duplicate: %v, want the first's 201 replayed once it committed", dup)
 		}
-	case dup.err != nil || dup.status != http.StatusConflict || dup.retryAfter == "" || !strings.HasPrefix(dup.contentType, "application/problem+json"):
-		t.Errorf("%v: the duplicate while the first's transaction is open: %v, want a 409 in-progress problem with Retry-After", cfg.Dialect, dup)
-	case dup.latency > inFlightBound:
-		t.Errorf("%v: the duplicate was answered after %v, want at once (under %v): it waited for the first's transaction", cfg.Dialect, dup.latency, inFlightBound)
+	} else {
+		select {
+		case dup = <-dupCh:
+		case <-time.After(failsafe / 2):
+			release()
+			t.Fatalf("%v: the duplicate was not answered while the first's transaction stayed open %v: it waits for it", cfg.Dialect, failsafe/2)
+		}
+		release()
+		switch {
+		case dup.err != nil || dup.status != http.StatusConflict || dup.retryAfter == "" || !strings.HasPrefix(dup.contentType, "application/problem+json"):
+			t.Errorf("%v: the duplicate while the first's transaction is open: %v, want a 409 in-progress problem with Retry-After", cfg.Dialect, dup)
+		case dup.latency > inFlightBound:
+			t.Errorf("%v: the duplicate was answered after %v, want at once (under %v)", cfg.Dialect, dup.latency, inFlightBound)
+		}
 	}
 	first := <-firstCh
 	if first.err != nil || first.status != http.StatusCreated || first.replayed {
