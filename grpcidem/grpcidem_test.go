@@ -60,6 +60,24 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// failsafe bounds a wait that must end: shorter than ctxT's deadline, so
+// the wait's own message wins over the call's DeadlineExceeded.
+const failsafe = 5 * time.Second
+
+// entering waits for a held handler to signal entered, and fails the test
+// when its call answers first (it never reached the handler) or nothing
+// happens within failsafe.
+func entering(t *testing.T, entered <-chan struct{}, call <-chan reply) {
+	t.Helper()
+	select {
+	case <-entered:
+	case r := <-call:
+		t.Fatalf("the first call answered before its handler ran: %v", r)
+	case <-time.After(failsafe):
+		t.Fatalf("the first call's handler did not start within %v", failsafe)
+	}
+}
+
 // order answers with the run number, which a second execution could not
 // repeat, and sets metadata.
 func order(svc func() *harness) grpcidemtest.Handler {
@@ -176,10 +194,12 @@ func TestInFlight(t *testing.T) {
 		<-gate
 		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
 	}, nil)
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // a test that ends early frees the held handler
 	ctx := ctxT(t)
-	firstDone := make(chan reply)
+	firstDone := make(chan reply, 1)
 	go func() { firstDone <- h.Call(ctx, create, "acct_1", "k1", map[string]any{"item": "tea"}) }()
-	<-entered
+	entering(t, entered, firstDone)
 	const dups = 8
 	var wg sync.WaitGroup
 	replies := make([]reply, dups)
@@ -199,7 +219,7 @@ func TestInFlight(t *testing.T) {
 			t.Fatalf("duplicate: reason %q, retry delay %v; want IN_PROGRESS, %v", why, delay, core.DefaultRetryAfter)
 		}
 	}
-	close(gate)
+	open()
 	first := <-firstDone
 	if first.Err != nil || first.Replayed {
 		t.Fatalf("first: %v", first)
@@ -411,14 +431,19 @@ func TestOutlivesClient(t *testing.T) {
 	gate, done := make(chan struct{}), make(chan error, 1)
 	callCtx := make(chan context.Context, 1) // the call's own context, as the server made it
 	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		select {
-		case callCtx <- ctx: // the first call's
-		default:
+		if info.FullMethod == create {
+			select {
+			case callCtx <- ctx: // the first call's
+			default:
+			}
 		}
 		return handler(ctx, req)
 	}
 	var h *harness
 	h = newHarness(t, nil, func(ctx context.Context, method string, req *structpb.Struct) (*structpb.Struct, error) {
+		if method != create {
+			return structpb.NewStruct(nil) // the warm-up
+		}
 		<-gate
 		err := ctx.Err()
 		done <- err
@@ -427,25 +452,49 @@ func TestOutlivesClient(t *testing.T) {
 		}
 		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
 	}, nil, outer)
-	short, cancel := context.WithTimeout(ctxT(t), 50*time.Millisecond)
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // a test that ends early frees the held handler
+	ctx := ctxT(t)
+	// grpc.NewClient dials on first use: warm the connection, so that the
+	// first call's short deadline is not spent on the dial and the HTTP/2
+	// handshake before the call is even sent.
+	if r := h.Call(ctx, other, "acct_1", "warm", map[string]any{}); r.Err != nil {
+		t.Fatalf("warm-up: %v", r)
+	}
+	want := float64(h.Runs.Load() + 1) // the first call's answer: its run number
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if r := h.Call(short, create, "acct_1", "k", map[string]any{"item": "tea"}); r.Code() != codes.DeadlineExceeded {
 		t.Fatalf("first: %v, want DeadlineExceeded", r)
 	}
-	<-(<-callCtx).Done() // the server has seen the deadline pass
-	close(gate)
-	if err := <-done; err != nil {
-		t.Fatalf("the handler's context ended with its client: %v", err)
+	var server context.Context
+	select {
+	case server = <-callCtx:
+	case <-time.After(failsafe):
+		t.Fatalf("the first call never reached the server: its deadline passed before it was sent")
+	}
+	select {
+	case <-server.Done(): // the server has seen the deadline pass
+	case <-time.After(failsafe):
+		t.Fatalf("the server's context of the first call did not end within %v of its deadline", failsafe)
+	}
+	open()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the handler's context ended with its client: %v", err)
+		}
+	case <-time.After(failsafe):
+		t.Fatalf("the handler did not return within %v of its gate opening", failsafe)
 	}
 	// The handler returned; its outcome is recorded before the interceptor
 	// returns, which the retry may overtake: retry while it is in progress.
-	ctx := ctxT(t)
 	for {
 		r := h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"})
 		if r.Code() == codes.Aborted {
 			continue
 		}
-		if !r.Replayed || r.Resp.AsMap()["order"] != float64(1) {
+		if !r.Replayed || r.Resp.AsMap()["order"] != want {
 			t.Fatalf("retry: %v, want the first answer replayed", r)
 		}
 		break
@@ -590,13 +639,23 @@ func TestWaitInFlight(t *testing.T) {
 		<-gate
 		return structpb.NewStruct(map[string]any{"order": float64(h.Runs.Load())})
 	}, []grpcidem.Option{grpcidem.WithMethod(create, core.WaitInFlight(10*time.Second))})
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // a test that ends early frees the held handler
 	ctx := ctxT(t)
 	first, dup := make(chan reply, 1), make(chan reply, 1)
 	go func() { first <- h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}) }()
-	<-entered
+	entering(t, entered, first)
 	go func() { dup <- h.Call(ctx, create, "acct_1", "k", map[string]any{"item": "tea"}) }()
-	<-store.busy // the duplicate met the first in progress, and waits
-	close(gate)
+	select {
+	case <-store.busy: // the duplicate met the first in progress, and waits
+	case r := <-dup:
+		t.Fatalf("duplicate: %v before it met the first in progress", r)
+	case r := <-first:
+		t.Fatalf("first: %v while its handler is held", r)
+	case <-time.After(failsafe):
+		t.Fatalf("the duplicate did not meet the first in progress within %v", failsafe)
+	}
+	open()
 	a, b := <-first, <-dup
 	if a.Err != nil || b.Err != nil || !b.Replayed || !proto.Equal(a.Resp, b.Resp) {
 		t.Fatalf("first %v, duplicate %v; want the duplicate to replay the first", a, b)

@@ -25,6 +25,9 @@ import (
 	"github.com/idemkit/idem/sqlstore/sqlstoretest"
 )
 
+// failsafe bounds a wait that must end.
+const failsafe = 10 * time.Second
+
 // roundTrips counts the round trips a pool makes: a round trip starts with
 // the first write after a read (or the first write at all).
 type roundTrips struct {
@@ -200,8 +203,13 @@ func TestRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release, wait := pgxstore.HoldRollbacks(s)
 	p := newPayment(t, pool, setup.Table())
+	// The counted pools have one connection, which a held rollback keeps:
+	// every hold is released at cleanup, registered after the pools and
+	// the tables, so it runs before their Close and DROPs (release is
+	// once-only).
+	release, wait := pgxstore.HoldRollbacks(s)
+	t.Cleanup(release)
 	unprotected := func() error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.run(ctx, tx, 7) })
 	}
@@ -246,6 +254,7 @@ func TestRoundTrips(t *testing.T) {
 	}
 
 	release, wait = pgxstore.HoldRollbacks(s)
+	t.Cleanup(release)
 	replay := measure("replay", func() {
 		if w := serve(h, key); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("replay: %d %s", w.Code, w.Body)
@@ -269,16 +278,24 @@ func TestRoundTrips(t *testing.T) {
 	}
 	dupTrips := func(key string) int {
 		hold, entered := make(chan struct{}), make(chan struct{}, 1)
+		free := sync.OnceFunc(func() { close(hold) })
+		t.Cleanup(free) // a test that ends early frees the handler, whose open transaction the DROPs would wait for
 		held := protectedPayment(t, setup, p, hold, entered)
-		done := make(chan *httptest.ResponseRecorder)
+		done := make(chan *httptest.ResponseRecorder, 1)
 		go func() { done <- serve(held, key) }()
-		<-entered
+		select {
+		case <-entered:
+		case w := <-done:
+			t.Fatalf("held first execution answered before its handler: %d %s", w.Code, w.Body)
+		case <-time.After(failsafe):
+			t.Fatalf("held first execution: its handler did not start within %v", failsafe)
+		}
 		before := twinRT.count()
 		if w := serve(twinH, key); w.Code != http.StatusConflict {
 			t.Errorf("in-flight duplicate: %d %s, want 409", w.Code, w.Body)
 		}
 		n := twinRT.count() - before
-		close(hold)
+		free()
 		if w := <-done; w.Code != http.StatusCreated {
 			t.Fatalf("held first execution: %d %s", w.Code, w.Body)
 		}
@@ -286,6 +303,7 @@ func TestRoundTrips(t *testing.T) {
 	}
 	dupTrips("rt-inflight-warm-" + sqlstoretest.Table()) // prepares the read and the claim statement on the twin's connection
 	twinRelease, twinWait := pgxstore.HoldRollbacks(twin)
+	t.Cleanup(twinRelease)
 	if dup := dupTrips("rt-inflight-" + sqlstoretest.Table()); dup != 3 {
 		t.Errorf("an in-flight duplicate from another process made %d round trips before its 409, want 3 (BEGIN and the INSERT; the read; the claim statement)", dup)
 	}
@@ -426,6 +444,8 @@ func TestRoundTripsLeased(t *testing.T) {
 	}
 	h, rt := counted("warm-this")
 	other, otherRT := counted("warm-other")
+	free := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(free) // after the pools': a test that ends early frees the held handler
 	measure := func(rt *roundTrips, fn func()) int {
 		before := rt.count()
 		fn()
@@ -448,9 +468,15 @@ func TestRoundTripsLeased(t *testing.T) {
 	}
 	holding.Store(true)
 	key2 := key + "-inflight"
-	done := make(chan *httptest.ResponseRecorder)
+	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { done <- serve(h, key2) }()
-	<-entered
+	select {
+	case <-entered:
+	case w := <-done:
+		t.Fatalf("held first execution answered before its handler: %d %s", w.Code, w.Body)
+	case <-time.After(failsafe):
+		t.Fatalf("held first execution: its handler did not start within %v", failsafe)
+	}
 	holding.Store(false)
 	for name, c := range map[string]struct {
 		h  http.Handler
@@ -464,7 +490,7 @@ func TestRoundTripsLeased(t *testing.T) {
 			t.Errorf("an in-flight duplicate from %s made %d round trips, want 2 (the INSERT, the read)", name, n)
 		}
 	}
-	close(hold)
+	free()
 	if w := <-done; w.Code != http.StatusCreated {
 		t.Fatalf("held first execution: %d %s", w.Code, w.Body)
 	}

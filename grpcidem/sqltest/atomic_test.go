@@ -130,6 +130,10 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// failsafe bounds a wait that must end: shorter than ctxT's deadline, so
+// the wait's own message wins over the call's DeadlineExceeded.
+const failsafe = 10 * time.Second
+
 // TestAtomic runs gRPC calls in atomic mode on each database: the claim,
 // the handler's writes through sqlstore.Tx(ctx) and the recorded answer
 // commit together, before the client gets the answer, exactly as over
@@ -284,10 +288,21 @@ func concurrentDuplicates(t *testing.T, f *fixture) {
 		<-gate
 		return structpb.NewStruct(map[string]any{"order": float64(s.Runs.Load())})
 	}, nil)
+	// Registered after the fixture's and the server's cleanups, so it runs
+	// first: a handler held with its transaction open would block the
+	// fixture's DROP.
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open)
 	ctx := ctxT(t)
 	first := make(chan grpcidemtest.Reply, 1)
 	go func() { first <- s.Call(ctx, grpcidemtest.Create, "acct_1", "k1", map[string]any{"item": "tea"}) }()
-	<-entered
+	select {
+	case <-entered:
+	case r := <-first:
+		t.Fatalf("the first call answered before its handler wrote: %v", r)
+	case <-time.After(failsafe):
+		t.Fatalf("the first call's handler did not write within %v", failsafe)
+	}
 	const dups = 6
 	var wg sync.WaitGroup
 	var refused atomic.Int64
@@ -308,7 +323,7 @@ func concurrentDuplicates(t *testing.T, f *fixture) {
 			t.Errorf("%d of %d duplicates refused while the first ran: %v", refused.Load(), dups, replies)
 		}
 	}
-	close(gate)
+	open()
 	wg.Wait()
 	r := <-first
 	if r.Err != nil {

@@ -317,10 +317,13 @@ func TestGaleraOnceCallerManaged(t *testing.T) {
 		engines[i] = e
 	}
 	msg := core.Message{Consumer: "ledger", ID: "msg-" + sqlstoretest.Table()}
-	loserClaimed, winnerCommitted := make(chan struct{}), make(chan struct{})
+	loserClaimed, winnerCommitted, loserDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	commit := sync.OnceFunc(func() { close(winnerCommitted) })
+	t.Cleanup(commit) // after the fixtures': a test that ends early frees the loser, whose open transaction the DROP would wait for
 	var loserErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		defer close(loserDone)
 		loserErr = fs[1].CallerManaged(ctx, func(ctx context.Context) error {
 			_, err := engines[1].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
 				if err := fs[1].Insert(ctx, msg.ID); err != nil {
@@ -333,7 +336,13 @@ func TestGaleraOnceCallerManaged(t *testing.T) {
 			return err
 		})
 	})
-	<-loserClaimed
+	select {
+	case <-loserClaimed:
+	case <-loserDone:
+		t.Fatalf("the loser ended before its insert ran: %v", loserErr)
+	case <-time.After(failsafe):
+		t.Fatalf("the loser did not claim and insert within %v", failsafe)
+	}
 	err := fs[0].CallerManaged(ctx, func(ctx context.Context) error {
 		res, err := engines[0].Once(ctx, msg, func(ctx context.Context) ([]byte, error) {
 			return []byte("winner"), fs[0].Insert(ctx, msg.ID)
@@ -343,7 +352,7 @@ func TestGaleraOnceCallerManaged(t *testing.T) {
 		}
 		return err
 	})
-	close(winnerCommitted)
+	commit()
 	wg.Wait()
 	if err != nil {
 		t.Fatalf("winner: %v", err)

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
@@ -63,6 +65,10 @@ func TestRoundTrips(t *testing.T) {
 					opts = append(opts, core.Leased())
 				}
 				hold, held := make(chan struct{}), make(chan struct{})
+				// After the stores' cleanups, so it runs first: a test that
+				// ends early frees the held handler, whose open transaction
+				// (atomic mode) the DROP would wait for.
+				t.Cleanup(sync.OnceFunc(func() { close(hold) }))
 				handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					if r.Header.Get("X-Hold") != "" {
 						held <- struct{}{}
@@ -104,8 +110,15 @@ func TestRoundTrips(t *testing.T) {
 						return "waits for the first transaction (one writer at a time), then replays"
 					}
 					done := make(chan struct{})
-					go func() { defer close(done); send(key, "hold") }()
-					<-held
+					var heldCode int
+					go func() { defer close(done); heldCode, _, _ = send(key, "hold") }()
+					select {
+					case <-held:
+					case <-done:
+						t.Fatalf("the held first request of %s answered %d before its handler ran", key, heldCode)
+					case <-time.After(failsafe):
+						t.Fatalf("the held first request of %s: its handler did not start within %v", key, failsafe)
+					}
 					code, n, p := sendTo(h, counter, key)
 					hold <- struct{}{}
 					<-done
