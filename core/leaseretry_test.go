@@ -210,8 +210,8 @@ func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
 				synctest.Wait()
 				time.Sleep(time.Minute) // the lease lapsed
 				w := post(ha, "k")
-				if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "in-progress") {
-					t.Errorf("retry: %d %s, want 409 in-progress", w.Code, w.Body)
+				if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "in-progress") || w.Header().Get("Retry-After") != "1" {
+					t.Errorf("retry: %d Retry-After %q %s, want 409 in-progress with Retry-After 1", w.Code, w.Header().Get("Retry-After"), w.Body)
 				}
 				if n := u.claims.Load(); n > 10 {
 					t.Errorf("the retry claimed %d times, want a few", n)

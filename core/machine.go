@@ -393,7 +393,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 	// fingerprints: the first claim never takes over; a second one does,
 	// when the lapsed record's request matches this one.
 	takeover := false
-	settles := 0 // of lapsed records, each followed by a claim again
+	settles, settling := 0, int64(0) // settles of the record under token settling, each followed by a claim again
 	for {
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
@@ -478,6 +478,9 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		// expiry) and is resolved.
 		lapsed := !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now)
 		if lapsed || rt.abandonedClaim(rec, now) {
+			if rec.Token != settling { // another holder's record: settled afresh
+				settles, settling = 0, rec.Token
+			}
 			settles++
 			if settles > maxSettles {
 				// The takeover was not honoured or the record could not be

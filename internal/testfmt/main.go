@@ -153,15 +153,20 @@ func (r *report) forget(pkg string) {
 	r.order = slices.DeleteFunc(r.order, func(k string) bool { return strings.HasPrefix(k, pkg+" ") })
 }
 
-// maxDump bounds the lines dump keeps of one unfinished test.
-const maxDump = 1500
+// maxDump bounds the lines dump keeps of one unfinished test, maxLog
+// those of its log before the goroutine dump (its head and its tail).
+const (
+	maxDump = 1500
+	maxLog  = 300
+)
 
 // dump is what is printed of an unfinished test's output: every line
 // before the goroutine dump, and of the dump the goroutines whose stacks
 // pass through the project's code (github.com/idemkit) or the test
 // runner's alarm, which name what was stuck; the runtime's and the
 // drivers' idle goroutines are counted, not printed. At most maxDump
-// lines, the rest counted.
+// lines, the rest counted; of a log longer than maxLog before the dump,
+// its head and its tail.
 func dump(lines []string) []string {
 	var out []string
 	var block []string
@@ -176,9 +181,16 @@ func dump(lines []string) []string {
 				keep = true
 			}
 		}
-		if keep {
+		switch {
+		case keep && !strings.HasPrefix(block[0], "goroutine ") && len(block) > maxLog:
+			// The test's log before the dump: its end (the panic, the
+			// tests still running) is what names the hang.
+			out = append(out, block[:maxLog/10]...)
+			out = append(out, fmt.Sprintf("(%d lines of the test's log left out)\n", len(block)-maxLog))
+			out = append(out, block[len(block)-maxLog+maxLog/10:]...)
+		case keep:
 			out = append(out, block...)
-		} else {
+		default:
 			dropped++
 		}
 		block = block[:0]

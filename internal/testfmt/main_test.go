@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -74,5 +75,25 @@ func TestRunTimeout(t *testing.T) {
 	}
 	if strings.Contains(got, "runtime_pollWait") || strings.Contains(got, "TestQuick") {
 		t.Errorf("an idle goroutine or a passed test was printed:\n%s", got)
+	}
+}
+
+// A hung test that logged much keeps its log's head and tail: the panic
+// that ends it and the names of the tests still running are not lost.
+func TestDumpLongLog(t *testing.T) {
+	var lines []string
+	for i := range 1000 {
+		lines = append(lines, fmt.Sprintf("    a_test.go:9: line %d\n", i))
+	}
+	lines = append(lines, "panic: test timed out after 10m0s\n", "\trunning tests:\n", "\t\tTestHang (10m0s)\n", "\n",
+		"goroutine 7 [select]:\n", "github.com/idemkit/idem/core.(*call).wait(...)\n", "\n")
+	got := strings.Join(dump(lines), "")
+	for _, want := range []string{"line 0\n", "(704 lines of the test's log left out)\n", "panic: test timed out after 10m0s\n", "\t\tTestHang (10m0s)\n", "core.(*call).wait"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("dump lacks %q", want)
+		}
+	}
+	if strings.Contains(got, "line 500\n") {
+		t.Errorf("dump kept the middle of the log")
 	}
 }

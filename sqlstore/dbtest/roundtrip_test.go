@@ -64,7 +64,7 @@ func TestRoundTrips(t *testing.T) {
 				if leased {
 					opts = append(opts, core.Leased())
 				}
-				hold, held := make(chan struct{}), make(chan struct{})
+				hold, held := make(chan struct{}), make(chan struct{}, 1) // held: a late handler never blocks on it
 				// After the stores' cleanups, so it runs first: a test that
 				// ends early frees the held handler, whose open transaction
 				// (atomic mode) the DROP would wait for.

@@ -43,8 +43,9 @@ type withinServer struct {
 	// to the client (the status), when set.
 	beforeAnswer func(item string)
 	// hold, when set, keeps the handler's transaction open after the
-	// insert until it is closed (see holdOpen).
-	hold chan struct{}
+	// insert until it is closed (see holdOpen); atomic, as it is set
+	// while the server runs.
+	hold atomic.Pointer[chan struct{}]
 }
 
 // holdOpen makes s's handlers keep their transaction open after the
@@ -52,8 +53,9 @@ type withinServer struct {
 // idempotent). The test's cleanup releases them before the server's
 // Close, which waits for them.
 func (s *withinServer) holdOpen(t *testing.T) (release func()) {
-	s.hold = make(chan struct{})
-	release = sync.OnceFunc(func() { close(s.hold) })
+	hold := make(chan struct{})
+	s.hold.Store(&hold)
+	release = sync.OnceFunc(func() { close(hold) })
 	t.Cleanup(release)
 	return release
 }
@@ -132,8 +134,8 @@ func newWithinServer(t *testing.T, f Fixture) *withinServer {
 		if in.HoldMS > 0 {
 			time.Sleep(time.Duration(in.HoldMS) * time.Millisecond)
 		}
-		if s.hold != nil {
-			<-s.hold
+		if hold := s.hold.Load(); hold != nil {
+			<-*hold
 		}
 		status := in.Status
 		if status == 0 {
