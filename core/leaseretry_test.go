@@ -220,3 +220,61 @@ func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
 		})
 	}
 }
+
+// fencedRelease is a store whose Release is always fenced and changes
+// nothing, as a store that misreports a concurrent settler would.
+type fencedRelease struct {
+	store.Store
+	claims atomic.Int64
+}
+
+func (f *fencedRelease) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if f.claims.Add(1) > 50 {
+		return store.ClaimResult{}, errors.New("fencedRelease: the engine keeps claiming")
+	}
+	return f.Store.Claim(ctx, req)
+}
+
+func (f *fencedRelease) Release(context.Context, store.ID, int64) error { return core.ErrFenced }
+
+// A retry whose resolver says "not applied" about an indeterminate record
+// that the release then leaves as it was answers from the record (500
+// outcome-unknown) after a few claims, instead of asking the resolver and
+// claiming again without end.
+func TestIndeterminateRecordThatCannotBeReleased(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memstore.New()
+		dead, err := core.New(&flaky{Store: st}, core.WithSingleCaller(), core.WithoutTakeover(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fencedRelease{Store: st}
+		alive, err := core.New(f, core.WithSingleCaller(), core.WithoutTakeover(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone := make(chan struct{})
+		defer close(gone)
+		hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			dead.Store().(*flaky).paused.Store(true)
+			<-gone
+		}), core.Scope("pay"))
+		var asked atomic.Int64
+		ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t.Error("the handler ran while the indeterminate record stands")
+		}), core.Scope("pay"), core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
+			asked.Add(1)
+			return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
+		}))
+		go post(hd, "k")
+		synctest.Wait()
+		time.Sleep(time.Minute) // the lease lapsed: the retry marks the record indeterminate
+		w := post(ha, "k")
+		if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "outcome-unknown") {
+			t.Errorf("retry: %d %s, want 500 outcome-unknown", w.Code, w.Body)
+		}
+		if n := f.claims.Load(); n > 10 {
+			t.Errorf("the retry claimed %d times (the resolver asked %d times), want a few", n, asked.Load())
+		}
+	})
+}

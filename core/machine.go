@@ -393,7 +393,20 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 	// fingerprints: the first claim never takes over; a second one does,
 	// when the lapsed record's request matches this one.
 	takeover := false
-	settles, settling := 0, int64(0) // settles of the record under token settling, each followed by a claim again
+	// again counts a settle of rec (a takeover, a mark, a release by the
+	// resolver), each followed by a claim again, and reports whether the
+	// record under that token was settled maxSettles times already: a
+	// store that leaves it as it was (the row locked, the store failing,
+	// a release fenced by nobody) must not turn the request into a loop
+	// against it.
+	settles, settling := 0, int64(0)
+	again := func(rec store.Record) bool {
+		if rec.Token != settling {
+			settles, settling = 0, rec.Token
+		}
+		settles++
+		return settles > maxSettles
+	}
 	for {
 		now := e.cfg.clock()
 		req := rt.claimRequest(ident, id, fp, now)
@@ -460,6 +473,10 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		case store.StateCompleted:
 			return nil, rt.replay(sctx, rec)
 		case store.StateIndeterminate:
+			if again(rec) {
+				e.cfg.logger.WarnContext(sctx, "idempotency: an indeterminate record stayed as it was after its release; answering from it", slog.String("id", id.String()))
+				return nil, rt.indeterminate(sctx, rec)
+			}
 			a, retry := rt.resolve(sctx, rec)
 			if !retry {
 				return nil, a
@@ -478,11 +495,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		// expiry) and is resolved.
 		lapsed := !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now)
 		if lapsed || rt.abandonedClaim(rec, now) {
-			if rec.Token != settling { // another holder's record: settled afresh
-				settles, settling = 0, rec.Token
-			}
-			settles++
-			if settles > maxSettles {
+			if again(rec) {
 				// The takeover was not honoured or the record could not be
 				// marked (the store failed, or the row stayed locked):
 				// busy, rather than claiming again without end.
@@ -511,8 +524,9 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 	}
 }
 
-// maxSettles bounds how often one request settles a lapsed record (takes
-// it over, or marks it indeterminate) and claims again.
+// maxSettles bounds how often one request settles a record under one
+// token (takes a lapsed lease over, marks it indeterminate, releases it
+// for its resolver) and claims again.
 const maxSettles = 3
 
 // mark is the mark that a claim of the route made at now writes with its
@@ -747,11 +761,17 @@ func (rt *Route) resolve(ctx context.Context, rec store.Record) (a answer, retry
 			}
 		}
 	}
-	a = rt.replay(ctx, rec)
+	return rt.indeterminate(ctx, rec), false
+}
+
+// indeterminate is the answer from an indeterminate record: its recorded
+// answer (500 outcome-unknown, or the completer's).
+func (rt *Route) indeterminate(ctx context.Context, rec store.Record) answer {
+	a := rt.replay(ctx, rec)
 	if a.err == nil {
 		a.decision = observe.DecisionIndeterminate
 	}
-	return a, false
+	return a
 }
 
 // abandonedClaim reports whether rec is an atomic-mode claim (in progress,
