@@ -15,7 +15,9 @@
 # 3. For every module of the workspace (go list -m): go vet ./... and
 #    go test -race -count=1 [flags] ./..., with -json through
 #    internal/testfmt: a line as each package starts and ends, with its
-#    time, what failed, and every minute the packages still running; a
+#    time, what failed (a package that timed out: the tests that never
+#    ended and their goroutines in the project's code), and every minute
+#    the packages still running; a
 #    line as each module ends, with its time.
 # 4. The release rehearsal (scripts/release.sh --rehearse, about a minute):
 #    the release made in a throwaway copy at a version no one sees, a

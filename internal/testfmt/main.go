@@ -1,7 +1,8 @@
 // Command testfmt reports a `go test -json` stream as it runs, for
 // scripts/test.sh: a line when a package starts, a line when it ends (ok,
 // FAIL or skipped, with its time), the output of every failed test and of
-// a failed package, and, while packages run, a line every -every naming
+// a failed package (with the tests that never ended: a timeout's or a
+// panic's dump, see dump), and, while packages run, a line every -every naming
 // those still running and for how long, so that a long package never
 // leaves the screen silent for minutes. Lines that are not JSON are
 // printed as they are. With -v it prints every output line too.
