@@ -155,25 +155,58 @@ func TestRetryAfterInAtomicModeIsTheDefault(t *testing.T) {
 	})
 }
 
-// unsettleable is a store on which a lapsed record can be neither taken
-// over (a claim's Takeover is not honoured, as when the database cannot
-// lock the row) nor marked indeterminate (Complete fails). It counts the
-// claims, and fails them past 50 so that a test of a spinning engine ends.
-type unsettleable struct {
+// stubborn is a store that leaves a record as it was when the engine
+// settles it. With lease, a claim's Takeover is not honoured (as when the
+// database cannot lock the row) and Complete fails, so a lapsed record
+// can be neither taken over nor marked indeterminate; with release, its
+// Release is fenced and changes nothing (a store that misreports a
+// concurrent settler). It counts the claims, and fails them past 50 so
+// that a test of a spinning engine ends.
+type stubborn struct {
 	store.Store
-	claims atomic.Int64
+	lease, release bool
+	claims         atomic.Int64
 }
 
-func (u *unsettleable) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	if u.claims.Add(1) > 50 {
-		return store.ClaimResult{}, errors.New("unsettleable: the engine keeps claiming")
+func (s *stubborn) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if s.claims.Add(1) > 50 {
+		return store.ClaimResult{}, errors.New("stubborn: the engine keeps claiming")
 	}
-	req.Takeover = false
-	return u.Store.Claim(ctx, req)
+	req.Takeover = req.Takeover && !s.lease
+	return s.Store.Claim(ctx, req)
 }
 
-func (u *unsettleable) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
-	return fmt.Errorf("%w: unsettleable", core.ErrStoreUnavailable)
+func (s *stubborn) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
+	if s.lease {
+		return fmt.Errorf("%w: stubborn", core.ErrStoreUnavailable)
+	}
+	return s.Store.Complete(ctx, id, token, c)
+}
+
+func (s *stubborn) Release(ctx context.Context, id store.ID, token int64) error {
+	if s.release {
+		return core.ErrFenced
+	}
+	return s.Store.Release(ctx, id, token)
+}
+
+// lapsedHolder leaves an attempt of key "k" (scope pay) in st that died
+// holding its lease, and returns once the lease has lapsed (in a synctest
+// bubble).
+func lapsedHolder(t *testing.T, st store.Store, opts ...core.Option) {
+	dead, err := core.New(&flaky{Store: st}, append([]core.Option{core.WithSingleCaller(), quiet}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := make(chan struct{})
+	t.Cleanup(func() { close(gone) })
+	hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dead.Store().(*flaky).paused.Store(true) // the process is gone: nobody extends its lease
+		<-gone
+	}), core.Scope("pay"))
+	go post(hd, "k")
+	synctest.Wait()
+	time.Sleep(time.Minute) // the lease lapsed
 }
 
 // A retry that meets a lapsed lease it cannot settle (the takeover is not
@@ -188,27 +221,15 @@ func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := memstore.New()
-				dead, err := core.New(&flaky{Store: st}, core.WithSingleCaller(), quiet)
-				if err != nil {
-					t.Fatal(err)
-				}
-				u := &unsettleable{Store: st}
+				lapsedHolder(t, st)
+				u := &stubborn{Store: st, lease: true}
 				alive, err := core.New(u, append([]core.Option{core.WithSingleCaller(), quiet}, mode.opts...)...)
 				if err != nil {
 					t.Fatal(err)
 				}
-				gone := make(chan struct{})
-				defer close(gone)
-				hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					dead.Store().(*flaky).paused.Store(true)
-					<-gone
-				}), core.Scope("pay"))
 				ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					t.Error("the handler ran while the lapsed attempt's record stands")
 				}), core.Scope("pay"))
-				go post(hd, "k")
-				synctest.Wait()
-				time.Sleep(time.Minute) // the lease lapsed
 				w := post(ha, "k")
 				if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "in-progress") || w.Header().Get("Retry-After") != "1" {
 					t.Errorf("retry: %d Retry-After %q %s, want 409 in-progress with Retry-After 1", w.Code, w.Header().Get("Retry-After"), w.Body)
@@ -221,22 +242,6 @@ func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
 	}
 }
 
-// fencedRelease is a store whose Release is always fenced and changes
-// nothing, as a store that misreports a concurrent settler would.
-type fencedRelease struct {
-	store.Store
-	claims atomic.Int64
-}
-
-func (f *fencedRelease) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	if f.claims.Add(1) > 50 {
-		return store.ClaimResult{}, errors.New("fencedRelease: the engine keeps claiming")
-	}
-	return f.Store.Claim(ctx, req)
-}
-
-func (f *fencedRelease) Release(context.Context, store.ID, int64) error { return core.ErrFenced }
-
 // A retry whose resolver says "not applied" about an indeterminate record
 // that the release then leaves as it was answers from the record (500
 // outcome-unknown) after a few claims, instead of asking the resolver and
@@ -244,21 +249,12 @@ func (f *fencedRelease) Release(context.Context, store.ID, int64) error { return
 func TestIndeterminateRecordThatCannotBeReleased(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memstore.New()
-		dead, err := core.New(&flaky{Store: st}, core.WithSingleCaller(), core.WithoutTakeover(), quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := &fencedRelease{Store: st}
+		lapsedHolder(t, st, core.WithoutTakeover())
+		f := &stubborn{Store: st, release: true}
 		alive, err := core.New(f, core.WithSingleCaller(), core.WithoutTakeover(), quiet)
 		if err != nil {
 			t.Fatal(err)
 		}
-		gone := make(chan struct{})
-		defer close(gone)
-		hd := dead.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			dead.Store().(*flaky).paused.Store(true)
-			<-gone
-		}), core.Scope("pay"))
 		var asked atomic.Int64
 		ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			t.Error("the handler ran while the indeterminate record stands")
@@ -266,10 +262,7 @@ func TestIndeterminateRecordThatCannotBeReleased(t *testing.T) {
 			asked.Add(1)
 			return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
 		}))
-		go post(hd, "k")
-		synctest.Wait()
-		time.Sleep(time.Minute) // the lease lapsed: the retry marks the record indeterminate
-		w := post(ha, "k")
+		w := post(ha, "k") // marks the lapsed record indeterminate, then asks the resolver
 		if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "outcome-unknown") {
 			t.Errorf("retry: %d %s, want 500 outcome-unknown", w.Code, w.Body)
 		}

@@ -281,15 +281,7 @@ func TestRoundTrips(t *testing.T) {
 		free := sync.OnceFunc(func() { close(hold) })
 		t.Cleanup(free) // a test that ends early frees the handler, whose open transaction the DROPs would wait for
 		held := protectedPayment(t, setup, p, hold, entered)
-		done := make(chan *httptest.ResponseRecorder, 1)
-		go func() { done <- serve(held, key) }()
-		select {
-		case <-entered:
-		case w := <-done:
-			t.Fatalf("held first execution answered before its handler: %d %s", w.Code, w.Body)
-		case <-time.After(failsafe):
-			t.Fatalf("held first execution: its handler did not start within %v", failsafe)
-		}
+		done := serveHeld(t, held, key, entered)
 		before := twinRT.count()
 		if w := serve(twinH, key); w.Code != http.StatusConflict {
 			t.Errorf("in-flight duplicate: %d %s, want 409", w.Code, w.Body)
@@ -468,15 +460,7 @@ func TestRoundTripsLeased(t *testing.T) {
 	}
 	holding.Store(true)
 	key2 := key + "-inflight"
-	done := make(chan *httptest.ResponseRecorder, 1)
-	go func() { done <- serve(h, key2) }()
-	select {
-	case <-entered:
-	case w := <-done:
-		t.Fatalf("held first execution answered before its handler: %d %s", w.Code, w.Body)
-	case <-time.After(failsafe):
-		t.Fatalf("held first execution: its handler did not start within %v", failsafe)
-	}
+	done := serveHeld(t, h, key2, entered)
 	holding.Store(false)
 	for name, c := range map[string]struct {
 		h  http.Handler
@@ -567,4 +551,22 @@ func TestRoundTripsNamed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveHeld serves a first execution of key on h in the background and
+// returns once its handler signalled entered; it fails the test when the
+// request answers first (it never reached the handler) or nothing happens
+// within failsafe. The answer arrives on the channel returned.
+func serveHeld(t *testing.T, h http.Handler, key string, entered <-chan struct{}) <-chan *httptest.ResponseRecorder {
+	t.Helper()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(h, key) }()
+	select {
+	case <-entered:
+	case w := <-done:
+		t.Fatalf("held first execution answered before its handler: %d %s", w.Code, w.Body)
+	case <-time.After(failsafe):
+		t.Fatalf("held first execution: its handler did not start within %v", failsafe)
+	}
+	return done
 }
