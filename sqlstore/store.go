@@ -53,6 +53,9 @@ type Store struct {
 	// oneWriter: every process writes through one node of the cluster
 	// (WithOneWriterNode), so MultiPrimary reports false.
 	oneWriter bool
+	// wsrep: whether the server is a Galera node that other nodes write
+	// to (onGalera), learnt at the first claim that needs to know.
+	wsrep atomic.Int32
 }
 
 var (
