@@ -135,7 +135,7 @@ run() {
 	replay) script=fixed.lua ;;
 	esac
 	local f="$out/$db-$kind-$round.txt"
-	IDEM_PATH=$path IDEM_KEY="replay-$db-$$" wrk -t2 -c"$conns" -d"$duration" --latency -s "$root/scripts/e2e/$script" "http://127.0.0.1:$port" >"$f"
+	IDEM_PATH=$path IDEM_KEY="replay-$db-$$" wrk -t"$(( conns < 2 ? conns : 2 ))" -c"$conns" -d"$duration" --latency -s "$root/scripts/e2e/$script" "http://127.0.0.1:$port" >"$f"
 	if grep -q "Non-2xx" "$f"; then
 		echo "warning: $db $kind round $round: $(grep Non-2xx "$f")" >&2
 	fi
