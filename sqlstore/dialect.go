@@ -113,6 +113,7 @@ type queries struct {
 	insertNoWait  string // MariaDB: insert with innodb_lock_wait_timeout=0 (SET STATEMENT)
 	update        string // MySQL
 	read          string // plain read of the row, live or not
+	causalRead    string // MariaDB Galera: read, after the node applied what the cluster committed
 	get           string
 	complete      string
 	extend        string

@@ -39,6 +39,9 @@ func mysqlQueries(t string) queries {
 		insertNoWait: `SET STATEMENT innodb_lock_wait_timeout=0 FOR INSERT INTO ` + t + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, 1, ?, 1, ?, ?, ?, 0, NULL)`,
 		update:       `UPDATE ` + t + ` SET caller = ?, scope = ?, idem_key = ?, fingerprint = ?, state = 1, token = ?, attempt = ?, lease_until = ?, expires_at = ?, created_at = ?, status = 0, response = NULL WHERE id = ?`,
 		read:         `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
+		// Galera only (causalRead): the read waits for this node to apply
+		// what the cluster committed before it.
+		causalRead:   `SET STATEMENT wsrep_sync_wait=1 FOR SELECT ` + cols + ` FROM ` + t + ` WHERE id = ?`,
 		get:          `SELECT ` + cols + ` FROM ` + t + ` WHERE id = ? AND expires_at > ?`,
 		complete:     `UPDATE ` + t + ` SET state = ?, status = ?, response = ?, expires_at = ?, lease_until = NULL WHERE id = ? AND token = ? AND state IN (1, 3)`,
 		extend:       `UPDATE ` + t + ` SET lease_until = ?, expires_at = GREATEST(expires_at, ?) WHERE id = ? AND token = ? AND state = 1`,
@@ -184,6 +187,11 @@ func (s *Store) claimMySQL(ctx context.Context, req store.ClaimRequest) (store.C
 	}()
 	for try := 1; ; try++ {
 		res, err := s.claimLeasedMySQL(ctx, conn, req)
+		if err == nil && !res.Claimed && res.Record.Token == 0 && s.onGalera(ctx, conn) {
+			// In progress, and no read showed whose: on Galera most often
+			// another node's committed claim (causalRead).
+			res = s.causalRead(ctx, conn, req)
+		}
 		// A deadlock victim's short transaction was rolled back: claim again
 		// (see exec).
 		if err == nil || try == maxClaimTries || mysqlErrno(err) != erDeadlock {
@@ -453,11 +461,9 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req store.ClaimRequest
 			// Another transaction inserted the id between our probe and our
 			// insert and has not committed (MariaDB: at once; MySQL: not
 			// within innodb_lock_wait_timeout, see the README), or the id
-			// kept changing under us. Read what is committed: on Galera
-			// the holder is often another node's committed claim that this
-			// node is still applying, and a read with wsrep_sync_wait
-			// waits for it, so the duplicate gets the winner's record
-			// (storetest's ClaimRace with Peers); else in progress.
+			// kept changing under us. Read what is committed, as when the
+			// probe finds the row locked: a row committed since the probe
+			// answers (a replay, a live lease); else in progress.
 			res, _, err := s.claimReadMySQL(ctx, c, req)
 			return res, err
 		}
@@ -469,30 +475,13 @@ func (s *Store) claimMySQLIn(ctx context.Context, c Conn, req store.ClaimRequest
 // committed row if it is final (or held by a live lease), else in progress.
 // expired reports that the committed row is there but claimable (expired,
 // or a lapsed lease), so whoever holds it is deleting or replacing it.
-//
-// On a Galera node the holder of a row that no read finds is often
-// another node's claim, committed there and being applied here; a read
-// with wsrep_sync_wait=1 right after the lock failure does not always see
-// it yet (storetest's ClaimRace with Peers: about one duplicate in a
-// hundred races, seen again 2 ms later). So there the read looks again, a
-// few milliseconds at most (galeraApplyWaits), and the duplicate gets the
-// winner's record rather than an anonymous "in progress". A holder that
-// is an uncommitted transaction of this node still answers in progress,
-// after those milliseconds.
 func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req store.ClaimRequest) (res store.ClaimResult, expired bool, err error) {
 	var rec store.Record
-	found, err := s.readRecord(ctx, c, req.ID, &rec)
-	if err == nil && !found && s.onGalera(ctx, c) {
-		for _, d := range galeraApplyWaits {
-			if sleep(ctx, d) != nil {
-				break
-			}
-			if found, err = s.readRecord(ctx, c, req.ID, &rec); err != nil || found {
-				break
-			}
-		}
-	}
-	if err != nil {
+	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, req.ID[:]), &rec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		found = false
+	case err != nil:
 		return store.ClaimResult{}, false, unavailable("claim read", err)
 	}
 	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
@@ -501,23 +490,33 @@ func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req store.ClaimReque
 	return storeutil.InProgressElsewhere(req.ID), found, nil
 }
 
-// galeraApplyWaits are the pauses before each new read of claimReadMySQL
-// on a Galera node: 14 ms in all.
-var galeraApplyWaits = []time.Duration{2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond}
-
-// readRecord reads the committed row of id without locking it.
-func (s *Store) readRecord(ctx context.Context, c Conn, id store.ID, rec *store.Record) (bool, error) {
-	found, err := scanRecord(c.QueryRowContext(ctx, s.q.read, id[:]), rec)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+// causalRead answers a leased claim on a Galera node that found the row
+// locked by a holder whose row no read in the claim's transaction showed:
+// most often another node's claim, committed there and being applied
+// here. Inside a transaction MariaDB does not make a read wait for the
+// node to apply what the cluster committed (wsrep_sync_wait applies only
+// outside one), so that read can miss it. This read runs on conn after
+// the claim's transaction ended, in autocommit, with wsrep_sync_wait=1
+// for the statement: it waits until this node has applied every write
+// set the cluster committed before it, the other node's claim among
+// them, and the duplicate gets the winner's record, as on a single node
+// (storetest's ClaimRace with Peers). A holder that is an open
+// transaction of this node is still in progress. A read that fails
+// leaves the answer in progress.
+func (s *Store) causalRead(ctx context.Context, conn *sql.Conn, req store.ClaimRequest) store.ClaimResult {
+	var rec store.Record
+	found, err := scanRecord(conn.QueryRowContext(ctx, s.q.causalRead, req.ID[:]), &rec)
+	if err == nil && found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
+		return store.ClaimResult{Record: rec}
 	}
-	return found, err
+	return storeutil.InProgressElsewhere(req.ID)
 }
 
 // onGalera reports whether the server replicates with wsrep (a MariaDB
-// Galera node) and other nodes take writes too (no WithOneWriterNode),
-// asked once per store on c and remembered (wsrep). A failed question
-// answers false and is asked again next time.
+// Galera node) and other nodes take writes too (no WithOneWriterNode:
+// then no other node's claim can be in flight, and causalRead is not
+// needed), asked once per store on c and remembered (wsrep). A failed
+// question answers false and is asked again next time.
 func (s *Store) onGalera(ctx context.Context, c Conn) bool {
 	switch s.wsrep.Load() {
 	case wsrepOff:
