@@ -165,14 +165,18 @@ func TestRetryAfterInAtomicModeIsTheDefault(t *testing.T) {
 type stubborn struct {
 	store.Store
 	lease, release bool
-	claims         atomic.Int64
+	// until: lease refuses only the claims up to this one (a blip), when
+	// not 0.
+	until  int64
+	claims atomic.Int64
 }
 
 func (s *stubborn) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	if s.claims.Add(1) > 50 {
+	n := s.claims.Add(1)
+	if n > 50 {
 		return store.ClaimResult{}, errors.New("stubborn: the engine keeps claiming")
 	}
-	req.Takeover = req.Takeover && !s.lease
+	req.Takeover = req.Takeover && !(s.lease && (s.until == 0 || n <= s.until))
 	return s.Store.Claim(ctx, req)
 }
 
@@ -240,6 +244,58 @@ func TestLapsedRecordThatCannotBeSettled(t *testing.T) {
 			})
 		})
 	}
+}
+
+// With WaitInFlight, a retry that cannot settle a lapsed record (its
+// takeovers not honoured: a store blip) waits as an in-flight duplicate
+// does and settles it afresh, within the wait: a blip that passes ends in
+// the takeover and the handler's answer, not in a 409 while wait is left;
+// a store that never honours it gets 409 once the wait is over, after a
+// bounded number of claims.
+func TestLapsedRecordSettledWithinTheWait(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		until int64 // the claims whose takeover the store refuses; 0: all
+		want  int
+	}{{"blip", 6, http.StatusCreated}, {"never", 0, http.StatusConflict}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := memstore.New()
+				lapsedHolder(t, st)
+				u := &stubborn{Store: st, lease: true, until: tc.until}
+				alive, err := core.New(u, core.WithSingleCaller(), quiet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ran := 0
+				ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					ran++
+					w.WriteHeader(http.StatusCreated)
+				}), core.Scope("pay"), core.WaitInFlight(time.Second))
+				start := time.Now()
+				w := post(ha, "k")
+				if w.Code != tc.want {
+					t.Errorf("retry: %d %s, want %d", w.Code, w.Body, tc.want)
+				}
+				if want := btoi(tc.want == http.StatusCreated); ran != want {
+					t.Errorf("the handler ran %d times, want %d", ran, want)
+				}
+				if tc.want == http.StatusConflict && time.Since(start) < time.Second {
+					t.Errorf("409 after %v, before the wait (1s) was over", time.Since(start))
+				}
+				if n := u.claims.Load(); n > 40 {
+					t.Errorf("the retry claimed %d times, want a bounded few", n)
+				}
+			})
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // A retry whose resolver says "not applied" about an indeterminate record

@@ -494,22 +494,28 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 		// turns indeterminate (never run again blindly, never locked until
 		// expiry) and is resolved.
 		lapsed := !rec.LeaseUntil.IsZero() && !rec.LeaseUntil.After(now)
+		canWait := rt.p.wait > 0 && now.Before(deadline) && !joined
 		if lapsed || rt.abandonedClaim(rec, now) {
-			if again(rec) {
+			switch {
+			case !again(rec):
+				if lapsed && e.cfg.takeover {
+					takeover = true
+				} else {
+					e.markIndeterminate(sctx, rec)
+				}
+				continue
+			case !canWait:
 				// The takeover was not honoured or the record could not be
 				// marked (the store failed, or the row stayed locked):
 				// busy, rather than claiming again without end.
 				e.cfg.logger.WarnContext(sctx, "idempotency: a lapsed record could not be settled; answering in progress", slog.String("id", id.String()))
 				return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}, decision: observe.DecisionRejectedBusy}
 			}
-			if lapsed && e.cfg.takeover {
-				takeover = true
-			} else {
-				e.markIndeterminate(sctx, rec)
-			}
-			continue
+			// WaitInFlight time is left: wait as for an attempt in flight
+			// (a store blip passes), then settle the record once more.
+			settles = maxSettles - 1
 		}
-		if rt.p.wait <= 0 || !now.Before(deadline) || joined {
+		if !canWait {
 			return nil, answer{rec: rec, err: &RetryError{Err: ErrInProgress, RetryAfter: e.busyRetryAfter(rec, now)}, decision: observe.DecisionRejectedBusy}
 		}
 		wait := min(backoff, deadline.Sub(now))
