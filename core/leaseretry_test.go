@@ -167,8 +167,12 @@ type stubborn struct {
 	lease, release bool
 	// until: lease refuses only the claims up to this one (a blip), when
 	// not 0.
-	until  int64
-	claims atomic.Int64
+	until int64
+	// failMarks: the first failMarks completions fail (a blip while the
+	// retry marks the record indeterminate).
+	failMarks int64
+	claims    atomic.Int64
+	completes atomic.Int64
 }
 
 func (s *stubborn) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
@@ -181,7 +185,7 @@ func (s *stubborn) Claim(ctx context.Context, req store.ClaimRequest) (store.Cla
 }
 
 func (s *stubborn) Complete(ctx context.Context, id store.ID, token int64, c store.Completion) error {
-	if s.lease {
+	if s.lease || s.completes.Add(1) <= s.failMarks {
 		return fmt.Errorf("%w: stubborn", core.ErrStoreUnavailable)
 	}
 	return s.Store.Complete(ctx, id, token, c)
@@ -285,6 +289,49 @@ func TestLapsedRecordSettledWithinTheWait(t *testing.T) {
 				}
 				if n := u.claims.Load(); n > 40 {
 					t.Errorf("the retry claimed %d times, want a bounded few", n)
+				}
+			})
+		})
+	}
+}
+
+// A retry whose marks of a lapsed record fail a few times (a store blip)
+// and then succeed goes on to the resolver: the settles of the record in
+// progress are not counted against the indeterminate record it became,
+// with WaitInFlight (the mark succeeds after a pause) and without (it
+// succeeds at the last settle).
+func TestLapsedRecordMarkedAfterABlip(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		failMarks int64
+		wait      time.Duration
+	}{{"within-the-wait", 3, time.Second}, {"last-settle", 2, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := memstore.New()
+				lapsedHolder(t, st, core.WithoutTakeover())
+				u := &stubborn{Store: st, failMarks: tc.failMarks}
+				alive, err := core.New(u, core.WithSingleCaller(), core.WithoutTakeover(), quiet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var asked atomic.Int64
+				ran := 0
+				opts := []core.RouteOption{core.Scope("pay"), core.WithResolver(func(context.Context, store.Record) (core.Resolution, error) {
+					asked.Add(1)
+					return core.Resolution{Outcome: core.OutcomeNotApplied}, nil
+				})}
+				if tc.wait > 0 {
+					opts = append(opts, core.WaitInFlight(tc.wait))
+				}
+				ha := alive.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					ran++
+					w.WriteHeader(http.StatusCreated)
+				}), opts...)
+				w := post(ha, "k")
+				if w.Code != http.StatusCreated || ran != 1 || asked.Load() != 1 {
+					t.Errorf("retry: %d %s, the handler ran %d times, the resolver was asked %d times; want 201, once, once",
+						w.Code, w.Body, ran, asked.Load())
 				}
 			})
 		})

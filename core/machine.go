@@ -395,14 +395,16 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 	takeover := false
 	// again counts a settle of rec (a takeover, a mark, a release by the
 	// resolver), each followed by a claim again, and reports whether the
-	// record under that token was settled maxSettles times already: a
-	// store that leaves it as it was (the row locked, the store failing,
-	// a release fenced by nobody) must not turn the request into a loop
-	// against it.
-	settles, settling := 0, int64(0)
+	// record under that token and in that state was settled maxSettles
+	// times already: a store that leaves it as it was (the row locked,
+	// the store failing, a release fenced by nobody) must not turn the
+	// request into a loop against it. A record that changed state (in
+	// progress, then marked indeterminate under the same token) is
+	// settled afresh: the mark did its work.
+	settles, settling, settlingState := 0, int64(0), store.State(0)
 	again := func(rec store.Record) bool {
-		if rec.Token != settling {
-			settles, settling = 0, rec.Token
+		if rec.Token != settling || rec.State != settlingState {
+			settles, settling, settlingState = 0, rec.Token, rec.State
 		}
 		settles++
 		return settles > maxSettles

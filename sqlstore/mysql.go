@@ -401,6 +401,11 @@ func (s *Store) exec(ctx context.Context, c Conn, inTx bool, q string, args ...a
 	}
 }
 
+// galeraApplyWait bounds causalRead: how long a leased duplicate on a
+// Galera node waits for the node to apply another node's claim (a few
+// milliseconds when the node keeps up) before it answers in progress.
+const galeraApplyWait = 250 * time.Millisecond
+
 // leasedLockWait bounds how long a leased claim on MySQL/MariaDB queues
 // behind other leased claims of the same id (each holds the named lock for
 // one short transaction).
@@ -501,9 +506,17 @@ func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req store.ClaimReque
 // set the cluster committed before it, the other node's claim among
 // them, and the duplicate gets the winner's record, as on a single node
 // (storetest's ClaimRace with Peers). A holder that is an open
-// transaction of this node is still in progress. A read that fails
-// leaves the answer in progress.
+// transaction of this node is still in progress. The read waits at most
+// galeraApplyWait (a node far behind in applying must not hold a
+// duplicate, which is owed a quick answer); a read that fails or times
+// out leaves the answer in progress. A server without SET STATEMENT
+// (Percona XtraDB Cluster: waitingInsert) is not asked.
 func (s *Store) causalRead(ctx context.Context, conn *sql.Conn, req store.ClaimRequest) store.ClaimResult {
+	if s.waitingInsert.Load() {
+		return storeutil.InProgressElsewhere(req.ID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, galeraApplyWait)
+	defer cancel()
 	var rec store.Record
 	found, err := scanRecord(conn.QueryRowContext(ctx, s.q.causalRead, req.ID[:]), &rec)
 	if err == nil && found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {

@@ -94,6 +94,20 @@ func galeraFixtures(t *testing.T, l galeraLayout, opts ...sqlstore.Option) []sql
 			}
 		}
 	})
+	// Every node has the tables before its store is used: a node may
+	// still be applying the CREATE TABLEs when the first statement of a
+	// peer's store arrives (an UPDATE, which wsrep_sync_wait=1 does not
+	// make wait, failed with 1146 "doesn't exist" in storetest's
+	// SettleVisit, 2 runs in 40). A causal read of each table waits until
+	// the node has applied them.
+	for _, db := range dbs[1:] {
+		for _, tb := range []string{table, table + "_marks", orders} {
+			var n int
+			if err := db.QueryRowContext(ctx, "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*) FROM "+tb).Scan(&n); err != nil {
+				t.Fatalf("table %s on a peer node: %v", tb, err)
+			}
+		}
+	}
 	fs := make([]sqlstoretest.Fixture, len(dbs))
 	for i, db := range dbs {
 		s := s0
