@@ -489,7 +489,9 @@ func (s *Store) claimReadMySQL(ctx context.Context, c Conn, req store.ClaimReque
 	case errors.Is(err, sql.ErrNoRows):
 		found = false
 	case err != nil:
-		return store.ClaimResult{}, false, unavailable("claim read", err)
+		// In a transaction the database aborted (1213), the error says
+		// so (core.ErrTxAborted), as the probe's does.
+		return store.ClaimResult{}, false, s.failure(ctx, "claim read", err)
 	}
 	if found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req) {
 		return store.ClaimResult{Record: rec}, false, nil
