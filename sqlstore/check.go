@@ -145,8 +145,16 @@ func (s *Store) MultiPrimary(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return s.multiPrimary(ctx, c)
+}
+
+// multiPrimary is MultiPrimary's question, asked on c.
+func (s *Store) multiPrimary(ctx context.Context, c Conn) (bool, error) {
+	if s.d != MySQL || s.oneWriter {
+		return false, nil
+	}
 	var on int64
-	err = c.QueryRowContext(ctx, `SELECT @@wsrep_on`).Scan(&on)
+	err := c.QueryRowContext(ctx, `SELECT @@wsrep_on`).Scan(&on)
 	switch {
 	case mysqlErrno(err) == erUnknownSystemVariable:
 		return false, nil // MySQL without wsrep

@@ -532,8 +532,9 @@ func (s *Store) causalRead(ctx context.Context, conn *sql.Conn, req store.ClaimR
 // onGalera reports whether the server replicates with wsrep (a MariaDB
 // Galera node) and other nodes take writes too (no WithOneWriterNode:
 // then no other node's claim can be in flight, and causalRead is not
-// needed), asked once per store on c and remembered (wsrep). A failed
-// question answers false and is asked again next time.
+// needed): MultiPrimary's answer, asked once per store on c and
+// remembered (wsrep). A failed question answers false and is asked again
+// next time.
 func (s *Store) onGalera(ctx context.Context, c Conn) bool {
 	switch s.wsrep.Load() {
 	case wsrepOff:
@@ -541,29 +542,21 @@ func (s *Store) onGalera(ctx context.Context, c Conn) bool {
 	case wsrepOn:
 		return true
 	}
-	if s.oneWriter {
-		s.wsrep.Store(wsrepOff)
-		return false
-	}
-	var on int64
-	err := c.QueryRowContext(ctx, `SELECT @@wsrep_on`).Scan(&on)
+	on, err := s.multiPrimary(ctx, c)
 	switch {
-	case mysqlErrno(err) == erUnknownSystemVariable:
-		s.wsrep.Store(wsrepOff) // MySQL without wsrep
 	case err != nil:
 		return false
-	case on != 0:
+	case on:
 		s.wsrep.Store(wsrepOn)
 	default:
 		s.wsrep.Store(wsrepOff)
 	}
-	return on != 0
+	return on
 }
 
-// Values of Store.wsrep.
+// Values of Store.wsrep (0: not asked yet).
 const (
-	wsrepUnknown = iota
-	wsrepOff
+	wsrepOff = iota + 1
 	wsrepOn
 )
 
