@@ -142,9 +142,9 @@ func DB(ctx context.Context) *gorm.DB {
 			return v
 		}
 	case *deferred:
-		if tx := v.get(); tx != nil {
-			return tx
-		}
+		// Through sqlstore even when the transaction has begun: the
+		// store learns that the application has its connection (a
+		// transaction it wrote in does not end off the caller's path).
 		if _, err := sqlstore.ConnFrom(ctx); err != nil {
 			tx := v.base.WithContext(ctx)
 			_ = tx.AddError(err)
@@ -168,10 +168,7 @@ func TxFrom(ctx context.Context) *gorm.DB {
 			return v
 		}
 	case *deferred:
-		if tx := v.get(); tx != nil {
-			return tx
-		}
-		if _, err := sqlstore.ConnFrom(ctx); err == nil {
+		if _, err := sqlstore.ConnFrom(ctx); err == nil { // as DB
 			return v.get()
 		}
 	}

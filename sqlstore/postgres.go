@@ -104,6 +104,9 @@ func (s *Store) claimPostgresOnce(ctx context.Context, req store.ClaimRequest) (
 	case err != nil:
 		return store.ClaimResult{}, s.failure(ctx, "claim read", err)
 	case found && storeutil.Live(rec, req.Now) && !storeutil.Takeable(rec, req):
+		if l, ok := ctx.Value(connKey{}).(*lazyTx); ok && rec.State == store.StateCompleted {
+			l.replayed() // its transaction may end off the caller's path
+		}
 		return store.ClaimResult{Record: rec}, nil
 	}
 	return s.claimPostgresExisting(ctx, c, inTx, req)

@@ -69,6 +69,13 @@ type lazyTx struct {
 	forgotten bool       // its ids left the registry for good
 	ids       []store.ID // held in the registry
 	stop      func() bool
+	// uses counts the hand-outs of the connection (one per store
+	// statement, one per ConnFrom); replays those of Postgres claims that
+	// answered a completed record without claiming (replayed). When every
+	// use was such a claim, the transaction wrote nothing and holds
+	// nothing another claim must wait for: Rollback ends it off the
+	// caller's path.
+	uses, replays int
 }
 
 // started reports whether BEGIN has run.
@@ -92,6 +99,7 @@ func (l *lazyTx) connection() (Conn, error) {
 	case l.closed:
 		return nil, sql.ErrTxDone
 	case l.conn != nil:
+		l.uses++
 		return l.conn, nil
 	case l.err != nil:
 		return nil, l.err
@@ -102,7 +110,19 @@ func (l *lazyTx) connection() (Conn, error) {
 		return nil, err
 	}
 	l.conn, l.tx = c, tx
+	l.uses++
 	return c, nil
+}
+
+// replayed records that the statement of the last hand-out of the
+// connection was a claim that answered a completed record: it wrote
+// nothing, and whatever lock it took (the advisory lock of an id whose
+// row committed between its snapshot and its probe) guards a record that
+// is final.
+func (l *lazyTx) replayed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.replays++
 }
 
 // hold records that the transaction's claim of id succeeded, unless the
@@ -134,6 +154,7 @@ func (l *lazyTx) restart() bool {
 	}
 	_ = l.tx.Rollback()
 	l.conn, l.tx, l.err = nil, nil, nil
+	l.uses, l.replays = 0, 0
 	return true
 }
 
@@ -171,6 +192,13 @@ func (l *lazyTx) end(commit bool) error {
 			return fmt.Errorf("%w: %w: sqlstore: commit: %w", core.ErrTxAborted, core.ErrLostRace, err)
 		}
 		return err
+	case l.tx != nil && l.uses == l.replays:
+		// Nothing but replays ran: the ROLLBACK runs off the caller's
+		// path (a replay answers one round trip sooner), and the
+		// connection goes back to the pool once it has run.
+		tx := l.tx
+		go func() { _ = tx.Rollback() }()
+		return nil
 	case l.tx != nil:
 		return l.tx.Rollback()
 	case l.err != nil && commit:

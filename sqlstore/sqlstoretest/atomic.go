@@ -133,6 +133,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 		{"ok, an uncommitted claim is reported in progress without waiting", h.inFlight},
 		{"ok, another process's duplicate is reported in progress without waiting (SQLite: waits, then replays)", h.twin},
 		{"ok, first execution and replay cost the documented number of statements", h.statementCounts},
+		{"ok, a replay's transaction ends off the caller's path (Postgres); one that wrote or claimed ends on it", h.replayRollback},
 		{"ok, a record swept or released between the claim's INSERT and its read is gone: the claim claims, no 409", h.vanishedRow},
 		{"ok, concurrent duplicates run the business write exactly once", h.concurrent},
 		{"ok, a 4xx after a failed statement is recorded and replayed; the failed writes do not commit", h.failedStatement},
@@ -599,6 +600,106 @@ func (h *harness) statementCounts(t *testing.T) {
 	}
 	if cmRep != wantRep {
 		t.Errorf("caller-managed replay: %d statements, documented %d", cmRep, wantRep)
+	}
+}
+
+// replayRollback: on Postgres the transaction of a replay (Begin's, whose
+// only statement was a claim that answered a completed record: it wrote
+// nothing, and a completed record is final, so no lock it may hold can
+// keep another claim from an answer) ends off the caller's path: Rollback
+// returns while the database's ROLLBACK is held, and the connection goes
+// back to the pool once it has run, so a replay costs one round trip
+// less. A transaction that claimed, or in which the application ran a
+// statement, rolls back on the caller's path: Rollback waits for it.
+// Other dialects roll back on the caller's path (MariaDB's failed INSERT
+// leaves a shared lock on the row).
+func (h *harness) replayRollback(t *testing.T) {
+	if h.cfg.Dialect != sqlstore.Postgres {
+		t.Skip("Postgres only: other dialects roll a replay back on the caller's path")
+	}
+	f, ctx := h.cfg.New(t), ctxT(t)
+	if f.Counter == nil {
+		t.Skip("the fixture's pool is not a database/sql pool it counts (pgxstore: TestRoundTrips holds its rollbacks)")
+	}
+	req := h.req("rb-replay", 60)
+	if res, err := execute(ctx, f, req, h.completion("rb-replay")); err != nil || !res.Claimed {
+		t.Fatalf("first execution: %+v, %v", res, err)
+	}
+	release := f.Counter.HoldRollbacks()
+	t.Cleanup(release)
+	before := f.Counter.Rollbacks()
+	// rollback ends tx in a goroutine and reports whether Rollback
+	// returned while the ROLLBACK was held.
+	rollback := func(tx store.Tx) (returned bool, done <-chan error) {
+		ch := make(chan error, 1)
+		go func() { ch <- tx.Rollback() }()
+		select {
+		case err := <-ch:
+			ch <- err
+			return true, ch
+		case <-time.After(100 * time.Millisecond):
+			return false, ch
+		}
+	}
+	begin := func() (context.Context, store.Tx) {
+		t.Helper()
+		tctx, tx, err := f.Store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tctx, tx
+	}
+
+	tctx, tx := begin()
+	req.Token = 61
+	if res, err := f.Store.Claim(tctx, req); err != nil || res.Claimed || res.Record.State != store.StateCompleted {
+		t.Fatalf("replay claim: %+v, %v", res, err)
+	}
+	returned, done := rollback(tx)
+	if !returned {
+		t.Fatal("a replay's Rollback waited for the database's ROLLBACK: it is on the caller's path")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("a replay's Rollback: %v", err)
+	}
+
+	tctx, tx = begin()
+	if res, err := f.Store.Claim(tctx, h.req("rb-claimed", 62)); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	claimed, claimedDone := rollback(tx)
+
+	tctx, tx = begin()
+	req.Token = 63
+	if res, err := f.Store.Claim(tctx, req); err != nil || res.Claimed {
+		t.Fatalf("replay claim: %+v, %v", res, err)
+	}
+	if err := f.Insert(tctx, "rb-written"); err != nil {
+		t.Fatal(err)
+	}
+	written, writtenDone := rollback(tx)
+	release()
+	if claimed {
+		t.Error("the Rollback of a transaction that claimed returned before its ROLLBACK ran")
+	}
+	if written {
+		t.Error("the Rollback of a replay's transaction in which the application wrote returned before its ROLLBACK ran")
+	}
+	for _, ch := range []<-chan error{claimedDone, writtenDone} {
+		if err := <-ch; err != nil {
+			t.Errorf("Rollback: %v", err)
+		}
+	}
+	// The replay's ROLLBACK runs, and its connection goes back to the pool.
+	deadline := time.Now().Add(failsafe)
+	for f.Counter.Rollbacks() < before+3 || (f.DB != nil && f.DB.Stats().InUse > 0) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the 3 ROLLBACKs ran, %d connections in use, %v after they were released", f.Counter.Rollbacks()-before, f.DB.Stats().InUse, failsafe)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := f.Count(t, "rb-written"); n != 0 {
+		t.Errorf("%d rows of the rolled-back transaction committed", n)
 	}
 }
 

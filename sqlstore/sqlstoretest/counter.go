@@ -15,6 +15,8 @@ import (
 type Counter struct {
 	stmts, prepares atomic.Int64
 	held            atomic.Pointer[chan struct{}]      // see HoldBegins
+	heldRollbacks   atomic.Pointer[chan struct{}]      // see HoldRollbacks
+	rollbacks       atomic.Int64                       // ROLLBACKs that returned
 	after           atomic.Pointer[func(query string)] // see AfterStatement
 }
 
@@ -52,6 +54,24 @@ func (c *Counter) HoldBegins() (release func()) {
 		})
 	}
 }
+
+// HoldRollbacks makes every ROLLBACK on the pool wait until release is
+// called, as a slow network would: a test tells a rollback on the
+// request's path (the caller waits) from one off it. COMMIT goes on.
+func (c *Counter) HoldRollbacks() (release func()) {
+	ch := make(chan struct{})
+	c.heldRollbacks.Store(&ch)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.heldRollbacks.Store(nil)
+			close(ch)
+		})
+	}
+}
+
+// Rollbacks returns the number of ROLLBACKs that have returned so far.
+func (c *Counter) Rollbacks() int64 { return c.rollbacks.Load() }
 
 // Statements returns the number of statements run so far.
 func (c *Counter) Statements() int64 { return c.stmts.Load() }
@@ -131,10 +151,36 @@ func (w *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			return nil, ctx.Err()
 		}
 	}
+	var (
+		tx  driver.Tx
+		err error
+	)
 	if b, ok := w.inner.(driver.ConnBeginTx); ok {
-		return b.BeginTx(ctx, opts)
+		tx, err = b.BeginTx(ctx, opts)
+	} else {
+		tx, err = w.inner.Begin() //nolint:staticcheck // fallback for old drivers
 	}
-	return w.inner.Begin() //nolint:staticcheck // fallback for old drivers
+	if err != nil {
+		return nil, err
+	}
+	return &countedTx{inner: tx, c: w.c}, nil
+}
+
+// countedTx is a transaction of a counted pool: its ROLLBACK waits while
+// HoldRollbacks holds them, and is counted once it returns.
+type countedTx struct {
+	inner driver.Tx
+	c     *Counter
+}
+
+func (t *countedTx) Commit() error { return t.inner.Commit() }
+
+func (t *countedTx) Rollback() error {
+	if held := t.c.heldRollbacks.Load(); held != nil {
+		<-*held
+	}
+	defer t.c.rollbacks.Add(1)
+	return t.inner.Rollback()
 }
 
 func (w *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
