@@ -76,6 +76,36 @@ type lazyTx struct {
 	// nothing another claim must wait for: Rollback ends it off the
 	// caller's path.
 	uses, replays int
+	// unbind and cancel end the transaction's own context (bind).
+	unbind func() bool
+	cancel context.CancelFunc
+}
+
+// bind returns the context the transaction begins with: ctx's values and
+// deadline, and its cancellation passed on (context.AfterFunc) until
+// unbind, so that a ROLLBACK run off the caller's path is not cut short
+// when the caller's context ends after Rollback returned (database/sql
+// and its drivers end a transaction, and its connection, when the context
+// it began with ends).
+func (l *lazyTx) bind() context.Context {
+	base := context.WithoutCancel(l.ctx)
+	var ctx context.Context
+	if dl, ok := l.ctx.Deadline(); ok {
+		ctx, l.cancel = context.WithDeadline(base, dl)
+	} else {
+		ctx, l.cancel = context.WithCancel(base)
+	}
+	l.unbind = context.AfterFunc(l.ctx, l.cancel)
+	return ctx
+}
+
+// release ends the transaction's own context.
+func (l *lazyTx) release() {
+	if l.unbind != nil {
+		l.unbind()
+		l.cancel()
+		l.unbind, l.cancel = nil, nil
+	}
 }
 
 // started reports whether BEGIN has run.
@@ -104,8 +134,13 @@ func (l *lazyTx) connection() (Conn, error) {
 	case l.err != nil:
 		return nil, l.err
 	}
-	c, tx, err := l.begin(l.ctx)
+	if err := l.ctx.Err(); err != nil {
+		l.err = err
+		return nil, err
+	}
+	c, tx, err := l.begin(l.bind())
 	if err != nil {
+		l.release()
 		l.err = err
 		return nil, err
 	}
@@ -153,6 +188,7 @@ func (l *lazyTx) restart() bool {
 		return false
 	}
 	_ = l.tx.Rollback()
+	l.release()
 	l.conn, l.tx, l.err = nil, nil, nil
 	l.uses, l.replays = 0, 0
 	return true
@@ -183,8 +219,16 @@ func (l *lazyTx) end(commit bool) error {
 		l.stop()
 	}
 	switch {
+	case l.tx != nil && commit && l.ctx.Err() != nil:
+		// As database/sql: a transaction whose context ended does not
+		// commit (the context's end reaches it through bind a moment
+		// later).
+		_ = l.tx.Rollback()
+		l.release()
+		return l.ctx.Err()
 	case l.tx != nil && commit:
 		err := l.tx.Commit()
+		l.release()
 		if err != nil && isLostRace(err) {
 			// Galera: another node's write to the same rows was certified
 			// first; nothing of this transaction persists (ErrTxAborted
@@ -196,10 +240,16 @@ func (l *lazyTx) end(commit bool) error {
 		// Nothing but replays ran: the ROLLBACK runs off the caller's
 		// path (a replay answers one round trip sooner), and the
 		// connection goes back to the pool once it has run.
-		tx := l.tx
-		go func() { _ = tx.Rollback() }()
+		tx, cancel := l.tx, l.cancel
+		l.unbind()
+		l.unbind, l.cancel = nil, nil
+		go func() {
+			_ = tx.Rollback()
+			cancel()
+		}()
 		return nil
 	case l.tx != nil:
+		defer l.release()
 		return l.tx.Rollback()
 	case l.err != nil && commit:
 		return l.err

@@ -650,18 +650,27 @@ func (h *harness) replayRollback(t *testing.T) {
 		return tctx, tx
 	}
 
-	tctx, tx := begin()
+	// The replay's context ends as soon as Rollback returns, as a
+	// request's does once it is answered (and as the engine's context of
+	// the transaction does): that must not cut its ROLLBACK short.
+	rctx, cancel := context.WithCancel(ctx)
+	tctx, tx, err := f.Store.Begin(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	req.Token = 61
 	if res, err := f.Store.Claim(tctx, req); err != nil || res.Claimed || res.Record.State != store.StateCompleted {
 		t.Fatalf("replay claim: %+v, %v", res, err)
 	}
 	returned, done := rollback(tx)
+	cancel()
 	if !returned {
 		t.Fatal("a replay's Rollback waited for the database's ROLLBACK: it is on the caller's path")
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("a replay's Rollback: %v", err)
 	}
+	errs := f.Counter.RollbackErrors()
 
 	tctx, tx = begin()
 	if res, err := f.Store.Claim(tctx, h.req("rb-claimed", 62)); err != nil || !res.Claimed {
@@ -697,6 +706,9 @@ func (h *harness) replayRollback(t *testing.T) {
 			t.Fatalf("%d of the 3 ROLLBACKs ran, %d connections in use, %v after they were released", f.Counter.Rollbacks()-before, f.DB.Stats().InUse, failsafe)
 		}
 		time.Sleep(time.Millisecond)
+	}
+	if n := f.Counter.RollbackErrors() - errs; n != 0 {
+		t.Errorf("%d ROLLBACKs failed: the replay's, run off the caller's path, was cut short when its context ended", n)
 	}
 	if n := f.Count(t, "rb-written"); n != 0 {
 		t.Errorf("%d rows of the rolled-back transaction committed", n)

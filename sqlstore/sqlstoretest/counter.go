@@ -17,6 +17,7 @@ type Counter struct {
 	held            atomic.Pointer[chan struct{}]      // see HoldBegins
 	heldRollbacks   atomic.Pointer[chan struct{}]      // see HoldRollbacks
 	rollbacks       atomic.Int64                       // ROLLBACKs that returned
+	rollbackErrs    atomic.Int64                       // of them, those that failed
 	after           atomic.Pointer[func(query string)] // see AfterStatement
 }
 
@@ -72,6 +73,11 @@ func (c *Counter) HoldRollbacks() (release func()) {
 
 // Rollbacks returns the number of ROLLBACKs that have returned so far.
 func (c *Counter) Rollbacks() int64 { return c.rollbacks.Load() }
+
+// RollbackErrors returns the number of ROLLBACKs that have failed so far
+// (a ROLLBACK cut short by its context's end fails, and database/sql then
+// closes its connection).
+func (c *Counter) RollbackErrors() int64 { return c.rollbackErrs.Load() }
 
 // Statements returns the number of statements run so far.
 func (c *Counter) Statements() int64 { return c.stmts.Load() }
@@ -180,7 +186,11 @@ func (t *countedTx) Rollback() error {
 		<-*held
 	}
 	defer t.c.rollbacks.Add(1)
-	return t.inner.Rollback()
+	err := t.inner.Rollback()
+	if err != nil {
+		t.c.rollbackErrs.Add(1)
+	}
+	return err
 }
 
 func (w *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
