@@ -44,28 +44,21 @@ func (c *Counter) ran(query string) {
 // HoldBegins makes every BEGIN on the pool wait until release is called
 // (or its context ends): a transaction slow to start, as on a busy
 // machine. Statements outside a transaction go on.
-func (c *Counter) HoldBegins() (release func()) {
-	ch := make(chan struct{})
-	c.held.Store(&ch)
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.held.Store(nil)
-			close(ch)
-		})
-	}
-}
+func (c *Counter) HoldBegins() (release func()) { return hold(&c.held) }
 
 // HoldRollbacks makes every ROLLBACK on the pool wait until release is
 // called, as a slow network would: a test tells a rollback on the
 // request's path (the caller waits) from one off it. COMMIT goes on.
-func (c *Counter) HoldRollbacks() (release func()) {
+func (c *Counter) HoldRollbacks() (release func()) { return hold(&c.heldRollbacks) }
+
+// hold puts a gate in p until release, which may be called more than once.
+func hold(p *atomic.Pointer[chan struct{}]) (release func()) {
 	ch := make(chan struct{})
-	c.heldRollbacks.Store(&ch)
+	p.Store(&ch)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			c.heldRollbacks.Store(nil)
+			p.Store(nil)
 			close(ch)
 		})
 	}
