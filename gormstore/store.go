@@ -253,6 +253,7 @@ func (s *Store) WithoutTx(ctx context.Context) context.Context {
 // connection (see sqlstore.Store.Begin and sqlstore's README).
 func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 	d := &deferred{base: s.db}
+	callerCtx := ctx
 	ctx, tx, err := s.inner.BeginWith(ctx, func(ctx context.Context) (sqlstore.Conn, store.Tx, error) {
 		g := s.db.WithContext(ctx)
 		var pinned *sql.Conn
@@ -284,7 +285,12 @@ func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 			}
 			return nil, nil, tx.Error
 		}
-		d.set(tx)
+		// The transaction is bound to sqlstore's context of its own (so
+		// that a replay's ROLLBACK can run after the answer); the
+		// application's statements run with the context given to Begin,
+		// as they did before, so their errors at its deadline and its
+		// cause are that context's.
+		d.set(tx.WithContext(callerCtx))
 		return tx.Statement.ConnPool, gormTx{tx: tx, d: d, pinned: pinned}, nil
 	})
 	if err != nil {

@@ -3,8 +3,10 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/store"
@@ -54,8 +56,9 @@ type registry = inflight.Registry[*lazyTx]
 type BeginFunc func(ctx context.Context) (Conn, store.Tx, error)
 
 // lazyTx is the store.Tx that Begin returns: BEGIN runs at the transaction's
-// first statement (normally the claim, after the registry), with the
-// context given to Begin.
+// first statement (normally the claim, after the registry), with a
+// context of the transaction's own that carries the values, the deadline
+// and the cancellation of the context given to Begin (bind).
 type lazyTx struct {
 	s     *Store
 	ctx   context.Context
@@ -78,24 +81,33 @@ type lazyTx struct {
 	uses, replays int
 	// unbind and cancel end the transaction's own context (bind).
 	unbind func() bool
-	cancel context.CancelFunc
+	cancel func()
 }
 
-// bind returns the context the transaction begins with: ctx's values and
-// deadline, and its cancellation passed on (context.AfterFunc) until
-// unbind, so that a ROLLBACK run off the caller's path is not cut short
-// when the caller's context ends after Rollback returned (database/sql
-// and its drivers end a transaction, and its connection, when the context
-// it began with ends).
+// rollbackTimeout bounds a ROLLBACK run off the caller's path.
+const rollbackTimeout = 5 * time.Second
+
+// bind returns the context the transaction begins with: ctx's values
+// and deadline (its own timer: a statement past it fails with
+// context.DeadlineExceeded, as on ctx), and ctx's cancellation, with its
+// cause, passed on (context.AfterFunc) until unbind, so that a ROLLBACK
+// run off the caller's path is not cut short when the caller's context
+// ends after Rollback returned (database/sql and its drivers end a
+// transaction, and its connection, when the context it began with ends).
 func (l *lazyTx) bind() context.Context {
-	base := context.WithoutCancel(l.ctx)
-	var ctx context.Context
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(l.ctx))
+	stop := func() {}
 	if dl, ok := l.ctx.Deadline(); ok {
-		ctx, l.cancel = context.WithDeadline(base, dl)
-	} else {
-		ctx, l.cancel = context.WithCancel(base)
+		var cancelDl context.CancelFunc
+		ctx, cancelDl = context.WithDeadline(ctx, dl)
+		stop = cancelDl
 	}
-	l.unbind = context.AfterFunc(l.ctx, l.cancel)
+	l.cancel = func() { stop(); cancel(nil) }
+	l.unbind = context.AfterFunc(l.ctx, func() {
+		if !errors.Is(l.ctx.Err(), context.DeadlineExceeded) { // the deadline is ctx's own timer's
+			cancel(context.Cause(l.ctx))
+		}
+	})
 	return ctx
 }
 
@@ -244,7 +256,11 @@ func (l *lazyTx) end(commit bool) error {
 		l.unbind()
 		l.unbind, l.cancel = nil, nil
 		go func() {
+			// A ROLLBACK that hangs (a dead connection) is cut short, and
+			// its connection closed, after rollbackTimeout.
+			t := time.AfterFunc(rollbackTimeout, cancel)
 			_ = tx.Rollback()
+			t.Stop()
 			cancel()
 		}()
 		return nil

@@ -407,8 +407,11 @@ func (s *Store) Begin(ctx context.Context) (context.Context, store.Tx, error) {
 }
 
 // BeginWith is Begin for a layer that begins transactions its own way
-// (gormstore begins GORM transactions): begin, called with ctx at the
-// transaction's first statement, returns the connection the store runs on
+// (gormstore begins GORM transactions): begin, called at the
+// transaction's first statement with a context of the transaction's own
+// (ctx's values, deadline and cancellation, which it passes on until the
+// transaction ends, so that a replay's ROLLBACK can run after its
+// answer), returns the connection the store runs on
 // in the transaction and the transaction the engine commits or rolls back.
 // BeginWith itself does not fail; an error of begin is the first
 // statement's.

@@ -703,7 +703,11 @@ func (h *harness) replayRollback(t *testing.T) {
 	deadline := time.Now().Add(failsafe)
 	for f.Counter.Rollbacks() < before+3 || (f.DB != nil && f.DB.Stats().InUse > 0) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of the 3 ROLLBACKs ran, %d connections in use, %v after they were released", f.Counter.Rollbacks()-before, f.DB.Stats().InUse, failsafe)
+			inUse := -1
+			if f.DB != nil {
+				inUse = f.DB.Stats().InUse
+			}
+			t.Fatalf("%d of the 3 ROLLBACKs ran, %d connections in use, %v after they were released", f.Counter.Rollbacks()-before, inUse, failsafe)
 		}
 		time.Sleep(time.Millisecond)
 	}
