@@ -128,6 +128,7 @@ func RunAtomic(t *testing.T, cfg Config) {
 	}{
 		{"ok, middleware-managed: claim, business row and completion commit together", h.middlewareCommit},
 		{"ok, middleware-managed: a rollback removes the claim and the business row", h.middlewareRollback},
+		{"ok, middleware-managed: a Commit after Begin's context ended commits nothing and says why", h.commitAfterCancel},
 		{"ok, caller-managed: the claim joins the application's transaction and commits with it", h.callerCommit},
 		{"ok, caller-managed: the application's rollback removes the claim and the business row", h.callerRollback},
 		{"ok, an uncommitted claim is reported in progress without waiting", h.inFlight},
@@ -243,6 +244,38 @@ func (h *harness) middlewareRollback(t *testing.T) {
 	req.Token = 13
 	if res, err := execute(ctx, f, req, h.completion("rollback")); err != nil || !res.Claimed {
 		t.Fatalf("claim after rollback: %+v, %v", res, err)
+	}
+}
+
+// commitAfterCancel: cancelling the context given to Begin rolls the
+// transaction back (database/sql's rule, which sqlstore keeps although
+// its transaction runs on a context of its own): a Commit that comes after
+// fails with an error matching context.Canceled, and neither the claim
+// nor the business row commits.
+func (h *harness) commitAfterCancel(t *testing.T) {
+	f, ctx := h.cfg.New(t), ctxT(t)
+	req := h.req("cancelled", 14)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	tctx, tx, err := f.Store.Begin(cctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.Store.Claim(tctx, req); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	if err := f.Insert(tctx, "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := tx.Commit(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Commit after the context ended: %v, want an error matching context.Canceled", err)
+	}
+	if n := f.Count(t, "cancelled"); n != 0 {
+		t.Fatalf("business rows after a Commit whose context had ended: %d, want 0", n)
+	}
+	if _, err := f.Store.Get(ctx, req.ID, h.now); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("Get after a Commit whose context had ended: %v, want ErrNotFound", err)
 	}
 }
 
