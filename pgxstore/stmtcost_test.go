@@ -122,10 +122,11 @@ SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.
 		{{"INSERT INTO " + p.outbox + " (topic, payload) VALUES ('payment', $1)", func(r *stmtRun) []any { return []any{strconv.Itoa(r.order)} }}},
 	}
 	tx := func(first, last []stmt) [][]stmt { return append(append([][]stmt{first}, business...), last) }
-	variants := []struct {
+	type variant struct {
 		name    string
 		batches [][]stmt
-	}{
+	}
+	variants := []variant{
 		{"unprotected", tx([]stmt{begin}, []stmt{commit})},
 		{"claim+update", tx([]stmt{begin, claim}, []stmt{completeMoved, commit})},
 		{"claim+hot", tx([]stmt{begin, claim}, []stmt{completeHOT, commit})},
@@ -140,12 +141,7 @@ SELECT lk.ok, EXISTS (SELECT FROM ins), r.* FROM lk LEFT JOIN ` + tb + ` r ON r.
 	}
 
 	baseline := variants[0].name
-	variants = slices.DeleteFunc(variants, func(v struct {
-		name    string
-		batches [][]stmt
-	}) bool {
-		return v.name != baseline && !sqlmeasure.Only(v.name)
-	})
+	variants = slices.DeleteFunc(variants, func(v variant) bool { return v.name != baseline && !sqlmeasure.Only(v.name) })
 	const workers, block, rounds = 8, 250, 7
 	conns := make([]*pgx.Conn, workers)
 	pids := make([]int, workers)

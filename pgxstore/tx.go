@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/store"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 type ctxKey struct{}
@@ -320,9 +320,6 @@ func (l *lazyTx) deferCompletion(id store.ID, token int64, args []any) (bool, er
 	return true, nil
 }
 
-// rollbackTimeout bounds a ROLLBACK whose request's context has ended.
-const rollbackTimeout = 5 * time.Second
-
 // end forgets the transaction's ids, then commits or rolls back, and
 // gives the connection back to the pool.
 func (l *lazyTx) end(commit bool) error {
@@ -372,7 +369,7 @@ func (l *lazyTx) end(commit bool) error {
 }
 
 func rollback(ctx context.Context, conn *pgxpool.Conn) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeutil.RollbackTimeout)
 	defer cancel()
 	_, err := conn.Exec(ctx, "ROLLBACK")
 	return err

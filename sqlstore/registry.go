@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/core/store"
 	"github.com/idemkit/idem/internal/inflight"
+	"github.com/idemkit/idem/internal/storeutil"
 )
 
 // The registry of in-flight ids. The store remembers the ids that its own
@@ -83,9 +84,6 @@ type lazyTx struct {
 	unbind func() bool
 	cancel func()
 }
-
-// rollbackTimeout bounds a ROLLBACK run off the caller's path.
-const rollbackTimeout = 5 * time.Second
 
 // bind returns the context the transaction begins with: ctx's values
 // and deadline (its own timer: a statement past it fails with
@@ -257,8 +255,8 @@ func (l *lazyTx) end(commit bool) error {
 		l.unbind, l.cancel = nil, nil
 		go func() {
 			// A ROLLBACK that hangs (a dead connection) is cut short, and
-			// its connection closed, after rollbackTimeout.
-			t := time.AfterFunc(rollbackTimeout, cancel)
+			// its connection closed, after storeutil.RollbackTimeout.
+			t := time.AfterFunc(storeutil.RollbackTimeout, cancel)
 			_ = tx.Rollback()
 			t.Stop()
 			cancel()

@@ -15,6 +15,11 @@ import (
 	"github.com/idemkit/idem/core/store"
 )
 
+// RollbackTimeout bounds a ROLLBACK that runs after the request's
+// answer (a replay's transaction, ended off the caller's path): one that
+// hangs on a dead connection is cut short, and the connection closed.
+const RollbackTimeout = 5 * time.Second
+
 // MaxTableLen keeps "<table>_expires_at_idx" within Postgres' 63-byte
 // identifier limit.
 const MaxTableLen = 48
