@@ -28,7 +28,7 @@ const MaxDepth = 128
 // ErrInvalid is wrapped by every error of Append: the input is not
 // JSON (RFC 8259), or it is JSON that has no single canonical form (invalid
 // UTF-8 or a lone surrogate in a string, nesting deeper than MaxDepth, a
-// number whose exponent is out of range, a document over 256 MiB).
+// document over 256 MiB).
 var ErrInvalid = errors.New("idem: JSON cannot be canonicalised")
 
 // Reasons wrapped, with ErrInvalid, by the errors of Append.
@@ -207,15 +207,15 @@ func (c *canonicaliser) fail(reason error) error {
 }
 
 func (c *canonicaliser) skipWS() {
-	for c.i < len(c.src) {
-		switch c.src[c.i] {
-		case ' ', '\t', '\n', '\r':
-			c.i++
-		default:
-			return
-		}
+	i, src := c.i, c.src
+	for i < len(src) && isSpace[src[i]] {
+		i++
 	}
+	c.i = i
 }
+
+// isSpace tells JSON's insignificant whitespace bytes.
+var isSpace = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
 
 // smallJSON is the largest document whose bookkeeping is sized by its
 // length rather than by counting its colons (16 KiB: at most 48 KiB of
@@ -284,7 +284,6 @@ func (c *canonicaliser) parse(src []byte, sel []string) error {
 		c.objs = make([]object, 0, objs)
 	}
 
-	c.out, c.h = nil, nil // no output in the first pass
 	for {
 		// A value starts here.
 		c.skipWS()
@@ -495,6 +494,13 @@ func foldRune(r rune) rune {
 // opening quotes) by their folded runes; 0 means they collide.
 func (c *canonicaliser) compareNames(a, b int32) int {
 	i, j := int(a)+1, int(b)+1
+	// Bytes that are runes of their own (ASCII, not a quote or an escape)
+	// compare folded directly; anything else goes rune by rune below.
+	for src := c.src; asciiNameByte[src[i]] && asciiNameByte[src[j]]; i, j = i+1, j+1 {
+		if x, y := upperASCII(src[i]), upperASCII(src[j]); x != y {
+			return cmp.Compare(x, y)
+		}
+	}
 	for {
 		ra, ni := c.nameRune(i)
 		rb, nj := c.nameRune(j)
@@ -508,6 +514,23 @@ func (c *canonicaliser) compareNames(a, b int32) int {
 		}
 		i, j = ni, nj
 	}
+}
+
+// asciiNameByte tells the bytes of a name that are a rune by themselves:
+// ASCII, and neither the closing quote nor an escape's backslash.
+var asciiNameByte = func() (t [256]bool) {
+	for b := 0x20; b < utf8.RuneSelf; b++ {
+		t[b] = b != '"' && b != '\\'
+	}
+	return t
+}()
+
+// upperASCII folds an ASCII byte as foldRune folds its rune.
+func upperASCII(b byte) byte {
+	if 'a' <= b && b <= 'z' {
+		return b - ('a' - 'A')
+	}
+	return b
 }
 
 // selected reports whether the member name at m matches one of c.sel, as
@@ -534,7 +557,7 @@ func (c *canonicaliser) selected(m int32) bool {
 }
 
 // write appends b to the output; with a hash, the buffer goes to it
-// whenever it is full, so it never grows. The first pass has no output.
+// whenever it is full, so it never grows.
 func (c *canonicaliser) write(b []byte) {
 	if len(c.out)+len(b) <= cap(c.out) {
 		c.out = append(c.out, b...)
@@ -544,10 +567,7 @@ func (c *canonicaliser) write(b []byte) {
 }
 
 func (c *canonicaliser) writeFull(b []byte) {
-	switch {
-	case c.out == nil:
-		return // first pass
-	case c.h == nil:
+	if c.h == nil {
 		c.out = append(c.out, b...)
 		return
 	}
@@ -579,9 +599,6 @@ func (c *canonicaliser) writeByteFull(b byte) {
 // writes the form to h, using dst (empty, with room) as the buffer.
 func (c *canonicaliser) emitDocument(dst []byte, h hash.Hash) []byte {
 	slices.SortFunc(c.objs, func(a, b object) int { return cmp.Compare(a.start, b.start) })
-	if dst == nil {
-		dst = []byte{} // not nil: nil means the first pass
-	}
 	c.out, c.h, c.i = dst, h, 0
 	c.value()
 	out := c.out
@@ -601,15 +618,52 @@ func (c *canonicaliser) value() {
 	case '[':
 		c.array()
 	case '"':
-		_ = c.str()
+		c.emitStr()
 	case 't':
-		_ = c.literal("true")
+		c.emitSpan(c.i + len("true"))
 	case 'f':
-		_ = c.literal("false")
+		c.emitSpan(c.i + len("false"))
 	case 'n':
-		_ = c.literal("null")
+		c.emitSpan(c.i + len("null"))
 	default:
-		_ = c.number()
+		i := c.i
+		for i < len(c.src) && numberByte[c.src[i]] {
+			i++
+		}
+		c.emitSpan(i) // a number's text is its canonical form
+	}
+}
+
+// emitSpan writes src[c.i:end] as it is and moves past it.
+func (c *canonicaliser) emitSpan(end int) {
+	c.write(c.src[c.i:end])
+	c.i = end
+}
+
+// numberByte tells the bytes a number is made of; parse has checked the
+// number's grammar, and a number is followed by none of them.
+var numberByte = [256]bool{'-': true, '+': true, '.': true, 'e': true, 'E': true,
+	'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true, '7': true, '8': true, '9': true}
+
+// emitStr writes the string at c.i, which parse has checked, in canonical
+// form (as str does) and moves past it: the runs between escapes as they
+// are, each escape as appendEscapedRune writes its rune.
+func (c *canonicaliser) emitStr() {
+	src := c.src
+	i, from := c.i+1, c.i
+	for {
+		for src[i] != '"' && src[i] != '\\' {
+			i++
+		}
+		if src[i] == '"' {
+			c.i = i + 1
+			c.write(src[from:c.i])
+			return
+		}
+		c.write(src[from:i])
+		r, next := c.nameRune(i)
+		c.write(appendEscapedRune(c.tmp[:0], r))
+		i, from = next, next
 	}
 }
 
@@ -647,7 +701,7 @@ func (c *canonicaliser) object() {
 // member writes the member whose name starts at m.
 func (c *canonicaliser) member(m int32) {
 	c.i = int(m)
-	_ = c.str()
+	c.emitStr()
 	c.skipWS()
 	c.i++ // ':'
 	c.writeByte(':')
@@ -676,16 +730,14 @@ func (c *canonicaliser) literal(lit string) error {
 		return c.fail(errJSONSyntax)
 	}
 	c.i += len(lit)
-	c.write(c.src[c.i-len(lit) : c.i])
 	return nil
 }
 
-// str reads the string at c.i (an opening quote) and writes it in canonical
-// form.
+// str checks the string at c.i (an opening quote) and moves past it:
+// emitStr writes it.
 func (c *canonicaliser) str() error {
 	src := c.src
 	i := c.i + 1
-	from := c.i // src[from:i] is written as it is: the quote and plain runs
 	for {
 		start, high := i, byte(0)
 		for i < len(src) && plainStringByte[src[i]] {
@@ -703,31 +755,17 @@ func (c *canonicaliser) str() error {
 		}
 		if src[i] == '"' {
 			c.i = i + 1
-			c.write(src[from:c.i])
 			return nil
 		}
 		// A backslash.
-		c.write(src[from:i])
 		c.i = i
 		if i+1 >= len(src) {
 			return c.fail(errJSONSyntax)
 		}
-		var r rune
 		switch src[i+1] {
-		case '"', '\\', '/':
-			r = rune(src[i+1])
-		case 'b':
-			r = '\b'
-		case 'f':
-			r = '\f'
-		case 'n':
-			r = '\n'
-		case 'r':
-			r = '\r'
-		case 't':
-			r = '\t'
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 		case 'u':
-			r = hex4(src[i+2:])
+			r := hex4(src[i+2:])
 			if r < 0 {
 				return c.fail(errJSONSyntax)
 			}
@@ -736,8 +774,7 @@ func (c *canonicaliser) str() error {
 				if len(src) >= i+12 && src[i+6] == '\\' && src[i+7] == 'u' {
 					r2 = hex4(src[i+8:])
 				}
-				r = utf16.DecodeRune(r, r2)
-				if r == utf8.RuneError {
+				if utf16.DecodeRune(r, r2) == utf8.RuneError {
 					return c.fail(errJSONSurrogate)
 				}
 				i += 6
@@ -747,8 +784,6 @@ func (c *canonicaliser) str() error {
 			return c.fail(errJSONSyntax)
 		}
 		i += 2
-		from = i
-		c.write(appendEscapedRune(c.tmp[:0], r))
 	}
 }
 
@@ -806,8 +841,9 @@ func appendEscapedRune(dst []byte, r rune) []byte {
 
 func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 
-// number reads the number at c.i (strictly by the RFC 8259 grammar) and
-// writes it as it is: a number's text is its canonical form (see Append).
+// number checks the number at c.i (strictly by the RFC 8259 grammar) and
+// moves past it; value writes it as it is: a number's text is its
+// canonical form (see Append).
 func (c *canonicaliser) number() error {
 	src := c.src
 	i := c.i
@@ -851,7 +887,6 @@ func (c *canonicaliser) number() error {
 			i++
 		}
 	}
-	c.write(src[c.i:i])
 	c.i = i
 	return nil
 }

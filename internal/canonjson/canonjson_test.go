@@ -2,6 +2,7 @@ package canonjson
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -533,11 +534,20 @@ func FuzzCanonicalJSON(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	var x Hasher // reused across inputs, as core reuses it
 	f.Fuzz(func(t *testing.T, src []byte) {
 		c, err := Append(nil, src)
 		checkAgainstEncodingJSON(t, src, c, err)
 		if err == nil {
 			checkCanonical(t, src, c)
+		}
+		// Hash streams the same form through its buffer.
+		h := sha256.New()
+		if ok := x.Hash(h, []byte{'j'}, src, nil); ok != (err == nil) {
+			t.Fatalf("Hash reported %v, Append's error is %v", ok, err)
+		}
+		if want := sha256.Sum256(append([]byte{'j'}, c...)); err == nil && !bytes.Equal(h.Sum(nil), want[:]) {
+			t.Fatalf("Hash of %q is not the hash of the tag and Append's form %q", src, c)
 		}
 	})
 }
@@ -619,6 +629,27 @@ func BenchmarkCanonicalJSONLarge(b *testing.B) {
 	}
 	sb.WriteByte(']')
 	benchAppend(b, []byte(sb.String()))
+}
+
+// BenchmarkHash measures Hasher.Hash into SHA-256, as core's fingerprint
+// calls it: the working memory reused, the hash reset per document.
+func BenchmarkHash(b *testing.B) {
+	for _, bc := range []struct{ name, body string }{
+		{"order", `{"item":"coffee","quantity":2,"note":"oat milk, extra hot","address":{"street":"1 Main St","city":"Springfield"}}`},
+		{"payment", benchBody},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			src, h, x, tag := []byte(bc.body), sha256.New(), new(Hasher), []byte{'j'}
+			b.SetBytes(int64(len(src)))
+			b.ReportAllocs()
+			for b.Loop() {
+				h.Reset()
+				if !x.Hash(h, tag, src, nil) {
+					b.Fatal("not canonicalised")
+				}
+			}
+		})
+	}
 }
 
 // benchAppend measures Append of src into a buffer reused across
