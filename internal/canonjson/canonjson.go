@@ -646,7 +646,7 @@ var numberByte = [256]bool{'-': true, '+': true, '.': true, 'e': true, 'E': true
 	'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true, '7': true, '8': true, '9': true}
 
 // emitStr writes the string at c.i, which parse has checked, in canonical
-// form (as str does) and moves past it: the runs between escapes as they
+// form and moves past it: the runs between escapes as they
 // are, each escape as appendEscapedRune writes its rune.
 func (c *canonicaliser) emitStr() {
 	src := c.src
