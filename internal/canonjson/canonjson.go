@@ -117,8 +117,8 @@ func Hash(h hash.Hash, tag []byte, src []byte, fields []string) bool {
 // allocating it per document: a document of up to 16 members in up to 4
 // objects, nested at most 8 deep (an order with its address, a payment
 // with its metadata), needs no other memory. Its zero value is ready; it
-// keeps nothing of a document once Hash has returned, so it may be used
-// again.
+// holds no reference to a document once Hash has returned (its buffer
+// may still hold the last bytes of the form), so it may be used again.
 type Hasher struct{ c canonicaliser }
 
 // Hash is [Hash] in h's working memory.
@@ -476,10 +476,7 @@ func (c *canonicaliser) nameRune(i int) (rune, int) {
 // fields: to the smallest rune of its simple case folding orbit.
 func foldRune(r rune) rune {
 	if r < utf8.RuneSelf {
-		if 'a' <= r && r <= 'z' {
-			r -= 'a' - 'A'
-		}
-		return r
+		return rune(upperASCII(byte(r)))
 	}
 	for {
 		r2 := unicode.SimpleFold(r)
@@ -525,7 +522,7 @@ var asciiNameByte = func() (t [256]bool) {
 	return t
 }()
 
-// upperASCII folds an ASCII byte as foldRune folds its rune.
+// upperASCII folds an ASCII byte: a-z to A-Z (foldRune's ASCII case).
 func upperASCII(b byte) byte {
 	if 'a' <= b && b <= 'z' {
 		return b - ('a' - 'A')
