@@ -180,6 +180,9 @@ func (e *Engine) settleRecord(ctx context.Context, id store.ID, action, reason s
 	wctx := context.WithoutCancel(sctx)
 	if resp == nil {
 		err = e.store.Release(wctx, id, rec.Token)
+		if err == nil {
+			err = e.releaseGuard(wctx, id) // the next attempt may mark its effect again
+		}
 	} else {
 		var blob []byte
 		blob, err = e.sealResponse(id, resp, e.cfg.recorded)

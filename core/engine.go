@@ -22,6 +22,10 @@ type Engine struct {
 	leases leases
 	// settler is store as a Settler; nil when the store keeps no marks.
 	settler store.Settler
+	// guards: MarkEffect of an atomic attempt commits an effect guard
+	// (store.ID.EffectGuard) before the effect; false for a store whose
+	// database runs in the process (store.Embedded) and without a TxStore.
+	guards bool
 	// routes are the named routes (Name), for the Completer.
 	routesMu sync.Mutex
 	routes   map[string]*Route
@@ -40,6 +44,10 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: st}
 	e.tx, _ = st.(store.TxStore)
 	e.settler, _ = st.(store.Settler)
+	e.guards = e.tx != nil
+	if em, ok := st.(store.Embedded); ok && em.Embedded() {
+		e.guards = false
+	}
 	e.cfg = config{
 		policy:      policy{retention: DefaultRetention, methods: []string{"POST", "PATCH"}, maxAttempt: DefaultMaxAttempt},
 		clock:       time.Now,
@@ -225,11 +233,25 @@ func noAttempt(call string) error {
 // transaction that does not commit is settled as indeterminate, so a retry
 // does not blindly run again. Call it right before the external call: a
 // 5xx before it releases the key (in either mode: nothing happened yet).
-// It returns an error wrapping ErrNoAttempt, and the effect is not
-// covered, outside a protected request (usually: a framework's context
-// was passed instead of the request's) and once the attempt was settled
-// (the handler answered already, or runs on after its timeout): do not
-// start the effect then.
+//
+// In atomic mode on a database server (not SQLite) MarkEffect first
+// commits an effect guard on a connection of its own (one statement): the
+// attempt's claim lives in its transaction, and a transaction can end
+// without the engine (a session the database killed, a COMMIT lost while
+// the database is out of reach), taking the claim with it. A later
+// attempt of the same request then meets the guard in its own MarkEffect,
+// which fails with an error wrapping ErrIndeterminate: its writes are
+// rolled back and the record becomes indeterminate (500 outcome-unknown),
+// so the effect never runs twice. An operator's or a resolver's release
+// removes the guard with the record.
+//
+// It returns an error, and the effect must not be started, when: the
+// context carries no protected request (ErrNoAttempt; usually a
+// framework's context was passed instead of the request's); the attempt
+// was settled already (ErrNoAttempt: the handler answered, or runs on
+// after its timeout); the guard could not be written (ErrStoreUnavailable;
+// the record is not released for it); an earlier attempt's guard is there
+// (ErrIndeterminate).
 func MarkEffect(ctx context.Context) error {
 	a := attemptFrom(ctx)
 	if a == nil {
@@ -238,7 +260,7 @@ func MarkEffect(ctx context.Context) error {
 	if !a.markEffect() {
 		return fmt.Errorf("%w: core.MarkEffect: the attempt was already settled (the handler answered, or ran on after its timeout): no live attempt holds the record, so the effect would not be covered; do not start it", ErrNoAttempt)
 	}
-	return nil
+	return a.guardEffect(ctx)
 }
 
 // Release tells the engine that nothing happened (for example validation

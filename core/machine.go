@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +65,15 @@ type attempt struct {
 	// captured response, nil for responses the engine built.
 	recordAllow []string
 	release     atomic.Bool // the handler asked to release the record
+
+	// The effect guard (guardEffect): written once, by the first
+	// MarkEffect; guardErr is what every MarkEffect then returns.
+	// refused: an earlier attempt's guard was there, so this attempt's
+	// outcome is indeterminate whatever the handler answers.
+	guardMu   sync.Mutex
+	guardDone bool
+	guardErr  error
+	refused   atomic.Bool
 
 	// leased mode: the engine's heartbeat extends the lease while the
 	// attempt is held (see lease.go) and cancels the handler's context with
@@ -503,7 +513,7 @@ func (rt *Route) acquire(ctx context.Context, c *call) (att *attempt, ans answer
 				if lapsed && e.cfg.takeover {
 					takeover = true
 				} else {
-					e.markIndeterminate(sctx, rec)
+					rt.markIndeterminate(sctx, rec)
 				}
 				continue
 			case !canWait:
@@ -694,6 +704,9 @@ func (rt *Route) applyResolver(ctx context.Context, rec store.Record, req *Recor
 	switch {
 	case res.Outcome == OutcomeNotApplied:
 		err = e.store.Release(rctx, rec.ID, rec.Token)
+		if err == nil {
+			err = e.releaseGuard(rctx, rec.ID) // nothing happened: the next attempt may mark its effect
+		}
 	case res.Outcome == OutcomeApplied && res.Response != nil:
 		// The resolver's answer is recorded whole (up to the recording
 		// cap), as an operator's is.
@@ -796,14 +809,23 @@ func (rt *Route) abandonedClaim(rec store.Record, now time.Time) bool {
 // markIndeterminate turns an in-progress record whose lease lapsed into an
 // indeterminate one (WithoutTakeover()), or an abandoned atomic claim
 // (Route.abandonedClaim).
-func (e *Engine) markIndeterminate(ctx context.Context, rec store.Record) {
+//
+// The record keeps its expiry when that is later than the route's
+// retention from now: shortening it would let a retry run the handler
+// again within the window the route promised.
+func (rt *Route) markIndeterminate(ctx context.Context, rec store.Record) {
+	e := rt.e
+	expires := e.cfg.clock().Add(rt.p.retention)
+	if rec.ExpiresAt.After(expires) {
+		expires = rec.ExpiresAt
+	}
 	p := e.problemFor(clientErrorf(ErrIndeterminate, "the attempt holding the key stopped before recording an outcome"))
 	p.RecordID = rec.ID.String()
 	resp := problemResponse(p)
 	blob, err := e.sealResponse(rec.ID, resp, nil)
 	if err == nil {
 		err = e.store.Complete(ctx, rec.ID, rec.Token, store.Completion{State: store.StateIndeterminate, Status: resp.Status,
-			Response: blob, ExpiresAt: e.cfg.clock().Add(e.cfg.policy.retention)})
+			Response: blob, ExpiresAt: expires})
 	}
 	if err != nil && !errors.Is(err, ErrFenced) {
 		e.cfg.logger.ErrorContext(ctx, "idempotency: marking a lapsed record indeterminate", slog.String("error", err.Error()))
@@ -861,6 +883,72 @@ func (a *attempt) markEffect() bool {
 			}
 		}
 	}
+}
+
+// guardEffect makes an atomic attempt's MarkEffect durable before the
+// effect happens (see MarkEffect): it claims the record's effect guard
+// (store.ID.EffectGuard) under the attempt's token, outside the attempt's
+// transaction (autocommit, on a connection of its own), held until the
+// record expires. The claim of the record itself lives in the attempt's
+// transaction, and a transaction can end without the engine: a session
+// the database killed while the handler waits on its provider, a COMMIT
+// lost while the database is out of reach. The record is then absent, and
+// only the guard says that an effect may have happened: a later attempt of
+// the request meets it here, and its outcome is indeterminate
+// (attempt.refused) instead of a second effect.
+//
+// Leased mode needs no guard (the claim commits before the handler runs),
+// nor does a store whose database runs in the process (store.Embedded).
+// Only the first MarkEffect of an attempt writes; the later ones return
+// its result.
+func (a *attempt) guardEffect(ctx context.Context) error {
+	e := a.e
+	if !a.rt.atomic || !e.guards {
+		return nil
+	}
+	a.guardMu.Lock()
+	defer a.guardMu.Unlock()
+	if a.guardDone {
+		return a.guardErr
+	}
+	a.guardDone = true
+	req := a.rt.claimRequest(a.ident, a.id.EffectGuard(), a.fp, e.cfg.clock())
+	req.Token, req.LeaseUntil, req.ExpiresAt = a.token, a.expires, a.expires
+	res, err := e.store.Claim(e.tx.WithoutTx(ctx), req)
+	switch {
+	case err != nil:
+		a.guardErr = fmt.Errorf("%w: core.MarkEffect: the effect guard could not be written, so a transaction that ends without the engine would lose the record of the effect; do not start it: %w",
+			ErrStoreUnavailable, err)
+	case res.Claimed || res.Record.Token == a.token:
+	default:
+		a.refused.Store(true)
+		a.guardErr = fmt.Errorf("%w: core.MarkEffect: an earlier attempt of this request marked an external effect and its transaction never committed, so the effect may have happened; "+
+			"do not start it (the record is settled as indeterminate: resolve it, or release it once the effect is known not to have happened)", ErrIndeterminate)
+		e.cfg.logger.ErrorContext(ctx, "idempotency: an earlier attempt's effect guard is there: this attempt's outcome is indeterminate",
+			slog.String("id", a.id.String()))
+	}
+	return a.guardErr
+}
+
+// releaseGuard removes the effect guard of id, if any, in the transaction
+// ctx carries (if any): a record released by an operator or a resolver
+// (nothing happened) must let the next attempt's MarkEffect through.
+func (e *Engine) releaseGuard(ctx context.Context, id store.ID) error {
+	if !e.guards {
+		return nil
+	}
+	gid := id.EffectGuard()
+	rec, err := e.store.Get(ctx, gid, e.cfg.clock())
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := e.store.Release(ctx, gid, rec.Token); err != nil && !errors.Is(err, ErrFenced) {
+		return err
+	}
+	return nil
 }
 
 // settle ends the handler's say over the effect: from now on MarkEffect
@@ -924,6 +1012,22 @@ func (a *attempt) record(v verdict, resp *Response) (observe.Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
 	local := a.localTx(v == vRelease || lost) // leased mode: the handler's local writes
+	var replaced error // the handler's answer is not true: the client gets this
+	if a.refused.Load() {
+		// MarkEffect met an earlier attempt's effect guard (guardEffect):
+		// that attempt's effect may have happened and its transaction
+		// never committed. This attempt's writes would repeat its work
+		// without knowing, so they roll back, and the record becomes
+		// indeterminate, whatever the handler answered.
+		replaced = errGuarded
+		if a.tx != nil {
+			_ = a.tx.Rollback()
+			return a.afterAbort(vIndeterminate, resp, errGuarded)
+		}
+		// The caller's or the service's transaction: it commits the
+		// indeterminate record; the engine cannot roll it back.
+		v, resp, a.recordAllow = vIndeterminate, a.problemAnswer(errGuarded), nil
+	}
 	if v == vRelease && a.tx != nil && resp != nil && resp.Status >= 500 {
 		if err := a.lostClaim(); err != nil {
 			_ = a.tx.Rollback()
@@ -1046,7 +1150,20 @@ func (a *attempt) record(v verdict, resp *Response) (observe.Decision, error) {
 		}
 		return observe.DecisionStoreError, &RetryError{Err: storeErr(err), RetryAfter: e.cfg.retryAfter}
 	}
-	return decision, nil
+	return decision, replaced
+}
+
+// errGuarded is the outcome of an attempt whose MarkEffect met an earlier
+// attempt's effect guard (guardEffect).
+var errGuarded = fmt.Errorf("%w: an earlier attempt of this request marked an external effect and its transaction never committed, so the effect may have happened", ErrIndeterminate)
+
+// problemAnswer is the recorded answer that replaces the handler's when
+// err, not the handler's answer, is the truth: err's problem document,
+// naming the record.
+func (a *attempt) problemAnswer(err error) *Response {
+	p := a.e.problemFor(err)
+	p.RecordID = a.id.String() // as the client's own copy of it
+	return problemResponse(p)
 }
 
 // completion is the completion of an attempt whose verdict v is
@@ -1287,6 +1404,11 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (observe.Deci
 	allow := a.recordAllow
 	var replaced error // the handler's answer is not true: the client gets this
 	switch {
+	case a.refused.Load():
+		// An earlier attempt's effect guard (guardEffect): indeterminate,
+		// whatever the handler answered.
+		replaced = errGuarded
+		v, allow, resp = vIndeterminate, nil, a.problemAnswer(errGuarded)
 	case v == vRelease:
 		// Nothing happened, and the rollback took the claim: the key is
 		// free and the handler's answer is true.
@@ -1295,9 +1417,7 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (observe.Deci
 	case a.effect():
 		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
 		v, allow = vIndeterminate, nil
-		p := e.problemFor(replaced)
-		p.RecordID = a.id.String() // as the client's own copy of it
-		resp = problemResponse(p)
+		resp = a.problemAnswer(replaced)
 	default:
 		e.cfg.logger.Error("idempotency: the handler answered success, but a statement of its transaction failed and the database aborted it: rolled back, the key is free again",
 			slog.String("id", a.id.String()), slog.Int("status", resp.Status), slog.String("error", err.Error()))
@@ -1356,6 +1476,17 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (observe.Deci
 			return a.committed(res.Record)
 		case len(a.fp) > 0 && len(res.Record.Fingerprint) > 0 && !bytes.Equal(a.fp, res.Record.Fingerprint):
 			return observe.DecisionMismatch, ErrMismatch
+		case res.Record.Token == 0 && a.effect():
+			// Still held, past the bounded wait, by a transaction the
+			// engine cannot see: most likely the attempt's own, which the
+			// server keeps open (a partition: it has not noticed the
+			// connection is gone). The effect guard keeps the effect
+			// known to every later attempt; the client is told that the
+			// outcome is being settled, not that another attempt holds
+			// the key.
+			e.cfg.logger.Error("idempotency: after MarkEffect the attempt's transaction ended, and the identity is still held by a transaction the engine cannot see; the client is told its outcome is being settled",
+				slog.String("id", a.id.String()))
+			return observe.DecisionStoreError, &RetryError{Err: fmt.Errorf("%w: the identity is still held by a transaction on the server", ErrOutcomePending), RetryAfter: e.cfg.retryAfter}
 		}
 		return observe.DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	}

@@ -440,6 +440,9 @@ func (s *Store) MultiPrimary(ctx context.Context) (bool, error) {
 	return s.inner.MultiPrimary(s.ctx(ctx))
 }
 
+// Embedded implements store.Embedded; see sqlstore.Store.Embedded.
+func (s *Store) Embedded() bool { return s.inner.Embedded() }
+
 // List implements store.Inspector; see sqlstore.Store.List.
 func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Record, error) {
 	return s.inner.List(s.ctx(ctx), q)

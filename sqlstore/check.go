@@ -130,7 +130,15 @@ func (s *Store) checkSyncWait(ctx context.Context, c Conn) error {
 		core.ErrConfig, wait)
 }
 
-var _ store.MultiPrimary = (*Store)(nil)
+var (
+	_ store.MultiPrimary = (*Store)(nil)
+	_ store.Embedded     = (*Store)(nil)
+)
+
+// Embedded implements store.Embedded: true on SQLite, whose database runs
+// in the process with one writer, so core.MarkEffect writes no effect
+// guard there (it would wait for the attempt's own transaction).
+func (s *Store) Embedded() bool { return s.d == SQLite }
 
 // MultiPrimary implements store.MultiPrimary: on MySQL/MariaDB it asks
 // the server whether it replicates with wsrep (@@wsrep_on: a MariaDB

@@ -36,3 +36,13 @@ func (i Identity) ID() ID {
 func (id ID) DownstreamKey(step string) string {
 	return Identity{Caller: id.String(), Scope: "idem/downstream", Key: step}.ID().String()
 }
+
+// EffectGuard returns the ID of the effect guard of the record id: the row
+// that core.MarkEffect commits, on a connection of its own, before an
+// atomic attempt's external effect, so that the effect stays known when
+// the attempt's transaction never commits (a session the database
+// killed, a COMMIT lost with the database out of reach). It is the ID of
+// an identity no request has (the engine never claims an empty key).
+func (id ID) EffectGuard() ID {
+	return Identity{Caller: id.String(), Scope: "idem/effect-guard"}.ID()
+}

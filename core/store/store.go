@@ -379,6 +379,18 @@ type Settler interface {
 	Visit(ctx context.Context, id ID, token int64, seen, next time.Time, tries int) (bool, error)
 }
 
+// Embedded is a TxStore whose database runs inside the process (SQLite).
+// There a second connection cannot write while a transaction is open (one
+// writer), and a transaction cannot end without the process that holds
+// it knowing: the engine then writes no effect guard for core.MarkEffect
+// (ID.EffectGuard), which would wait for the attempt's own transaction.
+// sqlstore and gormstore implement it (true on SQLite only).
+type Embedded interface {
+	TxStore
+	// Embedded reports whether the database runs inside the process.
+	Embedded() bool
+}
+
 // MultiPrimary is a Store that can tell whether its database takes
 // writes on several nodes at once, each node seeing another's only when
 // it commits (a multi-primary cluster: MariaDB Galera). There an atomic
