@@ -1012,7 +1012,7 @@ func (a *attempt) record(v verdict, resp *Response) (observe.Decision, error) {
 	e := a.e
 	lost := e.unhold(a)
 	local := a.localTx(v == vRelease || lost) // leased mode: the handler's local writes
-	var replaced error // the handler's answer is not true: the client gets this
+	var replaced error                        // the handler's answer is not true: the client gets this
 	if a.refused.Load() {
 		// MarkEffect met an earlier attempt's effect guard (guardEffect):
 		// that attempt's effect may have happened and its transaction
