@@ -57,4 +57,3 @@ func TestIndeterminateKeepsTheRoutesRetention(t *testing.T) {
 		}
 	})
 }
-
