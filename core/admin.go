@@ -52,9 +52,12 @@ func (e *Engine) Records(ctx context.Context, q admin.Query) (admin.Page, error)
 		}
 		return admin.Page{}, storeErr(err)
 	}
-	page := admin.Page{Records: make([]admin.Record, len(recs))}
-	for i, rec := range recs {
-		page.Records[i] = e.info(rec, now, false)
+	page := admin.Page{Records: make([]admin.Record, 0, len(recs))}
+	for _, rec := range recs {
+		if rec.Scope == guardScope {
+			continue // an effect guard (MarkEffect), not a request's record
+		}
+		page.Records = append(page.Records, e.info(rec, now, false))
 	}
 	if len(recs) == lq.Limit {
 		page.Next = store.CursorOf(recs[len(recs)-1]).String()

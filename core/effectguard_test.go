@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/core"
+	"github.com/idemkit/idem/core/admin"
 	"github.com/idemkit/idem/core/memstore"
 	"github.com/idemkit/idem/core/store"
 )
@@ -73,8 +74,11 @@ func TestEffectGuard(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the guard of a marked atomic attempt: %v, want it written", err)
 	}
-	if g.Token != rec.Token || g.State != store.StateInProgress || !g.ExpiresAt.Equal(rec.ExpiresAt) {
-		t.Fatalf("guard %+v, want in progress under the record's token %d, expiring with it (%v)", g, rec.Token, rec.ExpiresAt)
+	if g.Token != rec.Token || g.State != store.StateInProgress || !g.ExpiresAt.Equal(rec.ExpiresAt) || g.Key != rec.Key {
+		t.Fatalf("guard %+v, want in progress under the record's token %d and key, expiring with it (%v)", g, rec.Token, rec.ExpiresAt)
+	}
+	if page, err := e.Records(ctx, admin.Query{State: store.StateInProgress}); err != nil || len(page.Records) != 0 {
+		t.Fatalf("the operator's listing of records in progress: %+v %v, want no guard in it", page.Records, err)
 	}
 
 	// An earlier attempt's guard, and no record (its transaction never

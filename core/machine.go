@@ -913,6 +913,7 @@ func (a *attempt) guardEffect(ctx context.Context) error {
 	}
 	a.guardDone = true
 	req := a.rt.claimRequest(a.ident, a.id.EffectGuard(), a.fp, e.cfg.clock())
+	req.Scope = guardScope // the listing of records leaves guards out (Engine.Records)
 	req.Token, req.LeaseUntil, req.ExpiresAt = a.token, a.expires, a.expires
 	res, err := e.store.Claim(e.tx.WithoutTx(ctx), req)
 	switch {
@@ -929,6 +930,11 @@ func (a *attempt) guardEffect(ctx context.Context) error {
 	}
 	return a.guardErr
 }
+
+// guardScope is the scope recorded with an effect guard, which no route
+// may use (Scope refuses it): the guard keeps its record's caller and key,
+// for an operator who reads it (Engine.Record).
+const guardScope = "idem/effect-guard"
 
 // releaseGuard removes the effect guard of id, if any, in the transaction
 // ctx carries (if any): a record released by an operator or a resolver

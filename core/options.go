@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -354,6 +355,9 @@ func WithRawKeysInLogs() Option {
 func Scope(name string) RouteOption {
 	if strings.TrimSpace(name) == "" {
 		panic("idem: Scope with an empty name")
+	}
+	if name == guardScope {
+		panic("idem: Scope(" + strconv.Quote(name) + ") is reserved for the engine's effect guards")
 	}
 	return routeOption(func(p *policy) { p.scope = name })
 }
