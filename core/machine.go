@@ -74,6 +74,10 @@ type attempt struct {
 	guardDone bool
 	guardErr  error
 	refused   atomic.Bool
+	// vanished: the completion found the claim gone from the attempt's
+	// own open transaction (record): the handler's later statements may
+	// have committed in autocommit, so the attempt counts as an effect.
+	vanished bool
 
 	// leased mode: the engine's heartbeat extends the lease while the
 	// attempt is held (see lease.go) and cancels the handler's context with
@@ -1108,6 +1112,15 @@ func (a *attempt) record(v verdict, resp *Response) (observe.Decision, error) {
 		}
 	}
 	if err != nil {
+		if a.tx != nil && errors.Is(err, ErrFenced) && !errors.Is(err, ErrLostRace) {
+			// The claim is gone from a transaction the engine still holds
+			// open: the server rolled it back under the handler (a MariaDB
+			// deadlock victim, a ROLLBACK the handler sent as a statement),
+			// and the session left it, so the handler's statements after
+			// that ran in autocommit and are committed. Nothing tells
+			// which: never released (afterAbort).
+			a.vanished = true
+		}
 		if a.tx != nil && !errors.Is(err, ErrLostRace) {
 			// Middleware-managed atomic mode: the transaction ended other
 			// than by our commit (a constraint checked at COMMIT, a dead
@@ -1420,6 +1433,13 @@ func (a *attempt) afterAbort(v verdict, resp *Response, err error) (observe.Deci
 		// free and the handler's answer is true.
 		return observe.DecisionReleased, nil
 	case v == vIndeterminate || resp.Status >= 400:
+	case a.vanished && !a.effect():
+		replaced = fmt.Errorf("%w: the database rolled the handler's transaction back under it, and the statements it ran after that committed in autocommit", ErrIndeterminate)
+		e.cfg.logger.Error("idempotency: the claim was gone from the attempt's open transaction (the database rolled it back under the handler: a deadlock victim, or a ROLLBACK sent as a statement); "+
+			"the handler's later statements ran in autocommit, so the outcome is recorded indeterminate. Roll back by answering a 5xx or with core.Release, never with a ROLLBACK statement; on a deadlock, answer an error instead of retrying the statement",
+			slog.String("id", a.id.String()), slog.Int("status", resp.Status))
+		v, allow = vIndeterminate, nil
+		resp = a.problemAnswer(replaced)
 	case a.effect():
 		replaced = fmt.Errorf("%w: the handler's transaction was aborted after it marked an external effect", ErrIndeterminate)
 		v, allow = vIndeterminate, nil
@@ -1572,7 +1592,7 @@ func (a *attempt) afterEnd(v verdict, resp *Response, cause error) (observe.Deci
 		}
 		return observe.DecisionRejectedBusy, &RetryError{Err: ErrInProgress, RetryAfter: e.cfg.retryAfter}
 	case errors.Is(err, ErrNotFound):
-		if a.ctx.Err() != nil && v != vIndeterminate && resp.Status < 400 && !a.effect() {
+		if a.ctx.Err() != nil && v != vIndeterminate && resp.Status < 400 && !a.effect() && !a.vanished {
 			// The transaction's context ended (MaxAttempt passed, or a
 			// caller's context) and the database rolled it back: nothing
 			// happened, a release.

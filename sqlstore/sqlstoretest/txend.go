@@ -45,6 +45,10 @@ const (
 	// handler while the client's transaction object still thinks it open
 	// (a MariaDB deadlock victim: later statements run in autocommit).
 	endServerRollback txEnd = "server-rollback"
+	// endServerRollbackWrite: as endServerRollback, and the handler then
+	// writes again (a "retry on deadlock" helper): that write runs in
+	// autocommit and is committed, whatever the engine decides.
+	endServerRollbackWrite txEnd = "server-rollback-write"
 	// endHandlerRollback: the handler's own tx.Rollback() (a deferred
 	// Rollback, the most common line in Go database code).
 	endHandlerRollback txEnd = "handler-rollback"
@@ -110,6 +114,10 @@ func newTxEndServer(t *testing.T, f Fixture, d sqlstore.Dialect) *txEndServer {
 			}
 		case endServerRollback:
 			err = f.Exec(ctx, "ROLLBACK")
+		case endServerRollbackWrite:
+			if err = f.Exec(ctx, "ROLLBACK"); err == nil {
+				err = f.Insert(ctx, item) // autocommit: committed
+			}
 		case endHandlerRollback, endHandlerCommit:
 			if rerr := f.EndTx(ctx, txEnd(q.Get("end")) == endHandlerCommit); rerr != nil {
 				if !errors.Is(rerr, core.ErrConfig) {
@@ -227,7 +235,7 @@ func problemType(a answer) string {
 // marked effect, on every database the end exists on.
 func (h *harness) transactionEnds(t *testing.T) {
 	d := h.cfg.Dialect
-	ends := []txEnd{endServerRollback, endHandlerRollback, endHandlerCommit}
+	ends := []txEnd{endServerRollback, endServerRollbackWrite, endHandlerRollback, endHandlerCommit}
 	switch d {
 	case sqlstore.Postgres:
 		ends = append(ends, endDeferred, endKilled)
@@ -263,6 +271,12 @@ func (h *harness) transactionEnds(t *testing.T) {
 				}
 				storeRefused := s.refused.Load() > refused
 				committed := end == endHandlerCommit || storeRefused
+				// The server rolled the transaction back under the handler
+				// and the session left it: what the handler wrote after
+				// that is committed in autocommit, and the engine cannot
+				// tell whether it did, so the outcome is indeterminate
+				// with or without a marked effect (never released).
+				vanished := end == endServerRollback || end == endServerRollbackWrite
 				switch {
 				case committed:
 					// The handler's writes and the claim committed (by the
@@ -272,9 +286,10 @@ func (h *harness) transactionEnds(t *testing.T) {
 					if first.status != http.StatusCreated || first.replayed {
 						t.Fatalf("first request: %v, want the handler's 201 (its transaction committed)", first)
 					}
-				case effect:
+				case effect || vanished:
 					// The charge went out and the transaction's writes are
-					// gone: indeterminate, never the handler's 201.
+					// gone (or, vanished, some of them may be committed):
+					// indeterminate, never the handler's 201.
 					if first.status != http.StatusInternalServerError || problemType(first) != "outcome-unknown" {
 						t.Fatalf("first request: %v, want 500 outcome-unknown (the effect was marked and the transaction did not commit)", first)
 					}
@@ -294,7 +309,7 @@ func (h *harness) transactionEnds(t *testing.T) {
 						t.Fatal(again.err)
 					}
 					switch {
-					case committed || effect:
+					case committed || effect || vanished:
 						if !again.replayed || again.status != first.status || string(again.body) != string(first.body) {
 							t.Fatalf("retry %d: %v, want the first answer replayed (%v)", i, again, first)
 						}
@@ -306,7 +321,7 @@ func (h *harness) transactionEnds(t *testing.T) {
 				}
 				ran := s.runs.Load() - runs
 				switch {
-				case committed || effect:
+				case committed || effect || vanished:
 					if ran != 1 {
 						t.Fatalf("the handler ran %d times, want 1", ran)
 					}
@@ -319,8 +334,8 @@ func (h *harness) transactionEnds(t *testing.T) {
 					t.Fatalf("%d charges, want 1", s.charges.Load()-charges)
 				}
 				wantRows := 0
-				if committed {
-					wantRows = 1
+				if committed || end == endServerRollbackWrite {
+					wantRows = 1 // server-rollback-write: the write after the rollback, in autocommit
 				}
 				if n := f.Count(t, item); n != wantRows {
 					t.Fatalf("%d business rows committed, want %d", n, wantRows)
