@@ -919,7 +919,9 @@ func (a *attempt) guardEffect(ctx context.Context) error {
 	req := a.rt.claimRequest(a.ident, a.id.EffectGuard(), a.fp, e.cfg.clock())
 	req.Scope = guardScope // the listing of records leaves guards out (Engine.Records)
 	req.Token, req.LeaseUntil, req.ExpiresAt = a.token, a.expires, a.expires
-	res, err := e.store.Claim(e.tx.WithoutTx(ctx), req)
+	gctx, cancel := context.WithTimeout(e.tx.WithoutTx(ctx), guardWait)
+	res, err := e.store.Claim(gctx, req)
+	cancel()
 	switch {
 	case err != nil:
 		a.guardErr = fmt.Errorf("%w: core.MarkEffect: the effect guard could not be written, so a transaction that ends without the engine would lose the record of the effect; do not start it: %w",
@@ -934,6 +936,11 @@ func (a *attempt) guardEffect(ctx context.Context) error {
 	}
 	return a.guardErr
 }
+
+// guardWait bounds the effect guard's claim: the time to get a
+// connection of its own (the attempt's transaction holds one: a pool of
+// one connection would wait for ever) and run one statement.
+const guardWait = 5 * time.Second
 
 // guardScope is the scope recorded with an effect guard, which no route
 // may use (Scope refuses it): the guard keeps its record's caller and key,
