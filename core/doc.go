@@ -56,6 +56,10 @@
 //	in progress    transaction ends but by our commit       read back      committed: the handler's answer; else as
 //	               (attempt.afterEnd, afterLocalEnd)                       above, a success whose writes are gone:
 //	                                                                       indeterminate after MarkEffect, else 503
+//	                                                                       (a claim gone from the open transaction:
+//	                                                                       indeterminate)
+//	in progress    MarkEffect meets an earlier attempt's    indeterminate  500 outcome-unknown, its writes rolled back
+//	               effect guard (atomic mode, guardEffect)
 //
 // Where it is in the code: all of it is in machine.go. Route.acquire
 // takes the request rows (claim, wait, takeover, fingerprint comparison),
