@@ -19,9 +19,14 @@
 // The route is never part of the record, so the same key on another route
 // (or another order's path) is a key reused for another request, 422.
 // Installed with Use (for the app or a group) the middleware runs before
-// Fiber routes the request: it looks the route up in the app's stack, and a
-// request that reaches no route (Fiber's 404 or 405) passes through
-// untouched. Installed for the app and again on a route, the two run as one
+// Fiber routes the request: it looks the route up in the app's stack as
+// Fiber's router will (trailing slashes, case, parameters), and a request
+// that reaches no route (Fiber's 404 or 405) passes through untouched,
+// unless middleware registered after it (with Use) runs for its path
+// first: that middleware may rewrite the path onto a route (Fiber's
+// rewrite middleware, c.Path), so a request of a protected method is
+// refused instead (500 not-protected, logged with the fix: install the
+// middleware after the rewriting one, or on the routes). Installed for the app and again on a route, the two run as one
 // protection with the route's options (the inner layer takes the request
 // over); Config.Next leaves requests out (NewWithConfig).
 //

@@ -70,9 +70,10 @@ func (x *exchange) request() *http.Request {
 	x.url.RawQuery = string(query)
 	raw := string(rawPath)
 	x.url.Path = raw
-	if p, err := url.PathUnescape(raw); err == nil && p != raw {
-		// As net/http's URL parsing sets it: RawPath only when the path as
-		// sent is not the default encoding of the decoded one.
+	if p, err := url.PathUnescape(raw); err == nil {
+		// As net/http's URL parsing (url.URL.setPath) sets it: RawPath
+		// whenever the path as sent is not the default encoding of the
+		// decoded one, also when nothing was unescaped ("/a!b", raw UTF-8).
 		x.url.Path = p
 		if x.url.EscapedPath() != raw {
 			x.url.RawPath = raw

@@ -3,6 +3,7 @@ package fiberidem
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/idemkit/idem/core"
@@ -47,16 +48,25 @@ func (config Config) ToMiddleware() (fiber.Handler, error) {
 	}
 	skip := config.Next
 	rt, keyHeader := config.Engine.Route(config.Options...), config.Engine.KeyHeader()
-	return func(c fiber.Ctx) error {
+	mw := func(c fiber.Ctx) error {
 		if skip != nil && skip(c) {
 			return c.Next()
 		}
 		if !protects(rt, keyHeader, c) && !nested(c) {
 			return c.Next()
 		}
-		pattern, routed := routeOf(c)
-		if !routed {
+		pattern, routed, later := routeOf(c)
+		switch {
+		case !routed && later == "":
 			return c.Next() // Fiber answers 404 or 405 itself
+		case !routed:
+			// Not on a route yet, and a later middleware may still move
+			// it onto one (the rewrite middleware, c.Path(...)): fail closed.
+			x := newExchange(c)
+			rt.Refuse(x.writer(), x.request(), fmt.Errorf("%w: fiberidem: %s %s matches no route after fiberidem, but middleware registered later (Use %q) runs for it first and may rewrite it onto one; "+
+				"install fiberidem after the path-rewriting middleware (the rewrite middleware, c.Path), or on the routes",
+				core.ErrNotProtected, c.Method(), c.Path(), later))
+			return nil
 		}
 		x := newExchange(c)
 		var err error
@@ -64,7 +74,9 @@ func (config Config) ToMiddleware() (fiber.Handler, error) {
 			err = x.run(w, r, c.Next)
 		})
 		return err
-	}, nil
+	}
+	layerCode.Store(reflect.ValueOf(mw).Pointer())
+	return mw, nil
 }
 
 // Within serves c's request for a service that owns its transaction, as

@@ -78,6 +78,7 @@ var rejections = []struct {
 	{core.ErrInProgress, codes.Aborted, "IN_PROGRESS", "a call with this idempotency-key is still being processed; retry with the same key after the retry delay"},
 	{core.ErrLostRace, codes.Aborted, "IN_PROGRESS", "a concurrent call with this idempotency-key was committed first; retry with the same key after the retry delay to get its answer"},
 	{core.ErrLeaseLost, codes.Aborted, "LEASE_LOST", "another attempt with this idempotency-key took over; retry with the same key to get its answer"},
+	{core.ErrOutcomePending, codes.Unavailable, "OUTCOME_PENDING", "the call may have taken effect and its outcome could not be recorded yet; retry with the same key after the retry delay to get it"},
 	{core.ErrTxAborted, codes.Unavailable, "TRANSACTION_ABORTED", "the database aborted this call's transaction, so nothing of it was committed; retry with the same key after the retry delay"},
 	{core.ErrStoreUnavailable, codes.Unavailable, "STORE_UNAVAILABLE", "the idempotency store is unavailable; retry with the same key after the retry delay"},
 	{core.ErrInvalidRequest, codes.Internal, "INVALID_REQUEST", "the request could not be fingerprinted"},
@@ -88,7 +89,8 @@ var rejections = []struct {
 // rejection is the gRPC status error for an error of core.Route.Exec:
 // its code and message from rejections, an errdetails.ErrorInfo naming
 // the reason, and an errdetails.RetryInfo with the retry delay when the
-// call may be retried with the same key (in progress, store unavailable).
+// call may be retried with the same key (in progress, outcome pending, store
+// unavailable).
 func rejection(err error) error {
 	code, reason, msg := codes.Internal, "INTERNAL", "the call could not be completed"
 	for _, r := range rejections {
