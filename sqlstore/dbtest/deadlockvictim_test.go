@@ -8,49 +8,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemkit/idem/core"
 	"github.com/idemkit/idem/sqlstore"
 )
-
-func dlEngine(t *testing.T, s core.Option, st *sqlstore.Store) *core.Engine {
-	t.Helper()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := []core.Option{core.WithSingleCaller(), core.WithLogger(quiet)}
-	if s != nil {
-		opts = append(opts, s)
-	}
-	e, err := core.New(st, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-type dlAnswer struct {
-	status int
-	body   string
-	replay bool
-}
-
-func dlPost(h http.Handler, key string) dlAnswer {
-	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":100}`))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Idempotency-Key", key)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return dlAnswer{status: w.Code, body: w.Body.String(), replay: w.Header().Get("Idempotent-Replayed") == "true"}
-}
 
 func isDeadlock(err error) bool {
 	var me *mysql.MySQLError
@@ -76,7 +42,7 @@ func TestDeadlockVictimThenWrites(t *testing.T) {
 	f.Admin(t, "CREATE TABLE "+heavy+" (id INT PRIMARY KEY) ENGINE=InnoDB")
 	t.Cleanup(func() { f.Admin(t, "DROP TABLE IF EXISTS "+accts); f.Admin(t, "DROP TABLE IF EXISTS "+heavy) })
 	f.Admin(t, "INSERT INTO "+accts+" VALUES (1, 0), (2, 0)")
-	e := dlEngine(t, nil, st)
+	e := guardEngine(t, nil, st)
 
 	var runs, deadlocks atomic.Int64
 	h := e.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -150,14 +116,14 @@ func TestDeadlockVictimThenWrites(t *testing.T) {
 		fmt.Fprint(w, `{"paid":100}`)
 	}))
 
-	first := dlPost(h, "deadlock-key")
+	first := guardPost(h, "deadlock-key")
 	t.Logf("first: %d %s (deadlocks seen by the handler: %d)", first.status, first.body, deadlocks.Load())
 	if deadlocks.Load() == 0 {
 		t.Fatalf("no deadlock was provoked; the scenario did not happen")
 	}
 	rowsAfterFirst := f.Count(t, "payment-1")
 	t.Logf("payment rows committed after the first attempt: %d", rowsAfterFirst)
-	retry := dlPost(h, "deadlock-key")
+	retry := guardPost(h, "deadlock-key")
 	t.Logf("retry: %d %s replayed=%v", retry.status, retry.body, retry.replay)
 	rows := f.Count(t, "payment-1")
 	var bal int
