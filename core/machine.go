@@ -929,8 +929,7 @@ func (a *attempt) guardEffect(ctx context.Context) error {
 	case res.Claimed || res.Record.Token == a.token:
 	default:
 		a.refused.Store(true)
-		a.guardErr = fmt.Errorf("%w: core.MarkEffect: an earlier attempt of this request marked an external effect and its transaction never committed, so the effect may have happened; "+
-			"do not start it (the record is settled as indeterminate: resolve it, or release it once the effect is known not to have happened)", ErrIndeterminate)
+		a.guardErr = fmt.Errorf("core.MarkEffect: %w; do not start it (the record is settled as indeterminate: resolve it, or release it once the effect is known not to have happened)", errGuarded)
 		e.cfg.logger.ErrorContext(ctx, "idempotency: an earlier attempt's effect guard is there: this attempt's outcome is indeterminate",
 			slog.String("id", a.id.String()))
 	}
